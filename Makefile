@@ -1,0 +1,32 @@
+# Two commands do all set-up on a fresh machine:
+#   make run    -> virtual env with the base install, then the default simulator sweep
+#   make test   -> virtual env with every extra (torch CPU, transformers, server), then the tests
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip --quiet --disable-pip-version-check
+ARGS   ?=
+
+.PHONY: run test bench clean
+
+$(PY):
+	python3 -m venv $(VENV)
+
+$(VENV)/.base: pyproject.toml | $(PY)
+	$(PIP) install -e .
+	touch $@
+
+$(VENV)/.all: pyproject.toml | $(PY)
+	$(PIP) install -e '.[hf,serve,test]'
+	touch $@ $(VENV)/.base
+
+run: $(VENV)/.base
+	$(VENV)/bin/batchlab run $(ARGS)
+
+test: $(VENV)/.all
+	$(PY) -m pytest -q $(ARGS)
+
+bench: $(VENV)/.all
+	$(PY) benchmarks/sim_speed.py
+
+clean:
+	rm -rf $(VENV) results .data

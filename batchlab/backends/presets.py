@@ -1,0 +1,123 @@
+"""Step-time model and its presets: what one forward pass costs, from what it contains.
+
+    t_step = overhead + weight_read + kv_read * context_tokens
+             + prefill * prefill_tokens + decode * decode_rows
+
+For a memory-bound decode this is the seed's t_step(B) ~ (W_bytes + B*T*c_kv) / BW: the weights
+are read once per step whatever the batch, every row's KV is read, prompt tokens cost compute.
+Presets derive the coefficients from a model shape and a device with stated efficiencies; the
+`linear` kind sets them directly (the toy simulator's constants are one such preset).
+A measured profile (bench/profile.py) is the same `StepCost`, saved as JSON.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from batchlab.core.config import ConfigError
+
+GB = 1e9
+GiB = 1024**3
+
+
+@dataclass(frozen=True)
+class StepCost:
+    overhead_s: float             # per step: launch, scheduling, sampling
+    weight_s: float               # per step: reading every weight once
+    kv_s_per_token: float         # per token of context read by attention, summed over rows
+    prefill_s_per_token: float    # per prompt token computed (compute-bound)
+    decode_s_per_row: float       # per decode row (compute for one new token)
+    kv_bytes_per_token: int       # 2 x layers x kv_heads x head_dim x dtype bytes
+    kv_budget_bytes: int          # memory left for the KV cache after weights and reserve
+    name: str = "custom"
+    description: str = ""
+
+    def step_time(self, context_tokens: float, prefill_tokens: float, decode_rows: float) -> float:
+        return (self.overhead_s + self.weight_s + self.kv_s_per_token * context_tokens
+                + self.prefill_s_per_token * prefill_tokens + self.decode_s_per_row * decode_rows)
+
+    def to_json(self, path: str | Path, **extra) -> None:
+        Path(path).write_text(json.dumps(asdict(self) | extra, indent=2))
+
+    @classmethod
+    def from_json(cls, path: str | Path) -> "StepCost":
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"backend.profile not found: {p}")
+        try:
+            data = json.loads(p.read_text())
+            fields = {k: data[k] for k in cls.__dataclass_fields__ if k in data}
+            return cls(**fields)
+        except (json.JSONDecodeError, TypeError) as e:
+            raise ConfigError(f"{p}: not a batchlab profile: {e}") from None
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    params: float                 # parameter count
+    layers: int
+    kv_heads: int
+    head_dim: int
+    dtype_bytes: int = 2
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return 2 * self.layers * self.kv_heads * self.head_dim * self.dtype_bytes
+
+
+@dataclass(frozen=True)
+class Device:
+    name: str
+    mem_bw: float                 # bytes/s, peak
+    flops: float                  # dense fp16 FLOP/s, peak
+    memory_bytes: float
+
+
+def derive(name: str, model: ModelShape, dev: Device, *, bw_eff: float = 0.8, flops_eff: float = 0.5,
+           overhead_s: float = 1e-3, reserve_frac: float = 0.1) -> StepCost:
+    """Roofline-style coefficients: reads at bw_eff x peak bandwidth, math at flops_eff x peak."""
+    w_bytes = model.params * model.dtype_bytes
+    bw = dev.mem_bw * bw_eff
+    flop_s = dev.flops * flops_eff
+    return StepCost(
+        overhead_s=overhead_s,
+        weight_s=w_bytes / bw,
+        kv_s_per_token=model.kv_bytes_per_token / bw,
+        prefill_s_per_token=2 * model.params / flop_s,
+        decode_s_per_row=2 * model.params / dev.flops,   # NOTE: small matmuls overlap the weight reads; charge them at peak
+        kv_bytes_per_token=model.kv_bytes_per_token,
+        kv_budget_bytes=int(dev.memory_bytes * (1 - reserve_frac) - w_bytes),
+        name=name,
+        description=f"{name}: {model.params / 1e9:.2f}B params, {dev.name}",
+    )
+
+
+LLAMA2_7B = ModelShape(6.74e9, layers=32, kv_heads=32, head_dim=128)
+MISTRAL_7B = ModelShape(7.24e9, layers=32, kv_heads=8, head_dim=128)
+TINYLLAMA = ModelShape(1.1e9, layers=22, kv_heads=4, head_dim=64)
+A100_80G = Device("A100-80GB", mem_bw=2.0e12, flops=312e12, memory_bytes=80 * GB)
+RTX_3090 = Device("RTX 3090 (24 GB)", mem_bw=936e9, flops=71e12, memory_bytes=24 * GB)
+
+
+def _toy() -> StepCost:
+    # The seed toy's constants: 0.5 ms per decode token, 0.04 ms per prefill token,
+    # 0.2 ms per step, 1800 KV blocks of 16 tokens (budget expressed at 1 byte per token).
+    return StepCost(2e-4, 0.0, 0.0, 4e-5, 5e-4, kv_bytes_per_token=1, kv_budget_bytes=1800 * 16,
+                    name="toy", description="linear: the seed toy simulator's cost constants")
+
+
+PRESETS = {
+    "llama2-7b-a100": lambda: derive("llama2-7b-a100", LLAMA2_7B, A100_80G),
+    "mistral-7b-a100": lambda: derive("mistral-7b-a100", MISTRAL_7B, A100_80G),
+    "tinyllama-3090": lambda: derive("tinyllama-3090", TINYLLAMA, RTX_3090),
+    "toy": _toy,
+}
+
+
+def load_cost(preset: str, profile: str | None = None) -> StepCost:
+    if profile:
+        return StepCost.from_json(profile)
+    if preset not in PRESETS:
+        raise ConfigError(f"backend.preset: unknown preset {preset!r} (choose from {', '.join(PRESETS)})")
+    return PRESETS[preset]()

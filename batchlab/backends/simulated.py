@@ -1,0 +1,95 @@
+"""The simulated backend: charges every step by the one step-time model (backends/presets.py).
+
+Request-level batches are charged like Hugging Face `generate()`: every row is padded to the
+longest prompt, the batch decodes until its longest output is done, padded rows cost like real
+ones, and a row with n tokens has its n-th token at the n-th step's stamp. Continuous steps are
+charged by what they contain. In virtual time a whole batch is one jump of the clock; in real
+time (the server over the simulator) it sleeps step by step so tokens stream.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from batchlab.backends.base import BatchBackend, OutOfMemory, StepBackend
+from batchlab.backends.presets import StepCost
+from batchlab.core.clock import Clock, VirtualClock
+from batchlab.core.request import Request
+from batchlab.schedulers.base import MemoryBudget, Step
+
+
+class SimulatedBackend(BatchBackend, StepBackend):
+    virtual_time = True
+
+    def __init__(self, cost: StepCost, enforce_memory: bool = True):
+        self.cost = cost
+        self.enforce_memory = enforce_memory
+        self.steps = 0              # forward passes charged so far
+        self.busy_s = 0.0           # simulated seconds spent in steps
+
+    def describe(self) -> dict[str, Any]:
+        return {"backend": "sim", "device": self.cost.description or self.cost.name,
+                "model": self.cost.name, "dtype": "simulated"}
+
+    def memory_budget(self) -> MemoryBudget:
+        return MemoryBudget(self.cost.kv_budget_bytes, self.cost.kv_bytes_per_token)
+
+    def num_kv_blocks(self, block_size: int) -> int:
+        return max(1, self.cost.kv_budget_bytes // (block_size * self.cost.kv_bytes_per_token))
+
+    def batch_step_times(self, prompt_lens: list[int], output_lens: list[int]) -> np.ndarray:
+        """Durations of each step of a padded request-level batch (step 0 is prefill)."""
+        b, p, o = len(prompt_lens), max(prompt_lens), max(output_lens)
+        c = self.cost
+        k = np.arange(o, dtype=np.float64)
+        t = c.overhead_s + c.weight_s + c.decode_s_per_row * b + c.kv_s_per_token * b * (p + k)
+        t[0] += c.prefill_s_per_token * b * p
+        return t
+
+    async def run_batch(self, requests: list[Request], clock: Clock) -> None:
+        p = max(r.prompt_len for r in requests)
+        o = max(r.max_new_tokens for r in requests)
+        if self.enforce_memory and len(requests) * (p + o) * self.cost.kv_bytes_per_token > self.cost.kv_budget_bytes:
+            raise OutOfMemory(f"{len(requests)} rows x {p + o} padded tokens exceed the KV budget")
+        durations = self.batch_step_times([r.prompt_len for r in requests], [r.max_new_tokens for r in requests])
+        start = clock.now()
+        stamps = (start + np.cumsum(durations)).tolist()
+        self.steps += len(stamps)
+        self.busy_s += stamps[-1] - start
+        if isinstance(clock, VirtualClock):
+            await clock.sleep(stamps[-1] - start)
+            for r in requests:
+                r.token_times.extend(stamps[: r.max_new_tokens])
+            return
+        for i, t in enumerate(stamps):  # real time: advance step by step so tokens stream
+            await clock.sleep(t - clock.now())
+            now = clock.now()
+            for r in requests:
+                if i < r.max_new_tokens:
+                    r.token_times.append(now)
+
+    async def step(self, step: Step, clock: Clock) -> None:
+        context = prefill = decode = 0
+        emit = []
+        for r, n in step.chunks:
+            done = r.num_computed_tokens + n
+            context += done
+            if n == 1 and r.token_times and done == r.num_tokens:
+                decode += 1
+            else:
+                prefill += n
+            if done >= r.num_tokens:
+                emit.append(r)
+        dt = self.cost.step_time(context, prefill, decode)
+        self.steps += 1
+        self.busy_s += dt
+        await clock.sleep(dt)
+        now = clock.now()
+        for r in emit:
+            r.token_times.append(now)
+
+
+def from_config(cfg) -> SimulatedBackend:
+    from batchlab.backends.presets import load_cost
+    return SimulatedBackend(load_cost(cfg.backend.preset, cfg.backend.profile))

@@ -1,0 +1,98 @@
+"""A request carries its own timestamps; every metric is computed from them (core/metrics.py).
+
+Stamps: `arrival_time` (planned arrival, not when a coroutine woke), `scheduled_time` (first
+admitted to a batch or step), and one entry in `token_times` per output token. First-token and
+completion times are derived from `token_times`, so they can never disagree with it.
+Progress is tracked vLLM-style: `num_computed_tokens` (KV in cache) against `num_tokens`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+
+class Status(str, Enum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    FINISHED = "finished"
+    FAILED = "failed"
+
+
+@dataclass(eq=False, slots=True)
+class Request:
+    request_id: str
+    prompt_len: int                  # tokens
+    max_new_tokens: int              # target output length: every backend produces exactly this many
+    arrival_time: float              # seconds on the run's clock (planned arrival)
+    prompt: str = ""                 # text, when a backend needs one
+    prompt_token_ids: list[int] | None = None
+    index: int = 0                   # position in the trace (deterministic tie-breaks)
+
+    scheduled_time: float | None = None
+    token_times: list[float] = field(default_factory=list)     # one stamp per output token
+    output_token_ids: list[int] = field(default_factory=list)
+    output_text: str = ""
+    status: Status = Status.QUEUED
+    error: str | None = None
+    num_computed_tokens: int = 0     # tokens whose KV is cached (prompt + generated)
+    num_preemptions: int = 0
+    # Seconds spent in each phase, filled by the scheduler/driver (see bench/report.py).
+    breakdown: dict[str, float] = field(default_factory=dict)
+    trigger: str = ""                # what launched this request's batch (size / age / memory / drain)
+
+    @property
+    def output_len(self) -> int:
+        return len(self.token_times)
+
+    @property
+    def num_tokens(self) -> int:
+        """Prompt plus tokens generated so far: what the KV cache must hold once caught up."""
+        return self.prompt_len + len(self.token_times)
+
+    @property
+    def first_token_time(self) -> float | None:
+        return self.token_times[0] if self.token_times else None
+
+    @property
+    def completion_time(self) -> float | None:
+        return self.token_times[-1] if self.status is Status.FINISHED and self.token_times else None
+
+    @property
+    def is_done(self) -> bool:
+        return self.status in (Status.FINISHED, Status.FAILED)
+
+    def stamp_token(self, t: float, token_id: int | None = None) -> None:
+        self.token_times.append(t)
+        if token_id is not None:
+            self.output_token_ids.append(token_id)
+
+    def fail(self, error: str) -> None:
+        self.status = Status.FAILED
+        self.error = error
+
+    def add_time(self, phase: str, seconds: float) -> None:
+        if seconds > 0:
+            self.breakdown[phase] = self.breakdown.get(phase, 0.0) + seconds
+
+
+@dataclass(frozen=True, slots=True)
+class Response:
+    """What a caller receives: a frozen snapshot with the derived per-request metrics (seconds)."""
+    request_id: str
+    status: Status
+    output_text: str
+    output_token_ids: tuple[int, ...]
+    prompt_len: int
+    output_len: int
+    queue_wait: float | None
+    ttft: float | None
+    tpot: float | None
+    e2e: float | None
+    error: str | None = None
+
+    @classmethod
+    def of(cls, r: Request) -> "Response":
+        from batchlab.core.metrics import per_request
+        m = per_request(r)
+        return cls(r.request_id, r.status, r.output_text, tuple(r.output_token_ids), r.prompt_len,
+                   r.output_len, m["queue_wait"], m["ttft"], m["tpot"], m["e2e"], r.error)

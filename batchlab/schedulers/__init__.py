@@ -1,0 +1,27 @@
+"""Scheduler registry: one name per batching policy."""
+from __future__ import annotations
+
+from batchlab.core.config import RunConfig
+from batchlab.schedulers.base import Batch, Idle, MemoryBudget, Scheduler, Step
+from batchlab.schedulers.continuous import ContinuousScheduler
+from batchlab.schedulers.dynamic import DynamicScheduler
+from batchlab.schedulers.naive import NaiveScheduler
+
+__all__ = ["Batch", "Idle", "MemoryBudget", "Scheduler", "Step", "make_scheduler",
+           "NaiveScheduler", "DynamicScheduler", "ContinuousScheduler"]
+
+
+def make_scheduler(strategy: str, cfg: RunConfig, memory: MemoryBudget | None,
+                   num_kv_blocks: int | None) -> Scheduler:
+    """Build a strategy's scheduler. `memory` feeds dynamic batching's memory trigger;
+    `num_kv_blocks` is the backend's KV capacity when the config leaves it unset."""
+    if strategy == "naive":
+        return NaiveScheduler(cfg.naive)
+    if strategy == "dynamic":
+        return DynamicScheduler(cfg.dynamic, memory)
+    if strategy == "continuous":
+        blocks = cfg.continuous.num_kv_blocks or num_kv_blocks
+        if blocks is None:
+            raise ValueError("continuous.num_kv_blocks must be set for this backend")
+        return ContinuousScheduler(cfg.continuous, blocks, cfg.continuous.preemption)
+    raise ValueError(f"unknown strategy {strategy!r}")

@@ -1,0 +1,121 @@
+"""Continuous (iteration-level) batching: the batch is re-formed at every step, FCFS.
+
+Each step first advances every running request (one decode token, or its next prefill chunk),
+then admits waiting requests while `max_num_seqs`, the token budget `max_num_batched_tokens`
+and the free KV blocks allow. A request needs ceil(tokens / block_size) blocks for the tokens
+it has computed; finished requests leave at once and free their blocks.
+Out of blocks mid-decode (policy `recompute`, vLLM's default): the newest running request is
+preempted, its blocks freed, and it goes back to the front of the queue to recompute its
+prompt plus what it has generated so far; no admission happens in a step that preempted.
+Policy `reserve` instead books prompt + max_new_tokens at admission, so it never preempts.
+"""
+from __future__ import annotations
+
+from batchlab.core.config import ContinuousConfig
+from batchlab.core.request import Request, Status
+from batchlab.schedulers.base import Idle, Scheduler, Step
+
+
+class ContinuousScheduler(Scheduler):
+    level = "iteration"
+
+    def __init__(self, cfg: ContinuousConfig, num_kv_blocks: int, policy: str = "recompute"):
+        super().__init__()
+        self.cfg = cfg
+        self.block_size = cfg.block_size
+        self.num_kv_blocks = num_kv_blocks
+        self.free_blocks = num_kv_blocks
+        self.blocks: dict[Request, int] = {}       # blocks held by each running request
+        self.reserve = policy == "reserve"
+        self.chunk = cfg.chunk_size or 1 << 62
+
+    def _blocks_for(self, r: Request, tokens: int) -> int:
+        if self.reserve:
+            tokens = r.prompt_len + r.max_new_tokens
+        return -(-tokens // self.block_size)
+
+    def _grow(self, r: Request, tokens: int) -> bool:
+        extra = self._blocks_for(r, tokens) - self.blocks.get(r, 0)
+        if extra > self.free_blocks:
+            return False
+        if extra > 0:
+            self.free_blocks -= extra
+            self.blocks[r] = self.blocks.get(r, 0) + extra
+        return True
+
+    def _release(self, r: Request) -> None:
+        self.free_blocks += self.blocks.pop(r, 0)
+
+    def _preempt(self, victim: Request) -> None:
+        self.running.remove(victim)
+        self._release(victim)
+        victim.num_computed_tokens = 0
+        victim.num_preemptions += 1
+        victim.status = Status.QUEUED
+        self.waiting.appendleft(victim)
+
+    def schedule(self, now: float, draining: bool = False) -> Step | Idle:
+        budget = self.cfg.max_num_batched_tokens
+        chunks: list[tuple[Request, int]] = []
+        preempted: list[Request] = []
+        for r in list(self.running):
+            if r not in self.blocks:           # preempted earlier in this loop
+                continue
+            n = min(r.num_tokens - r.num_computed_tokens, budget, self.chunk)
+            if n <= 0:
+                continue
+            while not self._grow(r, r.num_computed_tokens + n):
+                victim = self.running[-1]
+                self._preempt(victim)
+                preempted.append(victim)
+                if victim is r:
+                    break
+            else:
+                chunks.append((r, n))
+                budget -= n
+        if not preempted:
+            self._admit(now, chunks, budget)
+        return Step(chunks, preempted) if chunks else Idle()
+
+    def _admit(self, now: float, chunks: list, budget: int) -> None:
+        while self.waiting and len(self.running) < self.cfg.max_num_seqs and budget > 0:
+            r = self.waiting[0]
+            need = r.num_tokens - r.num_computed_tokens
+            n = min(need, budget, self.chunk)
+            if n < need and self.cfg.chunk_size is None:
+                if chunks:
+                    return                     # whole prompt does not fit this step's budget
+                n = need                       # alone in the step: let an over-long prompt run
+            if not self._grow(r, r.num_computed_tokens + n):
+                if not self.running and self._blocks_for(r, r.prompt_len + r.max_new_tokens) > self.num_kv_blocks:
+                    self.waiting.popleft()     # could never fit, even alone: fail it, don't hang
+                    r.fail(f"needs more than {self.num_kv_blocks} KV blocks of {self.block_size} tokens")
+                    self.rejected.append(r)
+                    continue
+                return                         # hold admission until blocks free up
+            self.waiting.popleft()
+            self.running.append(r)
+            if r.scheduled_time is None:
+                r.scheduled_time = now
+            r.status = Status.RUNNING
+            chunks.append((r, n))
+            budget -= n
+
+    def finish_step(self, step: Step, now: float) -> list[Request]:
+        done = []
+        for r, n in step.chunks:
+            r.num_computed_tokens += n
+            if r.output_len >= r.max_new_tokens:
+                done.append(r)
+        for r in done:
+            self.running.remove(r)
+            self._release(r)
+            r.status = Status.FINISHED
+        return done
+
+    def abort(self, request: Request) -> bool:
+        if request in self.blocks:
+            self.running.remove(request)
+            self._release(request)
+            return True
+        return super().abort(request)

@@ -1,0 +1,57 @@
+"""Dynamic batching: launch on size, age or memory, whichever comes first.
+
+- size: `cap` requests are waiting (cap starts at max_batch_size, adapts on out-of-memory);
+- age: the oldest waiting request has waited `max_wait_ms`;
+- memory: one more request would break the KV budget once every row is padded to the longest
+  prompt plus the longest output (a lone oversized request still runs: progress first).
+At light load the timer fires first, so E[batch] ~ min(1 + lambda * max_wait, cap).
+Out-of-memory puts the batch back at the front and halves the cap; `oom_probe_after` clean
+batches later the cap grows by one again (back off fast, probe slowly).
+"""
+from __future__ import annotations
+
+from itertools import islice
+
+from batchlab.core.config import DynamicConfig
+from batchlab.schedulers.base import Batch, Idle, MemoryBudget, RequestLevelScheduler
+
+
+class DynamicScheduler(RequestLevelScheduler):
+    def __init__(self, cfg: DynamicConfig, memory: MemoryBudget | None = None):
+        super().__init__()
+        self.max_batch_size = cfg.max_batch_size
+        self.max_wait = cfg.max_wait_ms / 1000.0
+        self.probe_after = cfg.oom_probe_after
+        self.memory = memory
+        self.cap = cfg.max_batch_size         # adaptive: halves on OOM, +1 after clean batches
+        self.clean_batches = 0
+
+    def schedule(self, now: float, draining: bool = False) -> Batch | Idle:
+        if self.running or not self.waiting:
+            return Idle()
+        n = min(len(self.waiting), self.cap)
+        if self.memory is not None:
+            fit = self.memory.rows_that_fit(list(islice(self.waiting, n)))
+            if fit < n:  # the next waiting request would break the budget: go now
+                return self.launch(fit, now, "memory")
+        if n >= self.cap:
+            return self.launch(n, now, "size")
+        deadline = self.waiting[0].arrival_time + self.max_wait
+        if now >= deadline:
+            return self.launch(n, now, "age")
+        return Idle(wake_at=deadline)
+
+    def finish_batch(self, batch: Batch, now: float, oom: bool = False) -> None:
+        self.running = []
+        if oom and len(batch.requests) == 1:
+            super().finish_batch(batch, now, oom=True)   # does not fit even alone: fail, don't loop
+            return
+        if oom:
+            self.requeue(batch)
+            self.cap = max(1, min(self.cap, len(batch.requests)) // 2)
+            self.clean_batches = 0
+            return
+        self.clean_batches += 1
+        if self.clean_batches >= self.probe_after:
+            self.cap = min(self.max_batch_size, self.cap + 1)
+            self.clean_batches = 0
