@@ -125,7 +125,10 @@ class TrafficConfig(_Model):
         return self
 
 
-Strategy = Literal["naive", "dynamic", "continuous"]
+# "server": the backend batches for itself (an OpenAI-compatible server, transformers' own
+# continuous batching); batchlab only sends the trace and measures.
+Strategy = Literal["naive", "dynamic", "continuous", "server"]
+SERVER_KINDS = ("openai", "hf-cb")
 
 
 class RunConfig(_Model):
@@ -140,8 +143,19 @@ class RunConfig(_Model):
     out: str = "results/latest"
     report: bool = True                     # write report.md and plots at the end of `run`
 
+    @model_validator(mode="after")
+    def _strategies_fit_backend(self):
+        server = self.backend.kind in SERVER_KINDS
+        wrong = [s for s in self.strategies if (s == "server") != server]
+        if wrong:
+            need = "[server]" if server else "naive, dynamic and/or continuous"
+            raise ValueError(f"strategies: backend.kind '{self.backend.kind}' takes {need}, not {', '.join(wrong)}")
+        return self
+
     def knobs(self, strategy: str) -> dict[str, Any]:
         """The settings that shape one strategy's run, flattened for CSV rows and reports."""
+        if strategy == "server":
+            return {"backend.model": self.backend.model, "backend.base_url": self.backend.base_url}
         section = getattr(self, strategy).model_dump()
         return {f"{strategy}.{k}": v for k, v in section.items()}
 
