@@ -1,0 +1,91 @@
+"""Fit the simulator's step-time model to measured step times.
+
+Each measured step is a row (context tokens, prefill tokens, decode rows) -> seconds, and the
+model is linear in its coefficients: t = fixed + kv*context + prefill*prefill_tokens + decode*rows.
+We solve non-negative least squares on *relative* residuals (each row divided by its time), so a
+2 ms decode step counts as much as a 300 ms prefill. The constant term is one number to the data:
+overhead and weight read cannot be told apart from step times, so it is reported as `overhead_s`.
+NOTE: with only four coefficients, exact NNLS is "best feasible unconstrained fit over every
+subset of columns" (16 small solves) - no scipy needed.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from itertools import combinations
+from typing import Iterable
+
+import numpy as np
+
+from batchlab.backends.presets import StepCost
+
+COEFFS = ("overhead_s", "kv_s_per_token", "prefill_s_per_token", "decode_s_per_row")
+
+
+@dataclass(frozen=True, slots=True)
+class StepSample:
+    """One measured forward pass and what it contained."""
+    context_tokens: float        # KV tokens read by attention, summed over rows
+    prefill_tokens: float        # prompt tokens computed
+    decode_rows: float           # rows producing a decode token
+    seconds: float               # measured duration (median over repeats)
+    kind: str = "decode"         # decode | prefill (for reports)
+
+
+@dataclass(frozen=True)
+class Fit:
+    coefficients: dict[str, float]   # COEFFS -> seconds per unit
+    rms_rel_error: float             # root-mean-square of (fit - measured) / measured
+    max_rel_error: float
+    mape: float                      # mean absolute relative error
+    num_samples: int
+
+    def predict(self, samples: Iterable[StepSample]) -> np.ndarray:
+        x = design_matrix(list(samples))
+        return x @ np.array([self.coefficients[k] for k in COEFFS])
+
+    def to_cost(self, base: StepCost) -> StepCost:
+        """`base` with the fitted timing coefficients (memory fields are kept)."""
+        return replace(base, weight_s=0.0, **self.coefficients)
+
+    def summary(self) -> dict[str, float]:
+        return {"fit_rms_rel_error": self.rms_rel_error, "fit_max_rel_error": self.max_rel_error,
+                "fit_mape": self.mape, "fit_samples": self.num_samples}
+
+
+def design_matrix(samples: list[StepSample]) -> np.ndarray:
+    return np.array([[1.0, s.context_tokens, s.prefill_tokens, s.decode_rows] for s in samples],
+                    dtype=np.float64).reshape(len(samples), len(COEFFS))
+
+
+def nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """min ||a x - b|| subject to x >= 0, exactly, for a handful of columns."""
+    n = a.shape[1]
+    best, best_res = np.zeros(n), float(np.sum(b * b))
+    for k in range(1, n + 1):
+        for cols in combinations(range(n), k):
+            sub = a[:, cols]
+            if np.linalg.matrix_rank(sub) < k:
+                continue
+            x, *_ = np.linalg.lstsq(sub, b, rcond=None)
+            if np.any(x < 0):
+                continue
+            res = float(np.sum((sub @ x - b) ** 2))
+            if res < best_res - 1e-18:
+                best, best_res = np.zeros(n), res
+                best[list(cols)] = x
+    return best
+
+
+def fit_step_times(samples: list[StepSample]) -> Fit:
+    """Non-negative, relative-error least squares of the step-time model to `samples`."""
+    if len(samples) < len(COEFFS):
+        raise ValueError(f"need at least {len(COEFFS)} step samples to fit, got {len(samples)}")
+    y = np.array([s.seconds for s in samples], dtype=np.float64)
+    if np.any(y <= 0):
+        raise ValueError("step times must be > 0")
+    x = design_matrix(samples)
+    w = 1.0 / y                      # relative residuals
+    coef = nnls(x * w[:, None], np.ones_like(y))
+    rel = (x @ coef - y) / y
+    return Fit(dict(zip(COEFFS, map(float, coef))), float(np.sqrt(np.mean(rel**2))),
+               float(np.max(np.abs(rel))), float(np.mean(np.abs(rel))), len(samples))
