@@ -66,6 +66,9 @@ async def run_trace(cfg: RunConfig, strategy: str, trace: list[TraceItem], backe
     """Drive one strategy over one trace; returns the requests and the run's start time."""
     if hasattr(backend, "run_trace"):       # servers batch for themselves (backends/openai.py)
         return await backend.run_trace(trace, clock)
+    if cfg.backend.kind == "sim" and cfg.backend.replicas > 1:   # N replicas behind a router
+        from batchlab.backends.replicas import run_replicas
+        return await run_replicas(cfg, strategy, trace, backend, clock)
     scheduler = make_scheduler(strategy, cfg, backend.memory_budget(),
                                backend.num_kv_blocks(cfg.continuous.block_size))
     t0 = clock.now()

@@ -1,0 +1,82 @@
+from batchlab.core.clock import VirtualClock
+from batchlab.core.config import ContinuousConfig
+from batchlab.core.driver import Inbox, drive
+from batchlab.core.request import Request
+from batchlab.schedulers import ContinuousScheduler
+from batchlab.schedulers.base import Step
+from tests.fakes import UnitStepBackend, make_requests
+
+
+def run(sched, reqs, backend=None):
+    clock = VirtualClock()
+    backend = backend or UnitStepBackend()
+    clock.run(drive(sched, backend, clock, Inbox(reqs)))
+    return backend
+
+
+def test_token_budget_limits_admission_and_prefill_comes_whole():
+    s = ContinuousScheduler(ContinuousConfig(max_num_batched_tokens=10), num_kv_blocks=100)
+    s.add(Request("a", 6, 2, 0.0))
+    s.add(Request("b", 6, 2, 0.0))
+    step = s.schedule(0.0)
+    assert [(r.request_id, n) for r, n in step.chunks] == [("a", 6)]
+
+
+def test_chunked_prefill_splits_the_prompt_and_first_token_comes_after_the_last_chunk():
+    s = ContinuousScheduler(ContinuousConfig(chunk_size=4), num_kv_blocks=100)
+    r = Request("a", 10, 3, 0.0)
+    run(s, [r])
+    # 10 prompt tokens in chunks 4, 4, 2 (first token at the end of step 3), then 2 decodes.
+    assert r.token_times == [3.0, 4.0, 5.0]
+
+
+def test_kv_exhaustion_preempts_the_newest_and_it_recomputes():
+    # 4 blocks of 4 tokens. a and b each hold 2 blocks after prefill of 5 tokens...
+    cfg = ContinuousConfig(block_size=4, max_num_seqs=8)
+    s = ContinuousScheduler(cfg, num_kv_blocks=4)
+    a, b = Request("a", 5, 6, 0.0), Request("b", 5, 6, 0.0)
+    backend = run(s, [a, b])
+    assert a.status.value == b.status.value == "finished"
+    assert a.output_len == b.output_len == 6
+    assert b.num_preemptions >= 1 and a.num_preemptions == 0
+    assert "b" in backend.released  # its KV was freed at preemption and at the end
+    assert s.free_blocks == 4
+
+
+def test_preempted_request_goes_back_to_the_front_with_no_computed_tokens():
+    cfg = ContinuousConfig(block_size=2)
+    s = ContinuousScheduler(cfg, num_kv_blocks=3)
+    a, b = Request("a", 2, 5, 0.0), Request("b", 2, 5, 0.0)
+    s.add(a), s.add(b)
+    step = s.schedule(0.0)                       # both prefill: 1 block each
+    for r, n in step.chunks:
+        r.stamp_token(1.0)
+    s.finish_step(step, 1.0)                     # each now needs a 2nd block: only 1 free
+    step = s.schedule(1.0)
+    assert [r.request_id for r, _ in step.chunks] == ["a"] and step.preempted == [b]
+    assert b.num_computed_tokens == 0 and s.waiting[0] is b
+
+
+def test_reserve_policy_books_the_whole_output_and_never_preempts():
+    cfg = ContinuousConfig(block_size=4, preemption="reserve")
+    s = ContinuousScheduler(cfg, num_kv_blocks=4, policy="reserve")
+    a, b = Request("a", 5, 6, 0.0), Request("b", 5, 6, 0.0)
+    run(s, [a, b])
+    assert a.num_preemptions == b.num_preemptions == 0
+    assert b.scheduled_time >= a.completion_time  # b waited for a's blocks
+
+
+def test_a_request_larger_than_the_whole_cache_fails_instead_of_hanging():
+    s = ContinuousScheduler(ContinuousConfig(block_size=4), num_kv_blocks=2)
+    big, ok = Request("big", 20, 2, 0.0), Request("ok", 2, 2, 0.0)
+    run(s, [big, ok])
+    assert big.status.value == "failed" and "KV blocks" in big.error
+    assert ok.status.value == "finished"
+
+
+def test_max_num_seqs_caps_the_running_set():
+    s = ContinuousScheduler(ContinuousConfig(max_num_seqs=2), num_kv_blocks=100)
+    for r in make_requests([0, 0, 0], [3, 3, 3]):
+        s.add(r)
+    step = s.schedule(0.0)
+    assert isinstance(step, Step) and len(step.chunks) == 2 and len(s.waiting) == 1
