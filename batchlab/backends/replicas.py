@@ -73,7 +73,7 @@ def make_replicas(cfg: RunConfig, strategy: str, backend: Backend, n: int) -> li
     """n independent copies of `backend` (the simulator holds no shared state), each with a scheduler."""
     out = []
     for i in range(n):
-        b = backend if i == 0 else copy.copy(backend)
+        b = backend if i == 0 else copy.deepcopy(backend)
         sched = make_scheduler(strategy, cfg, b.memory_budget(), b.num_kv_blocks(cfg.continuous.block_size))
         out.append(Replica(i, b, sched))
     return out
