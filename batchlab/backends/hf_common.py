@@ -1,0 +1,207 @@
+"""What every Hugging Face engine here shares: loading, devices, memory arithmetic, prompt ids.
+
+Used by the request-level backend (backends/hf.py) and the step-level engine (backends/hf_engine.py).
+Memory has three numbers, kept apart on purpose:
+  - KV bytes per token, from the model config: 2 (K and V) x layers x kv_heads x head_dim x dtype bytes;
+  - the KV budget: a configured `memory_budget_bytes`, else on GPU free memory plus PyTorch's
+    cached-but-free blocks minus a reserve for activations, else `DEFAULT_CPU_BUDGET_BYTES`;
+  - peak memory of a run (`PeakMemory`), whose `peak_mem_kind` says what was measured.
+"""
+from __future__ import annotations
+
+import resource
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from batchlab.backends.tiny import resolve_model
+
+# NOTE: a CPU has no "free device memory" worth trusting (the OS swaps, other processes grow),
+# so without a configured budget we assume 1 GiB of KV: about 262k tokens of the tiny model,
+# about 8k tokens of a 7B model in fp32. Set backend.memory_budget_bytes to change it.
+DEFAULT_CPU_BUDGET_BYTES = 1 << 30
+MIN_RESERVE_BYTES = 256 << 20       # GPU: never plan to fill the device to the last 256 MiB
+
+
+@dataclass(frozen=True)
+class Loaded:
+    model: Any                        # a transformers PreTrainedModel in eval mode, on `device`
+    tokenizer: Any                    # left-padding, pad token set
+    device: torch.device
+    dtype: torch.dtype
+    name: str                         # what the config asked for (hub name, path or `tiny`)
+
+    def __iter__(self):               # `model, tokenizer, device, dtype = load(cfg)`
+        return iter((self.model, self.tokenizer, self.device, self.dtype))
+
+
+def pick_device(name: str = "auto") -> torch.device:
+    """`auto`: cuda, then mps, then cpu. An explicit device that is absent is a user error."""
+    if name == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    dev = torch.device(name)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"backend.device '{name}': no CUDA device here (torch {torch.__version__})")
+    if dev.type == "mps" and not torch.backends.mps.is_available():
+        raise ValueError(f"backend.device '{name}': MPS is not available here")
+    return dev
+
+
+_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16,
+           "fp16": torch.float16, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+
+
+def pick_dtype(name: str, device: torch.device) -> torch.dtype:
+    """`auto`: fp16 on GPUs (cuda, mps), fp32 on CPU (CPU half-precision matmuls are slow)."""
+    if name == "auto":
+        return torch.float16 if device.type in ("cuda", "mps") else torch.float32
+    if name not in _DTYPES:
+        raise ValueError(f"backend.dtype '{name}': expected auto, {', '.join(_DTYPES)}")
+    return _DTYPES[name]
+
+
+def load(backend_cfg) -> Loaded:
+    """Load `backend_cfg.model` (hub name, local path, or `tiny`) through from_pretrained."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    device = pick_device(backend_cfg.device)
+    dtype = pick_dtype(backend_cfg.dtype, device)
+    path = resolve_model(backend_cfg.model)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token_id is None:        # e.g. Llama/Mistral ship no pad token
+        tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
+    kwargs = {"dtype": dtype}
+    if device.type != "cpu":
+        kwargs["device_map"] = str(device)    # load straight onto the GPU, not via host RAM
+    model = AutoModelForCausalLM.from_pretrained(path, **kwargs).to(device).eval()
+    return Loaded(model, tokenizer, device, dtype, backend_cfg.model or "tiny")
+
+
+def context_length(model) -> int:
+    """Tokens of context the model was built for (prompt + output must fit)."""
+    cfg = model.config.get_text_config()
+    return int(getattr(cfg, "max_position_embeddings", None) or 2048)
+
+
+def kv_bytes_per_token(config, dtype: torch.dtype) -> int:
+    """2 (K and V) x layers x kv_heads x head_dim x bytes per element."""
+    cfg = config.get_text_config() if hasattr(config, "get_text_config") else config
+    heads = cfg.num_attention_heads
+    kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    elem = torch.empty((), dtype=dtype).element_size()
+    return 2 * cfg.num_hidden_layers * kv_heads * head_dim * elem
+
+
+def device_memory_budget(device: torch.device, configured: int | None, reserve_bytes: int = 0) -> int:
+    """Bytes the KV cache may use: configured if set; on CUDA what is free now (including
+    PyTorch's cached-but-free blocks) minus `reserve_bytes` (activations, measured by a test
+    batch); otherwise DEFAULT_CPU_BUDGET_BYTES."""
+    if configured is not None:
+        return int(configured)
+    if device.type == "cuda":
+        free, _total = torch.cuda.mem_get_info(device)
+        cached_free = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+        return max(0, free + cached_free - max(reserve_bytes, MIN_RESERVE_BYTES))
+    return DEFAULT_CPU_BUDGET_BYTES
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for queued device work, so a clock reading after it means the work is done."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
+
+
+def is_oom(err: BaseException) -> bool:
+    """A real out-of-memory error: torch's (CUDA, MPS) or the CPU allocator's."""
+    return isinstance(err, torch.OutOfMemoryError) or (
+        isinstance(err, RuntimeError) and "can't allocate memory" in str(err))
+
+
+def free_cached(device: torch.device) -> None:
+    """After an out-of-memory error: hand cached blocks back so the retry starts clean."""
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+class PeakMemory:
+    """Peak memory of one measured window; `read()` says which number it is.
+
+    - cuda: `torch.cuda.max_memory_allocated` since `reset()`: tensors PyTorch allocated on the
+      GPU (weights + KV cache + activations), not the driver's or the caching allocator's slack;
+    - cpu/mps: the process's peak resident set size above its size at `reset()` (Linux: VmHWM,
+      reset through /proc/self/clear_refs). Where the peak cannot be reset, the lifetime peak
+      (ru_maxrss) is used and the kind says so.
+    """
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.baseline = 0
+        self.resettable = True
+
+    def reset(self) -> None:
+        if self.device.type == "cuda":
+            synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            return
+        self.baseline = _rss_bytes()
+        try:
+            Path("/proc/self/clear_refs").write_text("5")   # resets VmHWM to the current RSS
+        except OSError:
+            self.resettable = False
+
+    def read(self) -> dict[str, Any]:
+        if self.device.type == "cuda":
+            synchronize(self.device)
+            return {"peak_mem_bytes": int(torch.cuda.max_memory_allocated(self.device)),
+                    "peak_mem_kind": "cuda_max_memory_allocated"}
+        peak = _peak_rss_bytes() if self.resettable else None
+        kind = "cpu_peak_rss_above_baseline"
+        if peak is None:
+            peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024   # Linux: KiB
+            kind = "cpu_lifetime_peak_rss_above_baseline"
+        return {"peak_mem_bytes": max(0, peak - self.baseline), "peak_mem_kind": kind}
+
+
+def _rss_bytes() -> int:
+    import psutil
+    return psutil.Process().memory_info().rss
+
+
+def _peak_rss_bytes() -> int | None:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def prompt_ids(request, tokenizer, vocab: int | None = None, seed: int = 0) -> list[int]:
+    """Exactly `request.prompt_len` token ids, the same on every run.
+
+    From the request's text when it has one (truncated, or repeated to length); otherwise
+    seeded synthetic ids drawn by the request's trace index from the ordinary vocabulary
+    (special tokens excluded, so no stray EOS or BOS inside a prompt).
+    """
+    n = request.prompt_len
+    if request.prompt_token_ids is not None and len(request.prompt_token_ids) == n:
+        return list(request.prompt_token_ids)
+    vocab = vocab or len(tokenizer)
+    if request.prompt:
+        ids = tokenizer(request.prompt, add_special_tokens=False)["input_ids"]
+        if ids:
+            return (ids * (n // len(ids) + 1))[:n]
+    ordinary = np.setdiff1d(np.arange(vocab), tokenizer.all_special_ids)
+    rng = np.random.default_rng([seed, request.index])
+    return ordinary[rng.integers(0, len(ordinary), size=n)].tolist()
