@@ -70,6 +70,9 @@ class BackendConfig(_Model):
     memory_budget_bytes: PositiveInt | None = None   # KV budget for the memory trigger (None: from device)
     warmup_batches: Annotated[int, Field(ge=0)] = 2  # real backends: batches run before measuring
     timeout_s: PositiveFloat = 600.0        # openai: per-request timeout
+    prompt_format: Literal["tokens", "text"] = "tokens"   # openai: prompt as token ids (exact length) or text
+    length_control: Literal["ignore_eos", "generation_config", "none"] = "ignore_eos"  # openai: how exact output lengths are asked for
+    max_connections: PositiveInt | None = None  # openai: HTTP connection pool size (None: sized from the trace)
 
 
 class NaiveConfig(_Model):
