@@ -82,12 +82,25 @@ class SimulatedBackend(BatchBackend, StepBackend):
             if done >= r.num_tokens:
                 emit.append(r)
         dt = self.cost.step_time(context, prefill, decode)
+        self._charge_stalls(step, prefill)
         self.steps += 1
         self.busy_s += dt
         await clock.sleep(dt)
         now = clock.now()
         for r in emit:
             r.token_times.append(now)
+
+    def _charge_stalls(self, step: Step, prefill: int) -> None:
+        """Charge each row the step time spent on *other* rows' prompt tokens ('stall').
+        NOTE: rows recomputing after a preemption are skipped: the driver charges that whole gap."""
+        for r, n in step.chunks:
+            decoding = n == 1 and r.token_times and r.num_computed_tokens + 1 == r.num_tokens
+            fresh = not r.token_times and r.num_preemptions == 0
+            if decoding or fresh:
+                s = self.cost.prefill_s_per_token * (prefill - (0 if decoding else n))
+                r.add_time("stall", s)
+                if fresh:
+                    r.add_time("stall_prefill", s)   # the driver moves this out of the prefill phase
 
 
 def from_config(cfg) -> SimulatedBackend:

@@ -56,6 +56,7 @@ async def drive(scheduler: Scheduler, backend: Backend, clock: Clock, inbox: Inb
                 on_done: Callback = lambda r: None, on_progress: Callable[[list[Request]], None] | None = None) -> None:
     """Run until the inbox is exhausted and every request is finished or failed."""
     idle_since = clock.now()
+    stalled: dict[Request, tuple[float, int]] = {}   # preempted -> (when, tokens it had)
     while True:
         now = clock.now()
         inbox.release(now, scheduler)
@@ -66,7 +67,7 @@ async def drive(scheduler: Scheduler, backend: Backend, clock: Clock, inbox: Inb
             await _run_batch(scheduler, backend, clock, out, on_done)
             idle_since = clock.now()
         elif isinstance(out, Step):
-            await _run_step(scheduler, backend, clock, out, on_done, on_progress)
+            await _run_step(scheduler, backend, clock, out, on_done, on_progress, stalled)
         else:
             if inbox.exhausted and not scheduler.has_work():
                 return
@@ -110,7 +111,8 @@ async def _run_batch(scheduler: Scheduler, backend, clock: Clock, batch: Batch, 
         on_done(r)
 
 
-async def _run_step(scheduler: Scheduler, backend, clock: Clock, step: Step, on_done: Callback, on_progress) -> None:
+async def _run_step(scheduler: Scheduler, backend, clock: Clock, step: Step, on_done: Callback, on_progress,
+                    stalled: dict) -> None:
     for r in step.preempted:
         backend.release(r)
     try:
@@ -122,6 +124,7 @@ async def _run_step(scheduler: Scheduler, backend, clock: Clock, step: Step, on_
             r.fail(f"{type(e).__name__}: {e}")
             on_done(r)
         return
+    _charge_preemptions(stalled, step, clock.now())
     if on_progress is not None:
         on_progress([r for r, _ in step.chunks])
     for r in scheduler.finish_step(step, clock.now()):
@@ -131,14 +134,29 @@ async def _run_step(scheduler: Scheduler, backend, clock: Clock, step: Step, on_
         on_done(r)
 
 
+def _charge_preemptions(stalled: dict, step: Step, end: float) -> None:
+    """A preempted request would have had its next token at the end of the step that evicted it;
+    everything from then until its next token (requeue, recompute) is a stall caused by others."""
+    for r in step.preempted:
+        stalled.setdefault(r, (end, r.output_len))
+    for r, _ in step.chunks:
+        if r in stalled and r.output_len > stalled[r][1]:
+            since, had = stalled.pop(r)
+            r.add_time("stall", r.token_times[-1] - since)
+            if had == 0:
+                r.add_time("stall_prefill", r.token_times[-1] - since)
+
+
 def _finish(r: Request) -> None:
     if r.output_len != r.max_new_tokens:
         r.fail(f"backend produced {r.output_len} tokens, expected {r.max_new_tokens}")
         return
     r.status = Status.FINISHED
     first = r.token_times[0]
-    r.add_time("prefill", first - r.scheduled_time)
-    r.add_time("decode", r.token_times[-1] - first)
+    # NOTE: stalls (backend or preemption) are reported apart, so the phases still sum to E2E.
+    stall_prefill = r.breakdown.pop("stall_prefill", 0.0)
+    r.add_time("prefill", first - r.scheduled_time - stall_prefill)
+    r.add_time("decode", r.token_times[-1] - first - (r.breakdown.get("stall", 0.0) - stall_prefill))
 
 
 def _drain_rejected(scheduler: Scheduler, on_done: Callback) -> None:
