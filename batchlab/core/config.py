@@ -101,9 +101,17 @@ class SLOConfig(_Model):
 
 
 class RateStep(_Model):
-    """Burst test: the arrival rate switches from the point's rate to `to_rate` at `at_s`."""
-    at_s: PositiveFloat
-    to_rate: PositiveFloat
+    """Burst test: the arrival rate switches from the point's rate to `to_rate` at `at_s`,
+    and back to the point's rate at `until_s` (None: it stays at `to_rate`)."""
+    at_s: PositiveFloat                     # seconds from the run's start
+    to_rate: PositiveFloat                  # req/s
+    until_s: PositiveFloat | None = None    # seconds from the run's start
+
+    @model_validator(mode="after")
+    def _check(self):
+        if self.until_s is not None and self.until_s <= self.at_s:
+            raise ValueError(f"until_s ({self.until_s}) must be after at_s ({self.at_s})")
+        return self
 
 
 class TrafficConfig(_Model):

@@ -46,7 +46,8 @@ def arrival_times(cfg: TrafficConfig, rate: float, rng: np.random.Generator) -> 
     times: list[float] = []
     t = 0.0
     while True:
-        lam = step.to_rate if step is not None and t >= step.at_s else rate
+        in_step = step is not None and step.at_s <= t < (step.until_s or np.inf)
+        lam = step.to_rate if in_step else rate
         t += _gap(cfg, lam, rng)
         if t >= horizon:
             return np.asarray(times)
