@@ -92,7 +92,7 @@ def run_point(cfg: RunConfig, strategy: str, rate: float, repeat: int, backend: 
     wall = time.perf_counter() - wall
     _rebase(requests, t0)
     summary = summarize(measured(requests, cfg.traffic.warmup_s), cfg.slo)
-    meta = {"wall_s": wall, **backend.peak_memory()}
+    meta = {"wall_s": wall, **backend.peak_memory(), **getattr(backend, "run_meta", dict)()}
     return PointResult(strategy, rate, repeat, requests, summary, meta)
 
 
