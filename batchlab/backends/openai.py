@@ -1,0 +1,225 @@
+"""The server batches: any OpenAI-compatible endpoint, measured from the client side.
+
+Each request is sent at its planned arrival time to `/v1/completions` with streaming; every chunk
+is stamped through the clock the moment it reaches the client, and the exact token counts come
+from the final usage report (a chunk may carry several tokens). The latency clock starts at the
+*planned* arrival, so time lost in the load generator or waiting for a pooled connection counts
+against the server's numbers, never in its favour; the generator's own send lag is recorded
+(`run_meta()`) and a run where it is large is flagged.
+
+NOTE: httpx rather than the official `openai` client: one parsed JSON line per chunk costs far
+less CPU than the client's pydantic objects (the load generator shares two cores with the server),
+its pool limits and timeouts are explicit, it never retries behind our back, and
+`httpx.MockTransport` fakes servers in unit tests. Server tests use the official client.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import httpx
+import numpy as np
+
+from batchlab.backends.base import Backend
+from batchlab.core.clock import Clock
+from batchlab.core.config import ConfigError
+from batchlab.core.request import Request, Status
+from batchlab.core.traffic import TraceItem
+
+LEAD_S = 0.05            # the first planned arrival is this far after the start, so it can be on time
+SPIN_S = 0.0015          # the last stretch before a send is waited by yielding, not by a 1 ms-granular timer
+LAG_WARN_S = 0.005       # send lag p99 above this flags the run: the load generator, not the server, was slow
+WORDS = "the quick brown fox jumps over a lazy dog while seven small birds sing".split()
+
+
+class OpenAIBackend(Backend):
+    def __init__(self, base_url: str, model: str, api_key: str = "EMPTY", timeout_s: float = 600.0,
+                 prompt_format: str = "tokens", length_control: str = "ignore_eos",
+                 max_connections: int | None = None, transport: httpx.AsyncBaseTransport | None = None):
+        self.base_url = base_url.rstrip("/")
+        self.model = model
+        self.api_key = api_key
+        self.timeout_s = timeout_s
+        self.prompt_format = prompt_format
+        self.length_control = length_control
+        self.max_connections = max_connections
+        self.transport = transport               # tests inject httpx.MockTransport
+        self.send_lags: list[float] = []         # seconds between planned and actual send, last run
+
+    def describe(self) -> dict[str, Any]:
+        return {"backend": "openai", "model": self.model, "base_url": self.base_url,
+                "prompt_format": self.prompt_format, "length_control": self.length_control,
+                "httpx": httpx.__version__}
+
+    def prepare(self, request: Request) -> None:
+        if self.prompt_format == "tokens" and request.prompt_token_ids is None:
+            request.prompt_token_ids = synthetic_token_ids(request.index, request.prompt_len)
+        elif self.prompt_format == "text" and not request.prompt:
+            request.prompt = synthetic_text(request.index, request.prompt_len)
+
+    def client(self, concurrency: int) -> httpx.AsyncClient:
+        """One client and pool for a run, sized for `concurrency` requests in flight."""
+        size = self.max_connections or max(1, min(concurrency, 1024))
+        limits = httpx.Limits(max_connections=size, max_keepalive_connections=size)
+        timeout = httpx.Timeout(self.timeout_s)            # connect, read, write and pool waits alike
+        headers = {"Authorization": f"Bearer {self.api_key}"}
+        return httpx.AsyncClient(base_url=self.base_url, limits=limits, timeout=timeout,
+                                 headers=headers, transport=self.transport)
+
+    async def run_trace(self, trace: list[TraceItem], clock: Clock) -> tuple[list[Request], float]:
+        """Send every request of the trace at its planned time; returns the requests and t0."""
+        t0 = clock.now() + LEAD_S
+        requests = []
+        for i, item in enumerate(trace):
+            r = Request(f"r{i:06d}", item.prompt_len, item.output_len, t0 + item.arrival,
+                        prompt=item.prompt, index=i)
+            self.prepare(r)
+            requests.append(r)
+        self.send_lags = []
+        async with self.client(len(requests)) as client:
+            tasks = []
+            for r in requests:
+                await wait_until(clock, r.arrival_time)
+                tasks.append(asyncio.create_task(self.send(r, client, clock)))
+            await asyncio.gather(*tasks)
+        return requests, t0
+
+    def run_meta(self) -> dict[str, Any]:
+        """The load generator's own timing error over the last run (see module docstring)."""
+        return send_lag_summary(self.send_lags)
+
+    async def send(self, r: Request, client: httpx.AsyncClient, clock: Clock) -> None:
+        """One streamed request: stamps chunks on `r`, records failures on `r`; never raises."""
+        self.send_lags.append(clock.now() - r.arrival_time)
+        r.status = Status.RUNNING
+        chunks: list[tuple[float, str]] = []
+        usage: dict | None = None
+        try:
+            async with client.stream("POST", "/completions", json=self.body(r)) as resp:
+                if resp.status_code != 200:
+                    await resp.aread()
+                    r.fail(f"HTTP {resp.status_code}: {error_message(resp)}")
+                    return
+                async for line in resp.aiter_lines():
+                    if not line.startswith("data:"):
+                        continue
+                    now = clock.now()
+                    data = line[5:].strip()
+                    if data == "[DONE]":
+                        break
+                    usage = read_chunk(json.loads(data), now, chunks) or usage
+        except httpx.TimeoutException as e:
+            r.fail(f"timeout after {self.timeout_s:g} s ({type(e).__name__})")
+            return
+        except (httpx.HTTPError, json.JSONDecodeError, ServerError) as e:
+            r.fail(f"{type(e).__name__}: {e}")
+            return
+        settle(r, chunks, usage)
+
+    def body(self, r: Request) -> dict[str, Any]:
+        prompt = r.prompt_token_ids if self.prompt_format == "tokens" else r.prompt
+        body = {"model": self.model, "prompt": prompt, "max_tokens": r.max_new_tokens, "stream": True,
+                "temperature": 0.0, "stream_options": {"include_usage": True}}
+        if self.length_control == "ignore_eos":
+            body |= {"ignore_eos": True, "min_tokens": r.max_new_tokens}
+        elif self.length_control == "generation_config":
+            # NOTE: transformers serve rejects ignore_eos/min_tokens (HTTP 422); EOS is switched off
+            # through its own field, identical on every request (its continuous batching needs that).
+            body["generation_config"] = json.dumps({"eos_token_id": -1, "do_sample": False})
+        return body
+
+
+class ServerError(RuntimeError):
+    """The server reported an error inside the stream."""
+
+
+async def wait_until(clock: Clock, t: float) -> None:
+    """Sleep to `t`: a timer for most of the way, then yield until due (timers are 1 ms granular)."""
+    if t - clock.now() > SPIN_S:
+        await clock.sleep(t - clock.now() - SPIN_S)
+    while clock.now() < t:
+        await clock.sleep(0)
+
+
+def read_chunk(chunk: dict, now: float, chunks: list[tuple[float, str]]) -> dict | None:
+    """Stamp one parsed SSE chunk; returns its usage report, if it carries one."""
+    if chunk.get("error"):
+        raise ServerError(str(chunk["error"].get("message", chunk["error"])))
+    choices = chunk.get("choices") or []
+    if choices:
+        c = choices[0]
+        chunks.append((now, c.get("text") or (c.get("delta") or {}).get("content") or ""))
+    return chunk.get("usage")
+
+
+def settle(r: Request, chunks: list[tuple[float, str]], usage: dict | None) -> None:
+    """Turn stamped chunks plus the usage report into exactly one stamp per output token."""
+    r.output_text = "".join(text for _, text in chunks)
+    if not usage or "completion_tokens" not in usage:
+        r.fail("stream ended without a usage report (exact token counts unknown)")
+        return
+    if usage.get("prompt_tokens"):
+        r.prompt_len = int(usage["prompt_tokens"])        # exact, e.g. for text prompts
+    r.token_times = token_stamps(chunks, int(usage["completion_tokens"]))
+    if r.output_len != r.max_new_tokens:
+        r.fail(f"server produced {r.output_len} tokens, expected {r.max_new_tokens}")
+        return
+    r.status = Status.FINISHED
+
+
+def token_stamps(chunks: list[tuple[float, str]], n: int) -> list[float]:
+    """n token stamps from the chunk stamps.
+
+    One chunk per token is the usual case. Chunks with no text (a closing chunk that only carries
+    finish_reason) are dropped when that makes the counts agree. If the server packed several
+    tokens into one chunk, the extra tokens get the last chunk's stamp: first and last stamps,
+    hence TTFT and TPOT, stay exact; only inter-token gaps lose detail."""
+    every = [t for t, _ in chunks]
+    content = [t for t, text in chunks if text]
+    if len(every) == n or n == 0:
+        return every[:n]
+    if len(content) == n:
+        return content
+    stamps = (every if len(every) > n else content or every)[:n]
+    return stamps + [stamps[-1]] * (n - len(stamps)) if stamps else []
+
+
+def error_message(resp: httpx.Response) -> str:
+    try:
+        err = resp.json()
+        if isinstance(err, dict):
+            detail = err.get("error", err.get("detail", err))
+            return str(detail.get("message", detail) if isinstance(detail, dict) else detail)[:300]
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        pass
+    return resp.text[:300]
+
+
+def send_lag_summary(lags: list[float]) -> dict[str, Any]:
+    if not lags:
+        return {}
+    a = np.asarray(lags)
+    p99 = float(np.percentile(a, 99))
+    return {"send_lag_p50": float(np.percentile(a, 50)), "send_lag_p99": p99, "send_lag_max": float(a.max()),
+            "send_lag_flag": bool(p99 > LAG_WARN_S)}
+
+
+def synthetic_token_ids(index: int, n: int) -> list[int]:
+    """A deterministic prompt of exactly n token ids, drawn from ids 100..1099 (any vocabulary
+    of the tiny model or larger has them)."""
+    return [100 + (index * 7919 + k * 104729) % 1000 for k in range(n)]
+
+
+def synthetic_text(index: int, n: int) -> str:
+    """About n tokens of plain words; the server's usage report gives the exact count."""
+    return " ".join(WORDS[(index + k) % len(WORDS)] for k in range(n))
+
+
+def from_config(cfg) -> OpenAIBackend:
+    b = cfg.backend
+    if not b.base_url or not b.model:
+        raise ConfigError("backend.kind 'openai' needs backend.base_url (e.g. http://127.0.0.1:8000/v1) "
+                          "and backend.model (the served model name)")
+    return OpenAIBackend(b.base_url, b.model, b.api_key, b.timeout_s, b.prompt_format,
+                         b.length_control, b.max_connections)
