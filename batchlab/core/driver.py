@@ -28,6 +28,7 @@ class Inbox:
         self.live: deque[Request] = deque()
         self.open = live                   # live submissions may still come
         self.event = asyncio.Event()
+        self.cancelled: list[Request] = []  # clients gone; dropped between steps/batches (see drive)
 
     def push(self, request: Request) -> None:
         self.live.append(request)
@@ -35,6 +36,12 @@ class Inbox:
 
     def close(self) -> None:
         self.open = False
+        self.event.set()
+
+    def cancel(self, request: Request) -> None:
+        """A live client went away. NOTE: honoured only between steps and batches, never inside
+        one: a row of a running request-level batch is dropped when its batch ends."""
+        self.cancelled.append(request)
         self.event.set()
 
     @property
@@ -60,6 +67,7 @@ async def drive(scheduler: Scheduler, backend: Backend, clock: Clock, inbox: Inb
     while True:
         now = clock.now()
         inbox.release(now, scheduler)
+        _drop_cancelled(scheduler, backend, inbox, on_done)
         out = scheduler.schedule(now, draining=inbox.exhausted)
         _drain_rejected(scheduler, on_done)
         if isinstance(out, Batch):
@@ -83,7 +91,7 @@ async def _idle(clock: Clock, inbox: Inbox, now: float, wake_at: float | None) -
         await clock.sleep(wake - now)
         return
     inbox.event.clear()
-    if not inbox.live:
+    if not inbox.live and not inbox.cancelled:
         await clock.wait(inbox.event, None if wake is None else wake - now)
 
 
@@ -157,6 +165,18 @@ def _finish(r: Request) -> None:
     stall_prefill = r.breakdown.pop("stall_prefill", 0.0)
     r.add_time("prefill", first - r.scheduled_time - stall_prefill)
     r.add_time("decode", r.token_times[-1] - first - (r.breakdown.get("stall", 0.0) - stall_prefill))
+
+
+def _drop_cancelled(scheduler: Scheduler, backend, inbox: Inbox, on_done: Callback) -> None:
+    """Free waiting or running (iteration-level) requests whose clients went away."""
+    while inbox.cancelled:
+        r = inbox.cancelled.pop(0)
+        if r.is_done or not scheduler.abort(r):
+            continue
+        if hasattr(backend, "release"):
+            backend.release(r)
+        r.fail("cancelled: the client disconnected")
+        on_done(r)
 
 
 def _drain_rejected(scheduler: Scheduler, on_done: Callback) -> None:
