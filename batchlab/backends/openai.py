@@ -69,15 +69,17 @@ class OpenAIBackend(Backend):
 
     async def run_trace(self, trace: list[TraceItem], clock: Clock) -> tuple[list[Request], float]:
         """Send every request of the trace at its planned time; returns the requests and t0."""
-        t0 = clock.now() + LEAD_S
         requests = []
         for i, item in enumerate(trace):
-            r = Request(f"r{i:06d}", item.prompt_len, item.output_len, t0 + item.arrival,
+            r = Request(f"r{i:06d}", item.prompt_len, item.output_len, item.arrival,
                         prompt=item.prompt, index=i)
             self.prepare(r)
             requests.append(r)
         self.send_lags = []
         async with self.client(len(requests)) as client:
+            t0 = clock.now() + LEAD_S            # NOTE: after building the client (its TLS setup takes ~30 ms)
+            for r in requests:
+                r.arrival_time += t0
             tasks = []
             for r in requests:
                 await wait_until(clock, r.arrival_time)

@@ -1,0 +1,138 @@
+"""The serving engine: the ordinary driver loop on a thread of its own, fed by HTTP handlers.
+
+`drive()` runs unchanged (core/driver.py) with a live Inbox and the real clock, on its own thread
+and event loop, so the HTTP side keeps answering (`/health`, 429s) even when a backend holds its
+loop during a forward pass. Handlers stamp a request's arrival, `submit()` it and are woken by
+`notify(requests)` whenever tokens were stamped on them or they finished; they read the stamps
+themselves. Iteration-level steps report progress through the driver's `on_progress`; a
+request-level batch is polled every POLL_S while it runs, so its tokens stream too.
+"""
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any, Callable
+
+from batchlab.core.clock import Clock, RealClock
+from batchlab.core.driver import Inbox, drive
+from batchlab.core.request import Request, Status
+from batchlab.schedulers.base import Scheduler, Step
+
+POLL_S = 0.001           # how often a running request-level batch is checked for new tokens
+Notify = Callable[[list[Request]], None]
+
+
+class Engine:
+    def __init__(self, scheduler: Scheduler, backend, clock: Clock | None = None,
+                 on_batch: Callable[[int], None] = lambda n: None,
+                 on_done: Callable[[Request], None] = lambda r: None):
+        self.scheduler = scheduler
+        self.backend = backend
+        self.clock = clock or RealClock()
+        self.on_batch = on_batch              # size of every batch or step launched (metrics)
+        self.on_done = on_done
+        self.notify: Notify = lambda reqs: None
+        self.error: BaseException | None = None  # set if the engine loop died
+        self._ready = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._inbox: Inbox | None = None
+        self._thread = threading.Thread(target=self._thread_main, name="batchlab-engine", daemon=True)
+
+    # --- HTTP side (any thread) -------------------------------------------------------------
+    def start(self, notify: Notify, timeout: float = 600.0) -> None:
+        """Start the engine thread and wait until the backend has loaded and warmed up."""
+        self.notify = notify
+        self._thread.start()
+        if not self._ready.wait(timeout):
+            raise RuntimeError(f"backend did not start within {timeout:g} s")
+        if self.error is not None:
+            raise RuntimeError(f"backend failed to start: {self.error}") from self.error
+
+    def submit(self, r: Request) -> None:
+        self._loop.call_soon_threadsafe(self._inbox.push, r)
+
+    def cancel(self, r: Request) -> None:
+        if not r.is_done:
+            self._loop.call_soon_threadsafe(self._inbox.cancel, r)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if self._loop is not None and self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self._inbox.close)
+            self._thread.join(timeout)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive() and self.error is None
+
+    def running_count(self) -> int:
+        return len(self.scheduler.running)
+
+    # --- engine thread ----------------------------------------------------------------------
+    def _thread_main(self) -> None:
+        try:
+            asyncio.run(self._main())
+        except BaseException as e:  # noqa: BLE001 - recorded, surfaced by /health and on requests
+            self.error = e
+        finally:
+            self._ready.set()
+
+    async def _main(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._inbox = Inbox(live=True)
+        await self.backend.start(self.clock)
+        self._ready.set()
+        try:
+            await drive(self.scheduler, _Observed(self), self.clock, self._inbox,
+                        on_done=self._done, on_progress=self.notify)
+        except BaseException as e:
+            self.error = e
+            self._fail_everything(f"engine stopped: {type(e).__name__}: {e}")
+            raise
+        finally:
+            close = self.backend.close()
+            if asyncio.iscoroutine(close):
+                await close
+
+    def _done(self, r: Request) -> None:
+        self.on_done(r)
+        self.notify([r])
+
+    def _fail_everything(self, error: str) -> None:
+        stuck = list(self.scheduler.waiting) + list(self.scheduler.running) + list(self._inbox.live)
+        for r in stuck:
+            if not r.is_done:
+                r.fail(error)
+        self.notify(stuck)
+
+
+class _Observed:
+    """The backend as the driver sees it: counts batch sizes and streams request-level batches."""
+
+    def __init__(self, engine: Engine):
+        self._engine = engine
+        self._inner = engine.backend
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    async def step(self, step: Step, clock: Clock) -> None:
+        self._engine.on_batch(len(step.chunks))
+        await self._inner.step(step, clock)
+
+    async def run_batch(self, requests: list[Request], clock: Clock) -> None:
+        self._engine.on_batch(len(requests))
+        poller = asyncio.create_task(self._poll(requests, clock))
+        try:
+            await self._inner.run_batch(requests, clock)
+        finally:
+            poller.cancel()
+
+    async def _poll(self, requests: list[Request], clock: Clock) -> None:
+        seen = {r: r.output_len for r in requests}
+        while True:
+            await clock.sleep(POLL_S)
+            moved = [r for r in requests if r.output_len != seen[r] and r.status is Status.RUNNING]
+            if moved:
+                for r in moved:
+                    seen[r] = r.output_len
+                self._engine.notify(moved)

@@ -1,0 +1,128 @@
+"""The OpenAI wire format: request bodies in, JSON objects and server-sent-event chunks out.
+
+Bodies are pydantic models, so a wrong type becomes one 400 naming the field. Unknown fields are
+accepted and ignored (as vLLM does), including `ignore_eos` and `min_tokens`: every batchlab
+backend already produces exactly `max_tokens` tokens. Errors use OpenAI's shape,
+{"error": {"message", "type", "param", "code"}}, which the official client turns into
+BadRequestError (400), NotFoundError (404) and RateLimitError (429).
+"""
+from __future__ import annotations
+
+import json
+import time
+from typing import Any, Literal
+
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+
+
+class StreamOptions(BaseModel):
+    include_usage: StrictBool = False
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    model: StrictStr
+    max_tokens: StrictInt | None = None
+    max_completion_tokens: StrictInt | None = None
+    stream: StrictBool = False
+    stream_options: StreamOptions | None = None
+    n: StrictInt = 1
+    temperature: float | None = None
+
+    @property
+    def wanted_tokens(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+
+class CompletionBody(_Body):
+    prompt: StrictStr | list[StrictInt] | list[StrictStr] | list[list[StrictInt]]
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    role: StrictStr
+    content: StrictStr | list[dict[str, Any]] | None = None
+
+    @property
+    def text(self) -> str:
+        if isinstance(self.content, list):     # content parts: keep the text ones
+            return " ".join(str(p.get("text", "")) for p in self.content)
+        return self.content or ""
+
+
+class ChatBody(_Body):
+    messages: list[Message] = Field(min_length=1)
+
+
+class APIError(Exception):
+    """Raised by handlers; rendered as an OpenAI-style JSON error."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code, self.headers = status, message, param, code, headers
+
+    def response(self) -> JSONResponse:
+        kind = {400: "invalid_request_error", 404: "not_found_error", 429: "rate_limit_error",
+                503: "service_unavailable"}.get(self.status, "server_error")
+        body = {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}}
+        return JSONResponse(body, status_code=self.status, headers=self.headers)
+
+
+def validation_message(errors: list[dict]) -> tuple[str, str | None]:
+    """One line from pydantic/FastAPI validation errors, and the parameter it concerns."""
+    e = errors[0]
+    loc = [str(p) for p in e.get("loc", ()) if p != "body"]
+    param = loc[0] if loc else None
+    where = ".".join(loc) or "body"
+    if e.get("type") == "json_invalid":
+        return "request body is not valid JSON", None
+    return f"{where}: {e.get('msg', 'invalid value')}", param
+
+
+class Chunks:
+    """Builds the objects of one response; `chat` picks the chat or the legacy completion shape."""
+
+    def __init__(self, request_id: str, model: str, chat: bool):
+        self.id, self.model, self.chat = request_id, model, chat
+        self.created = int(time.time())
+        self._first = True
+
+    def _head(self, obj: str) -> dict[str, Any]:
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
+
+    def delta(self, text: str, finish: str | None) -> str:
+        """One SSE event carrying new text (finish_reason rides on the last token's chunk)."""
+        if self.chat:
+            delta = {"role": "assistant", "content": text} if self._first else {"content": text}
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+            obj = self._head("chat.completion.chunk") | {"choices": [choice]}
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+            obj = self._head("text_completion") | {"choices": [choice]}
+        self._first = False
+        return sse(obj)
+
+    def usage_event(self, usage: dict[str, int]) -> str:
+        obj = self._head("chat.completion.chunk" if self.chat else "text_completion")
+        return sse(obj | {"choices": [], "usage": usage})
+
+    def error_event(self, message: str) -> str:
+        return sse({"error": {"message": message, "type": "server_error", "param": None, "code": None}})
+
+    def full(self, text: str, usage: dict[str, int]) -> dict[str, Any]:
+        if self.chat:
+            choice = {"index": 0, "message": {"role": "assistant", "content": text},
+                      "logprobs": None, "finish_reason": "length"}
+            return self._head("chat.completion") | {"choices": [choice], "usage": usage}
+        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": "length"}
+        return self._head("text_completion") | {"choices": [choice], "usage": usage}
+
+
+def sse(obj: Any) -> str:
+    return "data: " + json.dumps(obj, separators=(",", ":")) + "\n\n"
+
+
+DONE = "data: [DONE]\n\n"
+Kind = Literal["completion", "chat"]

@@ -1,0 +1,56 @@
+"""Prompts to token counts, output tokens to text: exact with a tokenizer, placeholders without.
+
+A Hugging Face backend has a tokenizer: prompts are encoded exactly and output ids decoded
+(incrementally, so a character split across tokens comes out whole). The simulator has no
+tokenizer and no real tokens: a text prompt counts one token per whitespace-separated word,
+and the output is deterministic placeholder text, one word per token. Usage counts are exact
+either way (they are the backend's token stamps); only the simulator's *text* is made up.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from batchlab.core.request import Request
+
+PLACEHOLDER = ["lorem", "ipsum", "dolor", "sit", "amet", "consectetur", "adipiscing", "elit"]
+
+
+class TextCodec:
+    def __init__(self, tokenizer: Any | None = None):
+        self.tokenizer = tokenizer
+        self.vocab = len(tokenizer) if tokenizer is not None else None
+
+    @property
+    def exact(self) -> bool:
+        return self.tokenizer is not None
+
+    def encode(self, prompt: str | list[int]) -> tuple[list[int] | None, int]:
+        """(token ids or None, prompt length in tokens)."""
+        if isinstance(prompt, list):
+            return list(prompt), len(prompt)
+        if self.tokenizer is None:
+            return None, len(prompt.split())
+        ids = self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        return ids, len(ids)
+
+    def chat_prompt(self, messages: list[tuple[str, str]]) -> str:
+        """The chat turned into one prompt: the tokenizer's chat template if it has one."""
+        tok = self.tokenizer
+        if tok is not None and getattr(tok, "chat_template", None):
+            return tok.apply_chat_template([{"role": r, "content": c} for r, c in messages],
+                                           tokenize=False, add_generation_prompt=True)
+        return "".join(f"{role}: {content}\n" for role, content in messages) + "assistant:"
+
+    def delta(self, r: Request, start: int, end: int, state: dict) -> list[str]:
+        """Text of output tokens start..end-1, one string per token."""
+        if self.tokenizer is None or len(r.output_token_ids) < end:
+            return [" " + PLACEHOLDER[k % len(PLACEHOLDER)] for k in range(start, end)]
+        out = []
+        for k in range(start, end):
+            full = self.tokenizer.decode(r.output_token_ids[: k + 1], skip_special_tokens=True)
+            if full.endswith("\ufffd"):           # half of a multi-byte character: wait for the rest
+                out.append("")
+                continue
+            out.append(full[len(state.get("text", "")):])
+            state["text"] = full
+        return out

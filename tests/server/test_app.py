@@ -1,0 +1,133 @@
+"""`batchlab serve` over the simulator (toy preset, real time), driven by the official openai client."""
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+
+from batchlab.backends.openai import OpenAIBackend
+from batchlab.core.clock import RealClock
+from batchlab.core.request import Status
+from batchlab.core.traffic import TraceItem
+from tests.server.conftest import wait_for
+
+
+def client(url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=30)
+
+
+STRATEGIES = [("naive", ["naive.batch_size=1"]), ("dynamic", ["dynamic.max_wait_ms=5"]), ("continuous", [])]
+
+
+@pytest.mark.parametrize("strategy,overrides", STRATEGIES)
+def test_streaming_and_whole_completions_report_exact_usage(serve, strategy, overrides):
+    with serve(strategy, overrides) as (url, _):
+        c = client(url)
+        whole = c.completions.create(model="toy", prompt="one two three", max_tokens=5)
+        assert whole.usage.prompt_tokens == 3 and whole.usage.completion_tokens == 5
+        assert whole.choices[0].finish_reason == "length" and len(whole.choices[0].text.split()) == 5
+
+        chunks = list(c.completions.create(model="toy", prompt=[11, 12, 13, 14], max_tokens=6, stream=True,
+                                           stream_options={"include_usage": True}))
+        texts = [ch.choices[0].text for ch in chunks if ch.choices]
+        assert len(texts) == 6 and all(texts)
+        assert chunks[-1].usage.completion_tokens == 6 and chunks[-1].usage.prompt_tokens == 4
+        assert [ch.choices[0].finish_reason for ch in chunks if ch.choices][-1] == "length"
+
+
+def test_chat_streaming_and_whole(serve):
+    with serve("continuous") as (url, _):
+        c = client(url)
+        msgs = [{"role": "user", "content": "Summarize continuous batching."}]
+        whole = c.chat.completions.create(model="local-model", messages=msgs, max_tokens=4)
+        assert whole.choices[0].message.role == "assistant" and whole.usage.completion_tokens == 4
+        stream = c.chat.completions.create(model="local-model", messages=msgs, max_tokens=3, stream=True,
+                                           stream_options={"include_usage": True})
+        chunks = list(stream)
+        assert "".join(ch.choices[0].delta.content for ch in chunks if ch.choices).split() != []
+        assert chunks[-1].usage.completion_tokens == 3
+
+
+def test_bad_requests_get_openai_errors_and_the_server_keeps_serving(serve):
+    with serve("continuous", max_model_len=64) as (url, _):
+        c = client(url)
+        with pytest.raises(openai.BadRequestError, match="must not be empty"):
+            c.completions.create(model="toy", prompt="", max_tokens=2)
+        with pytest.raises(openai.BadRequestError, match="at least 1"):
+            c.completions.create(model="toy", prompt="hi", max_tokens=0)
+        with pytest.raises(openai.BadRequestError, match="maximum context length is 64"):
+            c.completions.create(model="toy", prompt=list(range(60)), max_tokens=10)
+        with pytest.raises(openai.NotFoundError, match="does not exist"):
+            c.completions.create(model="gpt-9", prompt="hi", max_tokens=2)
+        wrong = httpx.post(url + "/v1/completions", json={"model": "toy", "prompt": "hi", "max_tokens": "many"})
+        assert wrong.status_code == 400 and wrong.json()["error"]["param"] == "max_tokens"
+        broken = httpx.post(url + "/v1/completions", content=b"{not json", headers={"content-type": "application/json"})
+        assert broken.status_code == 400 and "JSON" in broken.json()["error"]["message"]
+        assert c.completions.create(model="toy", prompt="still here", max_tokens=2).usage.completion_tokens == 2
+        metrics = httpx.get(url + "/metrics").text
+        assert 'batchlab_requests_total{status="invalid"} 6.0' in metrics
+
+
+def test_full_queue_gets_429_with_retry_after_and_disconnects_free_the_queue(serve):
+    # Naive batching waits for 100 requests, so the first two wait forever: the queue is full.
+    with serve("naive", ["naive.batch_size=100"], max_queue=2) as (url, server):
+        body = {"model": "toy", "prompt": "wait here", "max_tokens": 3, "stream": True}
+        with httpx.Client(timeout=10) as h:
+            waiting = [h.stream("POST", url + "/v1/completions", json=body) for _ in range(2)]
+            responses = [w.__enter__() for w in waiting]
+            wait_for(lambda: server.queue_depth() == 2, what="two queued requests")
+            over = h.post(url + "/v1/completions", json=body | {"stream": False})
+            assert over.status_code == 429 and over.headers["retry-after"] == "1"
+            assert over.json()["error"]["type"] == "rate_limit_error"
+            with pytest.raises(openai.RateLimitError):
+                client(url).completions.create(model="toy", prompt="x", max_tokens=1)
+            assert h.get(url + "/health").json()["queue_depth"] == 2
+            for w, resp in zip(waiting, responses):
+                w.__exit__(None, None, None)
+        wait_for(lambda: server.queue_depth() == 0 and not server.engine.scheduler.waiting,
+                 what="cancelled requests to leave the queue")
+        metrics = httpx.get(url + "/metrics").text
+        assert 'batchlab_requests_total{status="cancelled"} 2.0' in metrics
+        assert 'batchlab_requests_total{status="rejected"} 2.0' in metrics
+
+
+def test_disconnect_mid_stream_cancels_a_running_request_and_frees_its_kv(serve):
+    with serve("continuous") as (url, server):
+        sched = server.engine.scheduler
+        body = {"model": "toy", "prompt": "long one", "max_tokens": 3000, "stream": True}
+        with httpx.Client(timeout=10) as h:
+            with h.stream("POST", url + "/v1/completions", json=body) as resp:
+                lines = resp.iter_lines()
+                got = [next(lines) for _ in range(6)]          # a few tokens have streamed
+                assert sum(line.startswith("data:") for line in got) >= 3
+                assert len(sched.running) == 1
+                health = h.get(url + "/health")                 # answers while the engine is busy
+                assert health.status_code == 200 and health.json()["running"] == 1
+        wait_for(lambda: not sched.running and sched.free_blocks == sched.num_kv_blocks,
+                 what="the cancelled request's KV blocks to be freed")
+        assert 'batchlab_requests_total{status="cancelled"} 1.0' in httpx.get(url + "/metrics").text
+
+
+def test_metrics_report_queue_running_batches_and_latency_histograms(serve):
+    with serve("dynamic", ["dynamic.max_wait_ms=5"]) as (url, _):
+        c = client(url)
+        for _ in range(3):
+            c.completions.create(model="toy", prompt="a b", max_tokens=4)
+        text = httpx.get(url + "/metrics").text
+        for needle in ("batchlab_queue_depth 0.0", "batchlab_running_sequences 0.0",
+                       'batchlab_requests_total{status="finished"} 3.0', "batchlab_ttft_seconds_count 3.0",
+                       "batchlab_tpot_seconds_count 3.0", "batchlab_generation_tokens_total 12.0"):
+            assert needle in text
+        assert "batchlab_batch_size_count" in text and "batchlab_batch_size_count 0.0" not in text
+
+
+def test_openai_backend_measures_our_server_end_to_end(serve):
+    with serve("continuous") as (url, _):
+        backend = OpenAIBackend(url + "/v1", "toy")
+        trace = [TraceItem(0.005 * i, 8, 4 + i % 3) for i in range(12)]
+        clock = RealClock()
+        requests, t0 = clock.run(backend.run_trace(trace, clock))
+        assert [r.status for r in requests] == [Status.FINISHED] * 12
+        assert [r.output_len for r in requests] == [4 + i % 3 for i in range(12)]
+        assert all(r.prompt_len == 8 and r.token_times[0] > r.arrival_time for r in requests)
+        assert backend.run_meta()["send_lag_max"] >= 0
