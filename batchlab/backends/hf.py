@@ -1,0 +1,212 @@
+"""Hugging Face backend: request-level batches through `generate()`, every token stamped.
+
+A batch is left-padded to its longest prompt and decoded greedily, in lockstep, to its longest
+target; each row keeps its first `max_new_tokens` tokens, so the padding and the over-long
+decode that request-level batching wastes are real and show in the timings. EOS is suppressed
+(min_new_tokens = max_new_tokens), so every strategy gets answers of the same lengths.
+Per-token stamps come from a stopping criterion, which `generate()` calls once per new token:
+it synchronizes the device, then reads the clock. `generate()` blocks, so it runs in a worker
+thread and the event loop stays free. Continuous batching delegates to backends/hf_engine.py.
+"""
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Callable
+
+import torch
+from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaList
+
+from batchlab.backends import hf_common as hc
+from batchlab.backends.base import BatchBackend, OutOfMemory, StepBackend
+from batchlab.core.clock import Clock
+from batchlab.core.request import Request
+from batchlab.schedulers.base import MemoryBudget, Step
+
+OomHook = Callable[[list[Request]], bool]
+
+
+class StampEveryToken(StoppingCriteria):
+    """Never stops generation; records when each new token exists (after prefill for the first)."""
+
+    def __init__(self, clock: Clock, device: torch.device):
+        self.clock, self.device, self.stamps = clock, device, []
+
+    def __call__(self, input_ids: torch.LongTensor, scores, **kwargs) -> torch.BoolTensor:
+        hc.synchronize(self.device)
+        self.stamps.append(self.clock.now())
+        return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+
+
+class HFBackend(BatchBackend, StepBackend):
+    def __init__(self, backend_cfg, warmup_shape: tuple[int, int, int] = (4, 16, 8),
+                 oom_when: OomHook | None = None):
+        self.cfg = backend_cfg
+        self.warmup_shape = warmup_shape     # (rows, prompt tokens, new tokens) of a warm-up batch
+        self.oom_when = oom_when             # tests: a batch for which this is True raises OOM
+        self.loaded: hc.Loaded | None = None
+        self.reserve_bytes = 0               # GPU activation reserve, measured by a test batch
+        self.peak = None
+        self.engine = None                   # hf_engine.StepEngine, built on the first step
+
+    # -- setup ---------------------------------------------------------------------------
+    def _ensure_loaded(self) -> hc.Loaded:
+        if self.loaded is None:
+            self.loaded = hc.load(self.cfg)
+            self.peak = hc.PeakMemory(self.loaded.device)
+        return self.loaded
+
+    async def start(self, clock: Clock) -> None:
+        """Load once; then run the warm-up batches (their requests belong to no trace)."""
+        await asyncio.to_thread(self._ensure_loaded)
+        for i in range(self.cfg.warmup_batches):
+            await self._warmup_batch(clock, measure=(i == 0))
+
+    async def _warmup_batch(self, clock: Clock, measure: bool) -> None:
+        rows, p, n = self.warmup_shape
+        p = max(1, min(p, hc.context_length(self.loaded.model) - n))
+        reqs = [Request(f"warmup{i}", p, n, clock.now(), index=-1 - i) for i in range(rows)]
+        for r in reqs:
+            self.prepare(r)
+        dev = self.loaded.device
+        if measure and dev.type == "cuda":
+            hc.synchronize(dev)
+            torch.cuda.reset_peak_memory_stats(dev)
+            before = torch.cuda.memory_allocated(dev)
+        await self.run_batch(reqs, clock)
+        if measure and dev.type == "cuda":
+            # NOTE: what the test batch needed beyond its own KV is activations and workspace;
+            # we keep twice that free, because bigger batches need more of it.
+            kv = rows * (p + n) * self.kv_bytes_per_token
+            self.reserve_bytes = 2 * max(0, torch.cuda.max_memory_allocated(dev) - before - kv)
+
+    async def close(self) -> None:
+        if self.loaded is not None:
+            dev = self.loaded.device
+            self.loaded, self.engine = None, None
+            hc.free_cached(dev)
+
+    # -- facts ---------------------------------------------------------------------------
+    @property
+    def kv_bytes_per_token(self) -> int:
+        lm = self._ensure_loaded()
+        return hc.kv_bytes_per_token(lm.model.config, lm.dtype)
+
+    def describe(self) -> dict[str, Any]:
+        import transformers
+        lm = self._ensure_loaded()
+        facts = {"backend": "hf", "model": lm.name, "model_path": hc.resolve_model(self.cfg.model),
+                 "device": str(lm.device), "dtype": str(lm.dtype).removeprefix("torch."),
+                 "params": sum(p.numel() for p in lm.model.parameters()),
+                 "kv_bytes_per_token": self.kv_bytes_per_token,
+                 "memory_budget_bytes": self.memory_budget().budget_bytes,
+                 "torch": torch.__version__, "transformers": transformers.__version__,
+                 "torch_threads": torch.get_num_threads()}
+        if lm.device.type == "cuda":
+            facts["gpu"] = torch.cuda.get_device_name(lm.device)
+        return facts
+
+    def memory_budget(self) -> MemoryBudget:
+        lm = self._ensure_loaded()
+        budget = hc.device_memory_budget(lm.device, self.cfg.memory_budget_bytes, self.reserve_bytes)
+        return MemoryBudget(budget, self.kv_bytes_per_token)
+
+    def num_kv_blocks(self, block_size: int) -> int:
+        m = self.memory_budget()
+        return max(1, m.budget_bytes // (block_size * m.kv_bytes_per_token))
+
+    def reset_peak_memory(self) -> None:
+        self._ensure_loaded()
+        self.peak.reset()
+
+    def peak_memory(self) -> dict[str, Any]:
+        return self.peak.read() if self.peak is not None else {}
+
+    # -- requests ------------------------------------------------------------------------
+    def prepare(self, request: Request) -> None:
+        """Tokenize once, at submission. A prompt must be non-empty and fit the context."""
+        lm = self._ensure_loaded()
+        if request.prompt_len <= 0:
+            raise ValueError(f"request {request.request_id}: empty prompt (prompt_len {request.prompt_len})")
+        ctx = hc.context_length(lm.model)
+        if request.prompt_len + request.max_new_tokens > ctx:
+            raise ValueError(f"request {request.request_id}: prompt ({request.prompt_len} tokens) + "
+                             f"output ({request.max_new_tokens}) exceed the model context ({ctx} tokens)")
+        request.prompt_token_ids = hc.prompt_ids(request, lm.tokenizer, len(lm.tokenizer))
+
+    async def run_batch(self, requests: list[Request], clock: Clock) -> None:
+        stamper = StampEveryToken(clock, self._ensure_loaded().device)
+        try:
+            out, width = await asyncio.to_thread(self._generate, requests, stamper)
+        except Exception as e:
+            if not hc.is_oom(e):
+                raise
+            hc.free_cached(self.loaded.device)
+            raise OutOfMemory(f"{len(requests)} rows: {e}") from e
+        self._record(requests, out, width, stamper.stamps)
+
+    def _generate(self, requests: list[Request], stamper: StampEveryToken) -> tuple[torch.Tensor, int]:
+        """Worker thread: pad, generate to the batch's longest target, return ids and pad width."""
+        lm = self.loaded
+        if self.oom_when is not None and self.oom_when(requests):
+            raise torch.OutOfMemoryError(f"injected out-of-memory for a batch of {len(requests)}")
+        ids, mask = self._left_pad(requests)
+        n = max(r.max_new_tokens for r in requests)
+        gen = GenerationConfig(max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                               pad_token_id=lm.tokenizer.pad_token_id,
+                               eos_token_id=lm.tokenizer.eos_token_id)
+        with torch.inference_mode():
+            out = lm.model.generate(input_ids=ids, attention_mask=mask, generation_config=gen,
+                                    stopping_criteria=StoppingCriteriaList([stamper]))
+        return out.cpu(), ids.shape[1]
+
+    def _left_pad(self, requests: list[Request]) -> tuple[torch.Tensor, torch.Tensor]:
+        lm = self.loaded
+        width = max(len(r.prompt_token_ids) for r in requests)
+        ids = torch.full((len(requests), width), lm.tokenizer.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(requests), width), dtype=torch.long)
+        for i, r in enumerate(requests):
+            k = len(r.prompt_token_ids)
+            ids[i, width - k:] = torch.tensor(r.prompt_token_ids, dtype=torch.long)
+            mask[i, width - k:] = 1
+        return ids.to(lm.device), mask.to(lm.device)
+
+    def _record(self, requests: list[Request], out: torch.Tensor, width: int, stamps: list[float]) -> None:
+        """Row i keeps its first n tokens and the first n stamps (fewer only if generate stopped early)."""
+        tok = self.loaded.tokenizer
+        for i, r in enumerate(requests):
+            n = min(r.max_new_tokens, len(stamps), out.shape[1] - width)
+            r.token_times[:] = stamps[:n]
+            r.output_token_ids[:] = out[i, width:width + n].tolist()
+            r.output_text = tok.decode(r.output_token_ids, skip_special_tokens=True)
+
+    # -- continuous batching (iteration level) ----------------------------------------------
+    def _engine(self):
+        if self.engine is None:
+            try:
+                from batchlab.backends.hf_engine import StepEngine
+            except ImportError as e:
+                raise NotImplementedError("continuous batching on Hugging Face models needs "
+                                          f"batchlab/backends/hf_engine.py (StepEngine): {e}") from e
+            lm = self._ensure_loaded()
+            self.engine = StepEngine(lm.model, lm.tokenizer, lm.device)
+        return self.engine
+
+    async def step(self, step: Step, clock: Clock) -> None:
+        await self._engine().step(step, clock)
+
+    def release(self, request: Request) -> None:
+        if self.engine is not None:
+            self.engine.release(request)
+
+
+def _typical_len(d, default: int) -> int:
+    """A representative length of a LengthDist, for the warm-up batch's shape."""
+    for v in (d.value, d.median, d.high):
+        if v:
+            return int(v)
+    return default
+
+
+def from_config(cfg) -> HFBackend:
+    shape = (cfg.dynamic.max_batch_size, _typical_len(cfg.traffic.prompt_len, 128), 8)
+    return HFBackend(cfg.backend, warmup_shape=shape)
