@@ -1,0 +1,161 @@
+"""`batchlab loadtest URL`: load any OpenAI-compatible server, closed- or open-loop.
+
+Closed loop (`--concurrency 1,4,16,64`): that many users each send a request as soon as their
+previous one finished; throughput rises with concurrency until the server saturates, and p95
+latency shows what that costs. Open loop (`--rate`, `--arrival poisson|gamma`): a seeded trace
+arrives at its planned times whatever the server does, which is how real users behave and the
+only way to see a queue build. Both send through the OpenAI backend (one client, streaming,
+chunk stamps, exact usage counts) and summarise with core/metrics; the open loop also reports
+the generator's own arrival-time error (planned vs actual send), so its numbers can be trusted.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import click
+import httpx
+
+from batchlab.backends.openai import OpenAIBackend
+from batchlab.cli import user_errors
+from batchlab.core.clock import RealClock
+from batchlab.core.config import ConfigError, SLOConfig, TrafficConfig
+from batchlab.core.metrics import summarize
+from batchlab.core.request import Request
+from batchlab.core.traffic import build_trace
+
+
+def closed_loop(backend: OpenAIBackend, concurrency: int, per_user: int, prompt_len: int,
+                output_len: int) -> dict[str, Any]:
+    """`concurrency` users, `per_user` requests each, back to back. Arrival = the moment a user sends."""
+    clock = RealClock()
+    total = concurrency * per_user
+    requests = [Request(f"c{concurrency}-{i}", prompt_len, output_len, 0.0, index=i) for i in range(total)]
+    for r in requests:
+        backend.prepare(r)
+
+    async def main() -> float:
+        todo = iter(requests)
+        async with backend.client(concurrency) as client:
+            async def user():
+                for r in todo:                 # shared iterator: each user takes the next request
+                    r.arrival_time = clock.now()
+                    await backend.send(r, client, clock)
+            start = clock.now()
+            await asyncio.gather(*(user() for _ in range(concurrency)))
+            return clock.now() - start
+
+    wall = clock.run(main())
+    s = summarize(requests)
+    return {"concurrency": concurrency, "requests": total, "failed": s["failed"], "wall_s": wall,
+            "requests_per_s": s["finished"] / wall, "throughput_tok_s": s["throughput_tok_s"],
+            "e2e_p50": s["e2e_p50"], "e2e_p95": s["e2e_p95"], "ttft_p50": s["ttft_p50"],
+            "ttft_p95": s["ttft_p95"], "tpot_p50": s["tpot_p50"], "tpot_p95": s["tpot_p95"],
+            "errors": sorted({r.error for r in requests if r.error})[:3]}
+
+
+def open_loop(backend: OpenAIBackend, traffic: TrafficConfig, rate: float,
+              slo: SLOConfig = SLOConfig()) -> tuple[dict[str, Any], list[Request]]:
+    """One seeded trace at `rate` req/s; summary plus the generator's send lag."""
+    trace = build_trace(traffic, rate)
+    if not trace:
+        raise ConfigError(f"no arrivals in {traffic.duration_s:g} s at {rate:g} req/s: lengthen --duration")
+    clock = RealClock()
+    requests, t0 = clock.run(backend.run_trace(trace, clock))
+    for r in requests:                    # seconds from the run's start, as in every batchlab run
+        r.arrival_time -= t0
+        r.token_times[:] = [t - t0 for t in r.token_times]
+    s = summarize([r for r in requests if r.arrival_time >= traffic.warmup_s], slo)
+    return {"rate": rate, "arrival": traffic.arrival, **s, **backend.run_meta(),
+            "errors": sorted({r.error for r in requests if r.error})[:3]}, requests
+
+
+def served_model(url: str) -> str:
+    try:
+        data = httpx.get(url.rstrip("/") + "/models", timeout=10).json()["data"]
+        return data[0]["id"]
+    except (httpx.HTTPError, KeyError, IndexError, ValueError) as e:
+        raise ConfigError(f"cannot list models at {url}/models ({e}); pass --model") from None
+
+
+def _ms(v: float) -> str:
+    return f"{v * 1e3:8.1f}"
+
+
+def print_closed(row: dict) -> None:
+    click.echo(f"conc={row['concurrency']:3d}  p95={row['e2e_p95']:6.2f}s  throughput={row['requests_per_s']:6.1f} req/s "
+               f"{row['throughput_tok_s']:8.0f} tok/s  ttft_p50={_ms(row['ttft_p50'])} ms  "
+               f"tpot_p50={_ms(row['tpot_p50'])} ms  failed={row['failed']}")
+
+
+def print_open(s: dict) -> None:
+    click.echo(f"rate={s['rate']:g} req/s ({s['arrival']}): {s['finished']}/{s['num_requests']} finished, "
+               f"{s['throughput_tok_s']:.0f} tok/s, {s['requests_per_s']:.1f} req/s")
+    click.echo(f"  TTFT p50/p99 {_ms(s['ttft_p50'])} /{_ms(s['ttft_p99'])} ms   "
+               f"TPOT p50/p99 {_ms(s['tpot_p50'])} /{_ms(s['tpot_p99'])} ms   E2E p99 {_ms(s['e2e_p99'])} ms")
+    if "send_lag_p99" in s:
+        flag = "  <- generator too slow: latencies include its delay" if s["send_lag_flag"] else ""
+        click.echo(f"  send lag (planned -> sent) p50/p99/max {s['send_lag_p50'] * 1e3:.3f} / "
+                   f"{s['send_lag_p99'] * 1e3:.3f} / {s['send_lag_max'] * 1e3:.3f} ms{flag}")
+    for e in s["errors"]:
+        click.echo(f"  error: {e}")
+
+
+def _levels(text: str) -> list[int]:
+    try:
+        levels = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ConfigError(f"--concurrency: expected comma-separated integers, got {text!r}") from None
+    if not levels or min(levels) < 1:
+        raise ConfigError("--concurrency: levels must be >= 1")
+    return levels
+
+
+@click.command("loadtest")
+@click.argument("url")
+@click.option("--model", default=None, help="Model name (default: the first one /v1/models lists).")
+@click.option("--concurrency", default="1,4,16,64", show_default=True, help="Closed loop: users per level.")
+@click.option("--per-user", default=1, show_default=True, type=click.IntRange(min=1),
+              help="Closed loop: requests each user sends (1 = the seed's one-shot burst).")
+@click.option("--rate", type=click.FloatRange(min=0, min_open=True), multiple=True,
+              help="Open loop: arrival rate in req/s (repeatable); replaces the closed loop.")
+@click.option("--arrival", type=click.Choice(["poisson", "gamma", "constant"]), default="poisson", show_default=True)
+@click.option("--burstiness", default=1.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
+              help="Gamma shape: < 1 burstier than Poisson.")
+@click.option("--duration", default=10.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
+              help="Open loop: seconds of arrivals.")
+@click.option("--prompt-len", default=64, show_default=True, type=click.IntRange(min=1))
+@click.option("--output-len", default=64, show_default=True, type=click.IntRange(min=1))
+@click.option("--prompt-format", type=click.Choice(["tokens", "text"]), default="tokens", show_default=True)
+@click.option("--length-control", type=click.Choice(["ignore_eos", "generation_config", "none"]),
+              default="ignore_eos", show_default=True, help="generation_config for transformers serve.")
+@click.option("--seed", default=0, show_default=True)
+@click.option("--timeout", default=600.0, show_default=True, help="Per-request timeout, seconds.")
+@click.option("--out", type=click.Path(dir_okay=False), default=None, help="Write the results as JSON here.")
+@user_errors
+def loadtest_cmd(url, model, concurrency, per_user, rate, arrival, burstiness, duration, prompt_len, output_len,
+                 prompt_format, length_control, seed, timeout, out) -> None:
+    """Load an OpenAI-compatible server at URL (e.g. http://127.0.0.1:8000/v1)."""
+    url = url.rstrip("/")
+    if not url.startswith(("http://", "https://")):
+        raise ConfigError(f"URL must start with http:// or https://, got {url!r}")
+    model = model or served_model(url)
+    backend = OpenAIBackend(url, model, timeout_s=timeout, prompt_format=prompt_format,
+                            length_control=length_control)
+    results: list[dict] = []
+    if rate:
+        traffic = TrafficConfig(arrival=arrival, burstiness=burstiness, rates=list(rate), duration_s=duration,
+                                warmup_s=0.0, seed=seed, prompt_len=prompt_len, output_len=output_len)
+        for lam in rate:
+            summary, _ = open_loop(backend, traffic, lam)
+            print_open(summary)
+            results.append(summary)
+    else:
+        for c in _levels(concurrency):
+            row = closed_loop(backend, c, per_user, prompt_len, output_len)
+            print_closed(row)
+            results.append(row)
+    if out:
+        Path(out).write_text(json.dumps(results, indent=2, default=str))
