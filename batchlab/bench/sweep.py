@@ -127,6 +127,23 @@ class ResultsDir:
         self._write(self.summary_csv, columns, [{k: _fmt(v) for k, v in summary_row.items()}])
 
 
+def run_environment() -> dict[str, Any]:
+    """Where a sweep ran, for the report: machine, OS, Python, the libraries every run uses."""
+    import os
+    import platform
+    from datetime import datetime, timezone
+    from importlib.metadata import PackageNotFoundError, version
+
+    def v(name: str) -> str:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return "not installed"
+    return {"machine": f"{platform.machine()}, {os.cpu_count()} CPUs", "os": platform.platform(),
+            "python": platform.python_version(), "libraries": {n: v(n) for n in ("batchlab", "numpy", "pandas")},
+            "started_utc": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+
+
 def run_sweep(cfg: RunConfig, out: str | Path, on_point: Callable[[dict], None] | None = None,
               progress: Callable[[str], None] | None = None) -> Path:
     """Run every missing point of the sweep into `out`; returns the directory."""
@@ -150,7 +167,8 @@ def run_sweep(cfg: RunConfig, out: str | Path, on_point: Callable[[dict], None] 
         return results.path
     backend = make_backend(cfg)
     describe = backend.describe()
-    (results.path / "setup.json").write_text(json.dumps(describe, indent=2, default=str))
+    setup = {**describe, **run_environment()}
+    (results.path / "setup.json").write_text(json.dumps(setup, indent=2, default=str))
     try:
         for strategy, rate, repeat in todo:
             trace = build_trace(cfg.traffic, rate or 0.0, repeat)
