@@ -202,7 +202,7 @@ def usage(r: Request) -> dict[str, int]:
             "total_tokens": r.prompt_len + r.output_len}
 
 
-def create_app(server: Server) -> FastAPI:
+def create_app(server: Server, keep_alive: bool = True) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app):
         server.start()
@@ -210,6 +210,8 @@ def create_app(server: Server) -> FastAPI:
         server.engine.stop()
 
     app = FastAPI(title="batchlab serve", lifespan=lifespan)
+    if not keep_alive:
+        app.add_middleware(CloseConnections)
 
     @app.exception_handler(APIError)
     async def api_error(request, exc: APIError):
@@ -247,6 +249,24 @@ def create_app(server: Server) -> FastAPI:
         return Response(server.metrics.render(), media_type=server.metrics.content_type)
 
     return app
+
+
+class CloseConnections:
+    """ASGI middleware: answer every response with `Connection: close`.
+
+    NOTE: for clients that share one connection pool across event loops (the seed's load-test
+    script calls asyncio.run() per level with one AsyncOpenAI client): a kept-alive connection
+    from a closed loop breaks their next request, against any keep-alive server."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        async def closing(message):
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", []), (b"connection", b"close")]
+            await send(message)
+        await self.app(scope, receive, closing if scope["type"] == "http" else send)
 
 
 def build_server(cfg: RunConfig, strategy: str, names: tuple[str, ...] = (), max_queue: int = 256,
@@ -295,10 +315,12 @@ def _default_names(cfg: RunConfig) -> tuple[str, ...]:
               help="Waiting requests before new ones get 429.")
 @click.option("--max-model-len", default=None, type=click.IntRange(min=1), help="Context length (default: the model's).")
 @click.option("--default-max-tokens", default=16, show_default=True, type=click.IntRange(min=1))
+@click.option("--keep-alive/--no-keep-alive", default=True, show_default=True,
+              help="Keep connections open between requests (off: for clients that reuse a pool across event loops).")
 @click.option("--log-level", default="warning", show_default=True)
 @user_errors
 def serve_cmd(config, strategy, overrides, host, port, names, max_queue, max_model_len, default_max_tokens,
-              log_level) -> None:
+              keep_alive, log_level) -> None:
     """Serve a batchlab scheduler + backend over the OpenAI API (simulator in real time, or HF)."""
     import uvicorn
     import yaml
@@ -310,4 +332,4 @@ def serve_cmd(config, strategy, overrides, host, port, names, max_queue, max_mod
     server = build_server(cfg, strategy, tuple(names), max_queue, max_model_len, default_max_tokens)
     click.echo(f"batchlab serve: {strategy} over {cfg.backend.kind} as {', '.join(server.opts.model_names)} "
                f"on http://{host}:{port}/v1", err=True)
-    uvicorn.run(create_app(server), host=host, port=port, log_level=log_level, access_log=False)
+    uvicorn.run(create_app(server, keep_alive), host=host, port=port, log_level=log_level, access_log=False)
