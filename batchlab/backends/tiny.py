@@ -35,6 +35,7 @@ class TinySpec:
     max_position_embeddings: int = 4096  # tokens of context
     corpus_words: int = 120_000       # words of generated training text
     seed: int = 0
+    format: int = 2                   # bump when the build changes, so cached copies are rebuilt
 
 
 def data_dir() -> Path:
@@ -112,8 +113,11 @@ def corpus(n_words: int, seed: int) -> list[str]:
               "st", "tr", "pl", "ch", "sh", "th", "br", "gr"]
     vowels = ["a", "e", "i", "o", "u", "ai", "ea", "ou", "y"]
     codas = ["", "", "n", "r", "s", "t", "l", "m", "nd", "ng", "st", "ck"]
-    lexicon = ["".join(rng.choice(onsets) + rng.choice(vowels) + rng.choice(codas)
-                       for _ in range(rng.integers(1, 4))) for _ in range(6000)]
+    n_lex = 6000
+    syllables = rng.integers(1, 4, size=n_lex)
+    parts = np.stack([rng.integers(0, len(x), size=(n_lex, 3)) for x in (onsets, vowels, codas)], -1)
+    lexicon = ["".join(onsets[o] + vowels[v] + codas[c] for o, v, c in parts[w, :syllables[w]])
+               for w in range(n_lex)]
     weights = 1.0 / np.arange(1, len(lexicon) + 1)
     words = rng.choice(lexicon, size=n_words, p=weights / weights.sum())
     lines, i = [], 0
