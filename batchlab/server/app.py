@@ -34,7 +34,7 @@ from batchlab.server.text import TextCodec
 class ServeOptions:
     model_names: tuple[str, ...]      # names clients may ask for; the first is listed by /v1/models
     max_queue: int = 256              # requests waiting to be scheduled before new ones get 429
-    max_model_len: int = 4096         # tokens of context: prompt + max_tokens must fit
+    max_model_len: int | None = None  # tokens of context: prompt + max_tokens must fit (None: the model's)
     default_max_tokens: int = 16      # when a request gives no max_tokens (OpenAI's default)
     retry_after_s: int = 1            # Retry-After header on 429
 
@@ -50,8 +50,10 @@ class Stream:
 
 
 class Server:
-    def __init__(self, engine: Engine, codec: TextCodec, opts: ServeOptions):
-        self.engine, self.codec, self.opts = engine, codec, opts
+    def __init__(self, engine: Engine, opts: ServeOptions):
+        self.engine, self.opts = engine, opts
+        self.codec = TextCodec()              # the backend's tokenizer once it has loaded (start)
+        self.max_model_len = opts.max_model_len or 4096
         self.clock = engine.clock
         self.streams: dict[Request, Stream] = {}
         self.metrics = ServerMetrics(self.queue_depth, lambda: engine.running_count())
@@ -66,6 +68,10 @@ class Server:
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
         self.engine.start(notify=lambda reqs: self._loop.call_soon_threadsafe(self._wake, reqs))
+        model, tokenizer = _loaded(self.engine.backend)
+        self.codec = TextCodec(tokenizer)
+        context = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+        self.max_model_len = self.opts.max_model_len or context or 4096
 
     def _wake(self, reqs: list[Request]) -> None:
         for r in reqs:
@@ -97,8 +103,8 @@ class Server:
         if max_tokens <= 0:
             raise APIError(400, f"max_tokens must be at least 1, got {max_tokens}", "max_tokens")
         text, ids, n = self._prompt(body, chat)
-        if n + max_tokens > self.opts.max_model_len:
-            raise APIError(400, f"This model's maximum context length is {self.opts.max_model_len} tokens; "
+        if n + max_tokens > self.max_model_len:
+            raise APIError(400, f"This model's maximum context length is {self.max_model_len} tokens; "
                                 f"the request needs {n} prompt + {max_tokens} output tokens", "prompt",
                            "context_length_exceeded")
         if not self.engine.alive:
@@ -284,16 +290,15 @@ def build_server(cfg: RunConfig, strategy: str, names: tuple[str, ...] = (), max
                                backend.num_kv_blocks(cfg.continuous.block_size))
     if scheduler.level == "iteration" and not hasattr(backend, "step"):
         raise ConfigError(f"backend.kind {cfg.backend.kind!r} cannot run continuous batching")
-    tokenizer = getattr(backend, "tokenizer", None)
-    context = max_model_len or _context_length(backend) or 4096
     names = names or _default_names(cfg)
-    opts = ServeOptions(tuple(names), max_queue, context, default_max_tokens)
-    return Server(Engine(scheduler, backend, RealClock()), TextCodec(tokenizer), opts)
+    opts = ServeOptions(tuple(names), max_queue, max_model_len, default_max_tokens)
+    return Server(Engine(scheduler, backend, RealClock()), opts)
 
 
-def _context_length(backend) -> int | None:
-    model = getattr(backend, "model", None)
-    return getattr(getattr(model, "config", None), "max_position_embeddings", None)
+def _loaded(backend) -> tuple[object | None, object | None]:
+    """(model, tokenizer) of a loaded HF backend; (None, None) for the simulator."""
+    loaded = getattr(backend, "loaded", None)
+    return getattr(loaded, "model", None), getattr(loaded, "tokenizer", None)
 
 
 def _default_names(cfg: RunConfig) -> tuple[str, ...]:

@@ -19,13 +19,13 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def running_server(strategy: str = "continuous", overrides: list[str] = (), **opts):
+def running_server(strategy: str = "continuous", overrides: list[str] = (), names=("toy", "local-model"), **opts):
     """Yield (base_url, server) for a live server; shut it down afterwards."""
     from batchlab.core.config import load_config
     from batchlab.server.app import build_server, create_app
 
     cfg = load_config(None, ["backend.kind=sim", "backend.preset=toy", *overrides])
-    server = build_server(cfg, strategy, names=("toy", "local-model"), **opts)
+    server = build_server(cfg, strategy, names=names, **opts)
     port = free_port()
     uv = uvicorn.Server(uvicorn.Config(create_app(server), host="127.0.0.1", port=port,
                                        log_level="warning", access_log=False))
