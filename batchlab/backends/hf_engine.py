@@ -1,0 +1,262 @@
+"""A step-level engine over a Hugging Face causal LM: one packed forward pass per scheduler step.
+
+Every step's tokens (prefill chunks and one decode token per running request) are packed into
+one row, `[1, total_tokens]`, with each token's own position, so nothing is padded. Keys and
+values live in a slot cache, one slot per request (`[slots, kv_heads, capacity, head_dim]` per
+layer); our attention function (registered with transformers' AttentionInterface) writes the
+step's K/V into the slots and attends each query to its own request's cached prefix: all
+single-token rows in one batched SDPA call over the slot range, each multi-token row alone.
+The scheduler decides everything (admission, chunks, preemption); this class only executes.
+Tokens are greedy with EOS suppressed, exactly like the request-level backend's `generate()`
+(min_new_tokens = max_new_tokens), so every strategy produces the same tokens.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import heapq
+import threading
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from transformers import AttentionInterface
+
+from batchlab.core.clock import Clock
+from batchlab.core.request import Request
+from batchlab.schedulers.base import Step
+
+ATTN_NAME = "batchlab_slots"
+
+
+@dataclass(frozen=True, slots=True)
+class StepRecord:
+    """What one step did and how long it took (seconds), for efficiency and step-time fits."""
+    start: float                  # clock reading when the step began
+    duration: float               # until its tokens were on the host (device synchronized)
+    rows: int                     # requests in the step
+    tokens: int                   # tokens computed (prefill + decode)
+    prefill_tokens: int           # tokens of rows computing more than one token
+    emitted: int                  # new tokens produced (rows that reached their end)
+
+
+class SlotKV:
+    """Per-layer K/V tensors indexed by slot; grows (by doubling) in slots and in capacity."""
+
+    def __init__(self, layers: int, kv_heads: int, head_dim: int, dtype, device):
+        self.shape = (layers, kv_heads, head_dim)
+        self.dtype, self.device = dtype, device
+        self.k: list[torch.Tensor] = []
+        self.v: list[torch.Tensor] = []
+        self.slots = self.capacity = 0
+        self.lengths: list[int] = []           # tokens cached per slot
+        self._free: list[int] = []             # heap: lowest free slot first keeps the range dense
+        self.slot_of: dict[Request, int] = {}
+
+    def slot(self, r: Request) -> int:
+        s = self.slot_of.get(r)
+        if s is None:
+            if not self._free:
+                self._grow(max(8, 2 * self.slots), self.capacity)
+            s = self.slot_of[r] = heapq.heappop(self._free)
+        return s
+
+    def release(self, r: Request) -> None:
+        s = self.slot_of.pop(r, None)
+        if s is not None:
+            self.lengths[s] = 0
+            heapq.heappush(self._free, s)
+
+    def reserve(self, tokens: int) -> None:
+        if tokens > self.capacity:
+            self._grow(self.slots, max(tokens, 2 * self.capacity, 64))
+
+    @property
+    def used_range(self) -> int:
+        """Slots 0..n-1 cover every request that holds a slot."""
+        return max(self.slot_of.values(), default=-1) + 1
+
+    def _grow(self, slots: int, capacity: int) -> None:
+        layers, heads, dim = self.shape
+        # NOTE: zeros, not empty: masked-out positions must hold finite values (0 * NaN is NaN).
+        new = lambda: torch.zeros(slots, heads, capacity, dim, dtype=self.dtype, device=self.device)
+        for kv in (self.k, self.v):
+            for i in range(layers):
+                t = new()
+                if kv[i:i + 1]:
+                    t[: self.slots, :, : self.capacity] = kv[i]
+                    kv[i] = t
+                else:
+                    kv.append(t)
+        for s in range(self.slots, slots):
+            heapq.heappush(self._free, s)
+        self.lengths += [0] * (slots - self.slots)
+        self.slots, self.capacity = slots, capacity
+
+
+@dataclass(slots=True)
+class StepPlan:
+    """Everything one forward pass needs, built once per step and shared by every layer."""
+    cache: SlotKV
+    input_ids: torch.Tensor                # [T] packed tokens: single-token rows first
+    positions: torch.Tensor                # [T]
+    write_slot: torch.Tensor               # [T] where each token's K/V goes
+    write_pos: torch.Tensor                # [T]
+    single_slots: torch.Tensor | None      # [R1] slots of single-token rows, in packed order
+    single_mask: torch.Tensor | None       # [S, 1, 1, L] valid keys per slot in range 0..S-1
+    multi: list[tuple[int, int, int, int, torch.Tensor]] = field(default_factory=list)  # slot, start, n, ctx, mask
+    keep: torch.Tensor | None = None       # packed indices whose logits make new tokens
+    emit: list[Request] = field(default_factory=list)
+
+
+class StepEngine:
+    """Runs `Step`s of the continuous scheduler on `model`; `step_log` keeps one record per step."""
+
+    def __init__(self, model, tokenizer=None, device=None):
+        cfg = model.config.get_text_config()
+        if getattr(cfg, "sliding_window", None) or "sliding_attention" in (getattr(cfg, "layer_types", None) or ()):
+            raise ValueError("the step engine supports full-attention models only (this one uses a sliding window)")
+        self.model, self.tokenizer = model, tokenizer
+        self.suppress = _eos_ids(model, tokenizer)
+        self.device = torch.device(device) if device is not None else model.device
+        self.heads = cfg.num_attention_heads
+        kv_heads = getattr(cfg, "num_key_value_heads", None) or self.heads
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.heads
+        self.cache = SlotKV(cfg.num_hidden_layers, kv_heads, head_dim, model.dtype, self.device)
+        self.step_log: list[StepRecord] = []
+        self._lock = threading.Lock()          # one forward at a time: the attention swap is global
+        AttentionInterface.register(ATTN_NAME, slot_attention)
+
+    async def step(self, step: Step, clock: Clock) -> None:
+        """One forward pass over `step.chunks`; stamps a greedy token on every row that reached
+        its end. Leaves `num_computed_tokens` to the scheduler."""
+        start = clock.now()
+        if getattr(step, "repeat", 1) > 1:
+            step.repeat = 1                    # one pass per Step: tell the scheduler we ran one
+        plan = self._plan(step.chunks)
+        tokens, end = await asyncio.to_thread(self._forward, plan, clock)
+        for r, n in step.chunks:
+            self.cache.lengths[self.cache.slot_of[r]] = r.num_computed_tokens + n
+        for r, t in zip(plan.emit, tokens):
+            r.stamp_token(end, t)
+        prefill = sum(n for _, n in step.chunks if n > 1)
+        self.step_log.append(StepRecord(start, end - start, len(step.chunks), step.num_tokens, prefill, len(tokens)))
+
+    def release(self, request: Request) -> None:
+        """Free the request's slot (finished, failed or preempted: a preempted one recomputes)."""
+        self.cache.release(request)
+
+    def _plan(self, chunks: list[tuple[Request, int]]) -> StepPlan:
+        cache = self.cache
+        cache.reserve(max(r.num_computed_tokens + n for r, n in chunks))
+        order = [c for c in chunks if c[1] == 1] + [c for c in chunks if c[1] > 1]
+        ids, pos, slots, keep, emit, multi = [], [], [], [], [], []
+        for r, n in order:
+            s, c = cache.slot(r), r.num_computed_tokens
+            ids += _token_ids(r, c, n)
+            pos += range(c, c + n)
+            slots += [s] * n
+            if n > 1:
+                multi.append((s, len(pos) - n, n, c + n))
+            if c + n >= r.num_tokens:
+                keep.append(len(pos) - 1)
+                emit.append(r)
+        as_t = lambda xs: torch.tensor(xs, dtype=torch.long, device=self.device)
+        plan = StepPlan(cache, as_t(ids), as_t(pos), as_t(slots), as_t(pos), None, None,
+                        [(s, st, n, ctx, self._causal_mask(c_end=ctx, n=n)) for s, st, n, ctx in multi],
+                        as_t(keep), emit)
+        singles = [(cache.slot_of[r], r.num_computed_tokens + 1) for r, n in order if n == 1]
+        if singles:
+            plan.single_slots = as_t([s for s, _ in singles])
+            plan.single_mask = self._single_mask(dict(singles))
+        return plan
+
+    def _single_mask(self, ends: dict[int, int]) -> torch.Tensor:
+        """[S, 1, 1, L]: key j of slot s is visible iff j < its length after this step."""
+        S = self.cache.used_range
+        lens = [ends.get(s, max(self.cache.lengths[s], 1)) for s in range(S)]
+        L = max(lens)
+        j = torch.arange(L, device=self.device)
+        return (j[None, :] < torch.tensor(lens, device=self.device)[:, None]).view(S, 1, 1, L)
+
+    def _causal_mask(self, c_end: int, n: int) -> torch.Tensor:
+        """[G*n, c_end]: query row g*n + t (token at position c_end-n+t) sees keys up to itself."""
+        groups = self.heads // self.cache.shape[1]
+        t = torch.arange(n, device=self.device).repeat(groups)
+        return torch.arange(c_end, device=self.device)[None, :] <= (c_end - n + t)[:, None]
+
+    def _forward(self, plan: StepPlan, clock: Clock) -> tuple[list[int], float]:
+        """Worker thread: the blocking forward pass, then the greedy pick and a device sync."""
+        with self._lock, torch.inference_mode(), _attention(self.model, ATTN_NAME):
+            out = self.model(input_ids=plan.input_ids[None], position_ids=plan.positions[None],
+                             use_cache=False, logits_to_keep=plan.keep, batchlab_plan=plan)
+            logits = out.logits[0]
+            logits[:, self.suppress] = float("-inf")        # what min_new_tokens does in generate()
+            tokens = logits.argmax(-1).tolist()            # .tolist() synchronizes the device
+        return tokens, clock.now()
+
+
+def _eos_ids(model, tokenizer) -> list[int]:
+    """The EOS ids `generate()` would suppress: the tokenizer's, else the model's."""
+    eos = getattr(tokenizer, "eos_token_id", None)
+    if eos is None:
+        gen = getattr(model, "generation_config", None)
+        eos = getattr(gen, "eos_token_id", None) or getattr(model.config, "eos_token_id", None)
+    ids = eos if isinstance(eos, (list, tuple)) else [eos]
+    return [i for i in ids if i is not None and i >= 0]
+
+
+def _token_ids(r: Request, start: int, n: int) -> list[int]:
+    """Token ids at positions start..start+n-1 of prompt + generated output."""
+    if r.prompt_token_ids is None:
+        raise ValueError(f"request {r.request_id} has no prompt_token_ids (the backend's prepare() sets them)")
+    p = len(r.prompt_token_ids)
+    if start + n <= p:
+        return r.prompt_token_ids[start:start + n]
+    return (r.prompt_token_ids + r.output_token_ids)[start:start + n]
+
+
+@contextlib.contextmanager
+def _attention(model, name: str):
+    """Route the model's attention through `name` for one forward pass, then restore it.
+
+    NOTE: swapped per pass rather than set for good, so request-level `generate()` on the same
+    model keeps its own attention and mask. Custom names have no mask function, so
+    transformers builds no causal mask for our packed row (our function masks by slot)."""
+    cfg = model.config
+    old = cfg._attn_implementation_internal
+    cfg._attn_implementation_internal = name
+    try:
+        yield
+    finally:
+        cfg._attn_implementation_internal = old
+
+
+def slot_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """AttentionInterface function: write this step's K/V into the slots, attend per request.
+
+    `query` is [1, H, T, D], `key`/`value` [1, Hkv, T, D] (RoPE applied at each token's own
+    position). Grouped-query heads are folded into query rows ([Hkv, G * rows, D]), which is
+    exactly what repeating the K/V heads computes, without copying them."""
+    plan: StepPlan = kwargs["batchlab_plan"]
+    k_cache, v_cache = plan.cache.k[module.layer_idx], plan.cache.v[module.layer_idx]
+    k_cache[plan.write_slot, :, plan.write_pos] = key[0].transpose(0, 1)
+    v_cache[plan.write_slot, :, plan.write_pos] = value[0].transpose(0, 1)
+    q = query[0].transpose(0, 1)                            # [T, H, D]
+    _, heads, dim = q.shape
+    kv_heads = k_cache.shape[1]
+    outs = []
+    if plan.single_slots is not None:
+        mask = plan.single_mask
+        S, L = mask.shape[0], mask.shape[-1]
+        rows = len(plan.single_slots)
+        q_all = q.new_zeros(S, heads, dim).index_copy_(0, plan.single_slots, q[:rows])
+        o = F.scaled_dot_product_attention(q_all.view(S, kv_heads, -1, dim), k_cache[:S, :, :L],
+                                           v_cache[:S, :, :L], attn_mask=mask, scale=scaling)
+        outs.append(o.reshape(S, heads, dim).index_select(0, plan.single_slots))
+    for slot, start, n, ctx, mask in plan.multi:
+        qm = q[start:start + n].permute(1, 0, 2).reshape(kv_heads, -1, dim)   # [Hkv, G*n, D]
+        o = F.scaled_dot_product_attention(qm, k_cache[slot, :, :ctx], v_cache[slot, :, :ctx],
+                                           attn_mask=mask, scale=scaling)
+        outs.append(o.reshape(heads, n, dim).transpose(0, 1))
+    return torch.cat(outs, 0)[None], None

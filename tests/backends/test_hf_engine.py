@@ -1,0 +1,164 @@
+"""The step engine against `generate()`: same greedy tokens whatever the arrivals, chunks, preemptions.
+
+NOTE: the model is the tiny Llama loaded in float64. In float32, a packed multi-request pass and
+a one-request `generate()` sum the same products in a different order (different matmul shapes
+and attention blocking), so logits can differ in the last bits and a near-tie argmax may flip;
+float64 makes such differences ~1e-16, far below any gap between two logits, so equality here
+tests the engine's logic (positions, masks, cache slots), not the rounding of one kernel.
+"""
+import asyncio
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+pytestmark = pytest.mark.hf
+
+from batchlab.backends.hf_engine import StepEngine  # noqa: E402
+from batchlab.core.clock import RealClock  # noqa: E402
+from batchlab.core.config import ContinuousConfig  # noqa: E402
+from batchlab.core.driver import Inbox, drive  # noqa: E402
+from batchlab.core.request import Request, Status  # noqa: E402
+from batchlab.schedulers.base import Step  # noqa: E402
+from batchlab.schedulers.continuous import ContinuousScheduler  # noqa: E402
+
+# (prompt tokens, output tokens, step at which the request arrives)
+MIX = [(5, 9, 0), (23, 6, 0), (40, 5, 2), (3, 14, 3), (17, 8, 3), (31, 7, 9)]
+
+
+@pytest.fixture(scope="module")
+def lm(tiny_model_dir):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float64).eval()
+    # NOTE: one intra-op thread: on a shared, busy CPU two threads wait on each other at every
+    # op and these small passes get ~10x slower. Results do not depend on it (float64, greedy).
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield model, AutoTokenizer.from_pretrained(tiny_model_dir)
+    torch.set_num_threads(threads)
+
+
+def make(mix, vocab=2000, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [Request(f"r{i}", p, o, 0.0, index=i, prompt_token_ids=torch.randint(10, vocab, (p,), generator=g).tolist())
+            for i, (p, o, _) in enumerate(mix)]
+
+
+def reference(lm, r: Request) -> list[int]:
+    """One request alone through generate(), configured like backends/hf.py (EOS suppressed)."""
+    from transformers import GenerationConfig
+    model, tok = lm
+    n = r.max_new_tokens
+    gen = GenerationConfig(max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                           pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+    ids = torch.tensor([r.prompt_token_ids])
+    with torch.inference_mode():
+        out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), generation_config=gen)
+    return out[0, ids.shape[1]:].tolist()
+
+
+def step_by_hand(engine, scheduler, requests, arrive_at):
+    """The driver's loop with arrivals at given step numbers instead of times (deterministic)."""
+    clock, k, steps = RealClock(), 0, []
+
+    async def main():
+        nonlocal k
+        while any(not r.is_done for r in requests):
+            for r, at in zip(requests, arrive_at):
+                if at == k:
+                    scheduler.add(r)
+            out = scheduler.schedule(clock.now())
+            k += 1
+            if not isinstance(out, Step):
+                continue
+            for r in out.preempted:
+                engine.release(r)
+            steps.append([(r.request_id, n) for r, n in out.chunks])
+            await engine.step(out, clock)
+            for r in scheduler.finish_step(out, clock.now()):
+                engine.release(r)
+    clock.run(main())
+    return steps
+
+
+def test_staggered_arrivals_match_generate_token_for_token(lm):
+    reqs = make(MIX)
+    engine = StepEngine(lm[0], lm[1])
+    sched = ContinuousScheduler(ContinuousConfig(block_size=4), num_kv_blocks=1000)
+    steps = step_by_hand(engine, sched, reqs, [a for *_, a in MIX])
+    assert [r.output_token_ids for r in reqs] == [reference(lm, r) for r in reqs]
+    assert all(r.output_len == r.max_new_tokens for r in reqs)
+    # Prefills really were mixed with decodes: some step ran a prompt next to one-token rows.
+    assert any(any(n > 1 for _, n in s) and any(n == 1 for _, n in s) for s in steps)
+    assert engine.cache.slot_of == {}              # every finished request released its slot
+
+
+def test_chunked_prefill_under_a_token_budget_matches_generate(lm):
+    reqs = make(MIX, seed=1)
+    engine = StepEngine(lm[0], lm[1])
+    cfg = ContinuousConfig(block_size=4, chunk_size=6, max_num_batched_tokens=16)
+    steps = step_by_hand(engine, ContinuousScheduler(cfg, num_kv_blocks=1000), reqs, [a for *_, a in MIX])
+    assert [r.output_token_ids for r in reqs] == [reference(lm, r) for r in reqs]
+    assert max(n for s in steps for _, n in s) == 6          # prompts really came in chunks
+    assert max(sum(n for _, n in s) for s in steps) <= 16
+
+
+def test_preempted_requests_recompute_and_still_match_generate_through_the_driver(lm):
+    """The real driver on a RealClock; 18 blocks of 4 tokens cannot hold every sequence at once."""
+    mix = [(12, 14, 0), (9, 16, 0), (14, 12, 0), (6, 18, 0), (10, 10, 0)]
+    reqs = make(mix, seed=2)
+    engine = StepEngine(lm[0], lm[1])
+    sched = ContinuousScheduler(ContinuousConfig(block_size=4), num_kv_blocks=18)
+    clock = RealClock()
+
+    async def main():
+        t0 = clock.now()
+        for r in reqs:
+            r.arrival_time = t0
+        await drive(sched, engine, clock, Inbox(reqs))
+    clock.run(main())
+    assert sum(r.num_preemptions for r in reqs) >= 1
+    assert [r.status for r in reqs] == [Status.FINISHED] * len(reqs)
+    assert [r.output_token_ids for r in reqs] == [reference(lm, r) for r in reqs]
+    assert engine.cache.slot_of == {}
+
+
+def test_step_log_accounts_for_every_token(lm):
+    reqs = make(MIX[:4], seed=3)
+    engine = StepEngine(lm[0], lm[1])
+    steps = step_by_hand(engine, ContinuousScheduler(ContinuousConfig(chunk_size=8), 1000), reqs, [0, 0, 1, 1])
+    log = engine.step_log
+    assert len(log) == len(steps)
+    assert sum(s.tokens for s in log) == sum(r.prompt_len + r.max_new_tokens - 1 for r in reqs)
+    assert sum(s.emitted for s in log) == sum(r.max_new_tokens for r in reqs)
+    assert [s.rows for s in log] == [len(s) for s in steps]
+    assert all(s.duration > 0 for s in log)
+
+
+def test_the_forward_pass_runs_off_the_event_loop(lm):
+    """While a step computes, other coroutines (arrivals, a server) keep running."""
+    r = make([(60, 1, 0)])[0]
+    engine, clock, ticks = StepEngine(lm[0], lm[1]), RealClock(), []
+
+    async def ticker(done: asyncio.Event):
+        while not done.is_set():
+            ticks.append(clock.now())
+            await asyncio.sleep(0)
+
+    async def main():
+        done = asyncio.Event()
+        t = asyncio.create_task(ticker(done))
+        await asyncio.sleep(0)
+        before = len(ticks)
+        await engine.step(Step([(r, 60)]), clock)
+        done.set()
+        await t
+        return before
+    before = clock.run(main())
+    assert len(ticks) > before and r.output_len == 1
+
+
+def test_a_request_without_token_ids_is_refused_clearly(lm):
+    r = Request("x", 4, 2, 0.0)
+    with pytest.raises(ValueError, match="prompt_token_ids"):
+        RealClock().run(StepEngine(lm[0], lm[1]).step(Step([(r, 4)]), RealClock()))
