@@ -1,0 +1,79 @@
+"""Can the simulator stand in for this machine? Profile the tiny HF model, then validate.
+
+1. `batchlab profile` the tiny model twice: request-level (`generate()`, used by naive/dynamic)
+   and iteration-level (our step engine, used by continuous). Closed bursts over a grid of batch
+   sizes x contexts and prompt lengths; no Poisson traffic, so the validation rates are unseen.
+2. `batchlab validate`: a Poisson trace at two rates on the real model, the same traces on the
+   simulator calibrated by those profiles; relative error of p50/p99 TTFT, p50 TPOT, throughput.
+Target (issue 7): simulated p50 TTFT, p50 TPOT and throughput within 10 % of the real run.
+Each step runs the CLI exactly as printed, so the figures can be reproduced by hand.
+Usage: python benchmarks/validate_sim.py [--out results/validate_sim] [--rates 3,10]
+       [--duration 20] [--strategies dynamic,continuous] [--repeats 3]
+"""
+from __future__ import annotations
+
+import argparse
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import yaml
+
+CONFIG = {
+    "name": "validate-tiny-cpu",
+    "backend": {"kind": "hf", "model": "tiny", "device": "cpu", "dtype": "float32",
+                "memory_budget_bytes": 268435456, "warmup_batches": 2},
+    "naive": {"batch_size": 8},
+    "dynamic": {"max_batch_size": 32, "max_wait_ms": 50},
+    "continuous": {"max_num_seqs": 32, "max_num_batched_tokens": 1024, "block_size": 16},
+    "traffic": {"arrival": "poisson", "warmup_s": 4, "seed": 7, "repeats": 1,
+                "prompt_len": {"dist": "uniform", "low": 16, "high": 64},
+                "output_len": {"dist": "uniform", "low": 16, "high": 64}},
+    "report": False,
+}
+
+
+def sh(cmd: list[str]) -> None:
+    print("$ " + " ".join(shlex.quote(c) for c in cmd), flush=True)
+    subprocess.run(cmd, check=True)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="results/validate_sim")
+    ap.add_argument("--rates", default="3,10", help="req/s, comma-separated (the profile never sees these)")
+    ap.add_argument("--duration", type=float, default=20.0, help="seconds of traffic per point after warm-up")
+    ap.add_argument("--strategies", default="dynamic,continuous")
+    ap.add_argument("--repeats", type=int, default=3, help="profile passes over the grid (medians)")
+    ap.add_argument("--skip-profile", action="store_true", help="reuse the profiles already in --out")
+    args = ap.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    strategies = args.strategies.split(",")
+    cfg = CONFIG | {"strategies": strategies, "out": str(out / "run")}
+    cfg["traffic"] = CONFIG["traffic"] | {"rates": [float(r) for r in args.rates.split(",")],
+                                          "duration_s": args.duration}
+    config = out / "validate.yaml"
+    config.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    bl = [sys.executable, "-m", "batchlab.cli"]
+    profiles = []
+    for strategy in dict.fromkeys("continuous" if s == "continuous" else "dynamic" for s in strategies):
+        path = out / f"profile_{strategy}.json"
+        profiles += ["--profile", str(path)]
+        if not args.skip_profile:
+            sh(bl + ["profile", str(config), "--strategy", strategy, "--batch-sizes", "1,2,4,8,16,32",
+                     "--contexts", "16,48,96", "--prompts", "16,32,64,128", "--new-tokens", "12",
+                     "--repeats", str(args.repeats), "--out", str(path)])
+    sh(bl + ["validate", str(config), *profiles, "--out", str(out / "validate")])
+    table = pd.read_csv(out / "validate" / "validation.csv")
+    worst = {m: float(table[f"{m}_err"].abs().max()) for m in ("ttft_p50", "tpot_p50", "throughput_tok_s", "ttft_p99")}
+    print("max |relative error| over points: " + ", ".join(f"{m} {100 * v:.1f}%" for m, v in worst.items()))
+    hit = all(worst[m] <= 0.10 for m in ("ttft_p50", "tpot_p50", "throughput_tok_s"))
+    print(f"target (p50 TTFT, p50 TPOT, throughput within 10%): {'met' if hit else 'NOT met'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
