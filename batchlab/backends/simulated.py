@@ -21,6 +21,7 @@ from batchlab.schedulers.base import MemoryBudget, Step
 
 class SimulatedBackend(BatchBackend, StepBackend):
     virtual_time = True
+    multi_step = True       # runs decode windows (Step.repeat > 1); see _decode_window
 
     def __init__(self, cost: StepCost, enforce_memory: bool = True):
         self.cost = cost
@@ -70,6 +71,8 @@ class SimulatedBackend(BatchBackend, StepBackend):
                     r.token_times.append(now)
 
     async def step(self, step: Step, clock: Clock) -> None:
+        if step.repeat > 1:
+            return await self._decode_window(step, clock)
         context = prefill = decode = 0
         emit = []
         for r, n in step.chunks:
@@ -90,9 +93,30 @@ class SimulatedBackend(BatchBackend, StepBackend):
         for r in emit:
             r.token_times.append(now)
 
+    async def _decode_window(self, step: Step, clock: Clock) -> None:
+        """`step.repeat` decode-only steps in one jump of the clock. Each step's time and stamp
+        are computed exactly as `step()` would (same expression, sequential sums), so the
+        results are bit-identical; the window ends after the first step reaching `until`."""
+        c = self.cost
+        rows = len(step.chunks)
+        context0 = sum(r.num_computed_tokens + 1 for r, _ in step.chunks)
+        context = context0 + rows * np.arange(step.repeat, dtype=np.int64)
+        dt = c.overhead_s + c.weight_s + c.kv_s_per_token * context + c.prefill_s_per_token * 0 + c.decode_s_per_row * rows
+        ends = np.cumsum(np.concatenate(([clock.now()], dt)))[1:]
+        if step.until is not None:
+            step.repeat = min(step.repeat, int(np.searchsorted(ends, step.until, side="left")) + 1)
+        stamps = ends[: step.repeat].tolist()
+        self.steps += step.repeat
+        self.busy_s += float(np.sum(dt[: step.repeat]))
+        await clock.sleep_until(stamps[-1])
+        for r, _ in step.chunks:
+            r.token_times.extend(stamps)
+
     def _charge_stalls(self, step: Step, prefill: int) -> None:
         """Charge each row the step time spent on *other* rows' prompt tokens ('stall').
         NOTE: rows recomputing after a preemption are skipped: the driver charges that whole gap."""
+        if not prefill:
+            return
         for r, n in step.chunks:
             decoding = n == 1 and r.token_times and r.num_computed_tokens + 1 == r.num_tokens
             fresh = not r.token_times and r.num_preemptions == 0

@@ -23,6 +23,8 @@ T = TypeVar("T")
 class Clock(Protocol):
     def now(self) -> float: ...
     async def sleep(self, seconds: float) -> None: ...
+    async def sleep_until(self, t: float) -> None:
+        """Sleep until the clock reads `t` exactly (no drift from now + (t - now))."""
     async def wait(self, event: asyncio.Event, timeout: float | None) -> bool:
         """Wait until `event` is set or `timeout` seconds pass; True if the event was set."""
     def run(self, main: Awaitable[T]) -> T:
@@ -37,6 +39,9 @@ class RealClock:
 
     async def sleep(self, seconds: float) -> None:
         await asyncio.sleep(max(0.0, seconds))
+
+    async def sleep_until(self, t: float) -> None:
+        await asyncio.sleep(max(0.0, t - self.now()))
 
     async def wait(self, event: asyncio.Event, timeout: float | None) -> bool:
         if event.is_set():
@@ -101,6 +106,17 @@ class VirtualClock:
             self._t = target            # nobody else could run before then: jump
             return
         await asyncio.sleep(max(0.0, seconds))
+
+    async def sleep_until(self, t: float) -> None:
+        loop = self._loop
+        if t <= self._t:
+            return
+        if not loop._ready and (not loop._scheduled or loop._scheduled[0].when() > t):
+            self._t = t
+            return
+        fut = loop.create_future()
+        loop.call_at(t, fut.set_result, None)
+        await fut
 
     async def wait(self, event: asyncio.Event, timeout: float | None) -> bool:
         if event.is_set():

@@ -64,6 +64,8 @@ async def drive(scheduler: Scheduler, backend: Backend, clock: Clock, inbox: Inb
     """Run until the inbox is exhausted and every request is finished or failed."""
     idle_since = clock.now()
     stalled: dict[Request, tuple[float, int]] = {}   # preempted -> (when, tokens it had)
+    # Decode windows only where every arrival is known in advance and the backend runs them.
+    scheduler.multi_step = getattr(backend, "multi_step", False) and not inbox.open
     while True:
         now = clock.now()
         inbox.release(now, scheduler)
@@ -75,6 +77,7 @@ async def drive(scheduler: Scheduler, backend: Backend, clock: Clock, inbox: Inb
             await _run_batch(scheduler, backend, clock, out, on_done)
             idle_since = clock.now()
         elif isinstance(out, Step):
+            _bound_window(out, scheduler, inbox)
             await _run_step(scheduler, backend, clock, out, on_done, on_progress, stalled)
         else:
             if inbox.exhausted and not scheduler.has_work():
@@ -93,6 +96,13 @@ async def _idle(clock: Clock, inbox: Inbox, now: float, wake_at: float | None) -
     inbox.event.clear()
     if not inbox.live and not inbox.cancelled:
         await clock.wait(inbox.event, None if wake is None else wake - now)
+
+
+def _bound_window(step: Step, scheduler: Scheduler, inbox: Inbox) -> None:
+    """A decode window must end at the step in flight when the next request arrives (it might
+    be admitted then) unless someone is already waiting ahead of it (FCFS: it cannot be)."""
+    if step.repeat > 1 and not scheduler.waiting:
+        step.until = inbox.next_arrival
 
 
 def _account_queue(batch: list[Request], now: float, idle_since: float) -> None:

@@ -29,6 +29,14 @@ class Batch:
 class Step:
     chunks: list[tuple[Request, int]]           # (request, tokens to compute this step)
     preempted: list[Request] = field(default_factory=list)
+    # Decode window: when every chunk is a one-token decode and nothing could change the batch
+    # for a while, the scheduler may offer `repeat` identical steps in a row. A backend that
+    # runs them (the simulator) stops early after the first step ending at or after `until`
+    # (the next arrival) and sets `repeat` to the steps it ran. Results are identical to
+    # stepping one at a time; it only saves bookkeeping per step.
+    repeat: int = 1
+    until: float | None = None
+    booked: int = 1                   # steps the scheduler booked KV blocks for (the offer)
 
     @property
     def num_tokens(self) -> int:
@@ -63,6 +71,7 @@ class Scheduler(ABC):
     or `finish_step()`. `draining` means no more requests will arrive."""
 
     level: ClassVar[str]              # "request" or "iteration"
+    multi_step: bool = False          # may offer decode windows (Step.repeat > 1); set by the driver
 
     def __init__(self) -> None:
         self.waiting: deque[Request] = deque()

@@ -75,7 +75,35 @@ class ContinuousScheduler(Scheduler):
                 budget -= n
         if not preempted:
             self._admit(now, chunks, budget)
-        return Step(chunks, preempted) if chunks else Idle()
+        if not chunks:
+            return Idle()
+        window = 1 if preempted else self._decode_window(chunks)
+        return Step(chunks, preempted, repeat=window, booked=window)
+
+    def _decode_window(self, chunks: list[tuple[Request, int]]) -> int:
+        """How many identical decode-only steps are safe: until the first request finishes,
+        within the free blocks; 1 if anything is prefilling. Admission cannot change inside
+        the window: whoever waits now is blocked by seqs, tokens or blocks, none of which free
+        up before a request finishes. Blocks for the whole window are booked now."""
+        if not self.multi_step:
+            return 1
+        for r, n in chunks:
+            if n != 1 or not r.token_times or r.num_computed_tokens + 1 != r.num_tokens:
+                return 1
+        k = min(r.max_new_tokens - len(r.token_times) for r, _ in chunks)
+        lo = 1
+        while lo < k:                          # largest window whose extra blocks fit
+            mid = (lo + k + 1) // 2
+            if self._extra_blocks(chunks, mid) <= self.free_blocks:
+                lo = mid
+            else:
+                k = mid - 1
+        for r, _ in chunks:
+            self._grow(r, r.num_computed_tokens + lo)
+        return lo
+
+    def _extra_blocks(self, chunks, steps: int) -> int:
+        return sum(max(0, self._blocks_for(r, r.num_computed_tokens + steps) - self.blocks[r]) for r, _ in chunks)
 
     def _admit(self, now: float, chunks: list, budget: int) -> None:
         while self.waiting and len(self.running) < self.cfg.max_num_seqs and budget > 0:
@@ -104,9 +132,17 @@ class ContinuousScheduler(Scheduler):
     def finish_step(self, step: Step, now: float) -> list[Request]:
         done = []
         for r, n in step.chunks:
-            r.num_computed_tokens += n
+            r.num_computed_tokens += n * step.repeat
             if r.output_len >= r.max_new_tokens:
                 done.append(r)
+        if step.booked > step.repeat:          # the window was cut short: return the
+            for r, _ in step.chunks:           # blocks booked for steps that did not run
+                if r not in self.blocks:
+                    continue
+                surplus = self.blocks[r] - self._blocks_for(r, r.num_computed_tokens)
+                if surplus > 0:
+                    self.blocks[r] -= surplus
+                    self.free_blocks += surplus
         for r in done:
             self.running.remove(r)
             self._release(r)

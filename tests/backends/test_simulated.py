@@ -1,0 +1,63 @@
+import pytest
+
+from batchlab.backends.presets import PRESETS, StepCost, load_cost
+from batchlab.backends.simulated import SimulatedBackend
+from batchlab.bench.runner import run_point
+from batchlab.core.config import ConfigError, load_config
+
+
+def stamps(res):
+    return [(r.request_id, r.status.value, r.scheduled_time, tuple(r.token_times), r.num_preemptions)
+            for r in res.requests]
+
+
+@pytest.mark.parametrize("overrides", [
+    [],                                                            # roomy cache
+    ["continuous.num_kv_blocks=300", "continuous.block_size=16"],  # preemption and recompute
+    ["continuous.num_kv_blocks=300", "continuous.preemption=reserve"],
+    ["continuous.max_num_seqs=8", "continuous.chunk_size=64"],
+])
+def test_decode_windows_are_bit_identical_to_single_steps(overrides):
+    cfg = load_config(None, ["traffic.duration_s=40", "traffic.warmup_s=0", "traffic.rates=[30]",
+                             "traffic.prompt_len={dist: uniform, low: 16, high: 400}",
+                             "traffic.output_len={dist: uniform, low: 4, high: 300}", *overrides])
+    fast = SimulatedBackend(load_cost("llama2-7b-a100"))
+    slow = SimulatedBackend(load_cost("llama2-7b-a100"))
+    slow.multi_step = False
+    a = run_point(cfg, "continuous", 30.0, 0, fast)
+    b = run_point(cfg, "continuous", 30.0, 0, slow)
+    assert stamps(a) == stamps(b)
+    assert fast.steps == slow.steps and fast.busy_s == pytest.approx(slow.busy_s)
+    assert all(r.status.value == "finished" for r in a.requests)
+
+
+def test_padded_batch_costs_like_the_longest_row():
+    c = StepCost(overhead_s=0.0, weight_s=1.0, kv_s_per_token=0.01, prefill_s_per_token=0.1,
+                 decode_s_per_row=0.0, kv_bytes_per_token=1, kv_budget_bytes=10**6)
+    t = SimulatedBackend(c).batch_step_times([10, 2], [3, 1])
+    # 2 rows padded to prompt 10; 3 steps (longest output); prefill charged for 2 x 10 tokens
+    assert list(t) == pytest.approx([1 + 0.01 * 20 + 0.1 * 20, 1 + 0.01 * 22, 1 + 0.01 * 24])
+
+
+def test_presets_are_sane_and_unknown_preset_is_a_config_error():
+    for name in PRESETS:
+        c = load_cost(name)
+        assert c.kv_budget_bytes > 0 and c.step_time(0, 0, 1) > 0
+    a100 = load_cost("llama2-7b-a100")
+    assert a100.kv_bytes_per_token == 2 * 32 * 32 * 128 * 2        # 0.5 MiB per token
+    assert 0.005 < a100.weight_s < 0.02                             # ~13.5 GB at ~1.6 TB/s
+    with pytest.raises(ConfigError, match="unknown preset"):
+        load_cost("h100-9000")
+
+
+def test_simulated_oom_fails_naive_but_dynamic_backs_off():
+    cfg = load_config(None, ["traffic.duration_s=20", "traffic.warmup_s=0", "traffic.prompt_len=100",
+                             "traffic.output_len=100", "naive.batch_size=8", "dynamic.max_batch_size=8",
+                             "dynamic.max_wait_ms=1000"])
+    tight = StepCost(1e-3, 1e-3, 0, 0, 0, kv_bytes_per_token=1, kv_budget_bytes=200 * 5)  # 5 rows fit
+    naive = run_point(cfg, "naive", 20.0, 0, SimulatedBackend(tight))
+    failed = [r for r in naive.requests if r.status.value == "failed"]
+    assert len(failed) >= 8 and all(r.error == "out of memory" for r in failed)
+    assert all(r.is_done for r in naive.requests)   # failed or finished: none lost
+    dyn = run_point(cfg, "dynamic", 20.0, 0, SimulatedBackend(tight, enforce_memory=True))
+    assert all(r.status.value == "finished" for r in dyn.requests)
