@@ -65,6 +65,7 @@ class BackendConfig(_Model):
     model: str | None = None                # hf / openai: hub name or local path / served model name
     dtype: str = "auto"                     # hf: auto | float32 | float16 | bfloat16
     device: str = "auto"                    # hf: auto | cpu | cuda | mps
+    threads: PositiveInt | None = None      # hf on CPU: torch intra-op threads (None: torch's default)
     base_url: str | None = None             # openai: e.g. http://127.0.0.1:8000/v1
     api_key: str = "EMPTY"
     memory_budget_bytes: PositiveInt | None = None   # KV budget for the memory trigger (None: from device)
