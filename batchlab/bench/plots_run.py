@@ -173,6 +173,7 @@ def plot_breakdown(requests: pd.DataFrame, out: Path) -> Path:
             ax.invert_yaxis()
             ax.set_title(f"{rate:g} req/s")
             ax.set_xlabel("share of mean E2E latency (%)")
+            ax.set_ylabel("strategy")
         axes[0, 0].legend(loc="lower left", bbox_to_anchor=(0, 1.25), ncol=3, frameon=False)
         fig.suptitle("Where the time goes: mean latency breakdown per request", y=1.0)
         fig.tight_layout()

@@ -133,7 +133,8 @@ def _setup(setup: dict, config: dict) -> list[str]:
     t = config.get("traffic") or {}
     md = ["## Setup", "", "| | |", "|---|---|"]
     for k, v in setup.items():
-        md.append(f"| {k} | {v} |")
+        text = ", ".join(f"{n} {x}" for n, x in v.items()) if isinstance(v, dict) else v
+        md.append(f"| {k} | {text} |")
     md.append(f"| seed | {t.get('seed')} ({t.get('repeats', 1)} repeat(s); repeat r uses seed sequence [seed, r]) |")
     md += ["", "Every knob of the run (config.yaml):", "", "```yaml",
            yaml.safe_dump(config, sort_keys=False).strip(), "```", ""]

@@ -179,8 +179,8 @@ def crossovers(summary: pd.DataFrame, a: str, b: str, metrics=("throughput_tok_s
     for m in metrics:
         if (a not in med.index.get_level_values(0)) or (b not in med.index.get_level_values(0)):
             break
-        both = med.loc[a, [m]].join(med.loc[b, [m]], lsuffix="_a", rsuffix="_b", how="inner").sort_index()
-        for rate, before, after in crossover_rates(both.index, both[m + "_a"], both[m + "_b"], m in LOWER_IS_BETTER):
+        both = pd.concat([med.loc[a, m], med.loc[b, m]], axis=1, keys=["a", "b"], join="inner").sort_index()
+        for rate, before, after in crossover_rates(both.index, both["a"], both["b"], m in LOWER_IS_BETTER):
             found.append(Crossover(m, rate, a if before > 0 else b, a if after > 0 else b))
     return found
 
