@@ -72,6 +72,7 @@ class Server:
         self.codec = TextCodec(tokenizer)
         context = getattr(getattr(model, "config", None), "max_position_embeddings", None)
         self.max_model_len = self.opts.max_model_len or context or 4096
+        self.engine.backend.reset_peak_memory()   # peaks are measured from here: loaded and warm
 
     def _wake(self, reqs: list[Request]) -> None:
         for r in reqs:
@@ -252,6 +253,9 @@ def create_app(server: Server, keep_alive: bool = True) -> FastAPI:
 
     @app.get("/metrics")
     async def metrics():
+        peak = server.engine.backend.peak_memory()
+        if peak:
+            server.metrics.peak_memory.labels(peak["peak_mem_kind"]).set(peak["peak_mem_bytes"])
         return Response(server.metrics.render(), media_type=server.metrics.content_type)
 
     return app

@@ -44,6 +44,10 @@ class ServerMetrics:
         self.generation_tokens = Counter("batchlab_generation_tokens", "Output tokens of finished requests",
                                          registry=reg)
 
+        self.peak_memory = Gauge("batchlab_peak_memory_bytes", "Backend peak memory since start-up; the "
+                                 "kind label says which number it is (e.g. peak RSS above baseline)",
+                                 ["kind"], registry=reg)
+
     def observe_done(self, r: Request) -> None:
         if r.status is not Status.FINISHED:
             cancelled = (r.error or "").startswith("cancelled")
