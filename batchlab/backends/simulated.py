@@ -28,6 +28,14 @@ class SimulatedBackend(BatchBackend, StepBackend):
         self.enforce_memory = enforce_memory
         self.steps = 0              # forward passes charged so far
         self.busy_s = 0.0           # simulated seconds spent in steps
+        self._stall_clock = 0.0     # cumulative prefill seconds of all steps (see _charge_stalls)
+        self._stall_mark: dict[Request, float] = {}   # decoding row -> _stall_clock when it began
+
+    async def start(self, clock: Clock) -> None:
+        """A new run: stall accounting starts from zero, so a point's numbers never depend on
+        the points run before it in the same process (resume must reproduce them exactly)."""
+        self._stall_clock = 0.0
+        self._stall_mark.clear()
 
     def describe(self) -> dict[str, Any]:
         return {"backend": "sim", "device": self.cost.description or self.cost.name,
@@ -74,24 +82,30 @@ class SimulatedBackend(BatchBackend, StepBackend):
         if step.repeat > 1:
             return await self._decode_window(step, clock)
         context = prefill = decode = 0
-        emit = []
-        for r, n in step.chunks:
+        emit, prefilling, starting = [], [], []
+        for r, n in step.chunks:               # NOTE: hot path; properties inlined
             done = r.num_computed_tokens + n
             context += done
-            if n == 1 and r.token_times and done == r.num_tokens:
+            total = r.prompt_len + len(r.token_times)
+            if n == 1 and done == total and total > r.prompt_len:
                 decode += 1
             else:
                 prefill += n
-            if done >= r.num_tokens:
+                prefilling.append((r, n))
+                if done >= total:
+                    starting.append(r)         # first token after a (re)prefill: decoding from now
+            if done >= total:
                 emit.append(r)
         dt = self.cost.step_time(context, prefill, decode)
-        self._charge_stalls(step, prefill)
+        self._charge_stalls(prefill, prefilling)
         self.steps += 1
         self.busy_s += dt
         await clock.sleep(dt)
         now = clock.now()
         for r in emit:
             r.token_times.append(now)
+        for r in starting:
+            self._stall_mark[r] = self._stall_clock
 
     async def _decode_window(self, step: Step, clock: Clock) -> None:
         """`step.repeat` decode-only steps in one jump of the clock. Each step's time and stamp
@@ -112,20 +126,27 @@ class SimulatedBackend(BatchBackend, StepBackend):
         for r, _ in step.chunks:
             r.token_times.extend(stamps)
 
-    def _charge_stalls(self, step: Step, prefill: int) -> None:
-        """Charge each row the step time spent on *other* rows' prompt tokens ('stall').
+    def _charge_stalls(self, prefill: int, prefilling: list[tuple[Request, int]]) -> None:
+        """Stall = step time spent on *other* rows' prompt tokens. A decoding row is charged
+        lazily: `_stall_clock` sums the prefill time of every step, and a row pays the growth
+        of that sum between starting to decode and `release()`. A row in its first prefill pays
+        for the others' prompt tokens in its steps at once ('stall_prefill' too, which the
+        driver moves out of the prefill phase).
         NOTE: rows recomputing after a preemption are skipped: the driver charges that whole gap."""
         if not prefill:
             return
-        for r, n in step.chunks:
-            decoding = n == 1 and r.token_times and r.num_computed_tokens + 1 == r.num_tokens
-            fresh = not r.token_times and r.num_preemptions == 0
-            if decoding or fresh:
-                s = self.cost.prefill_s_per_token * (prefill - (0 if decoding else n))
+        per_token = self.cost.prefill_s_per_token
+        self._stall_clock += per_token * prefill
+        for r, n in prefilling:
+            if not r.token_times and r.num_preemptions == 0:
+                s = per_token * (prefill - n)
                 r.add_time("stall", s)
-                if fresh:
-                    r.add_time("stall_prefill", s)   # the driver moves this out of the prefill phase
+                r.add_time("stall_prefill", s)
 
+    def release(self, request: Request) -> None:
+        mark = self._stall_mark.pop(request, None)
+        if mark is not None:
+            request.add_time("stall", self._stall_clock - mark)
 
 def from_config(cfg) -> SimulatedBackend:
     from batchlab.backends.presets import load_cost

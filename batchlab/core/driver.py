@@ -157,6 +157,8 @@ def _charge_preemptions(stalled: dict, step: Step, end: float) -> None:
     everything from then until its next token (requeue, recompute) is a stall caused by others."""
     for r in step.preempted:
         stalled.setdefault(r, (end, r.output_len))
+    if not stalled:                            # the common case: skip the per-row loop
+        return
     for r, _ in step.chunks:
         if r in stalled and r.output_len > stalled[r][1]:
             since, had = stalled.pop(r)

@@ -58,21 +58,30 @@ class ContinuousScheduler(Scheduler):
         budget = self.cfg.max_num_batched_tokens
         chunks: list[tuple[Request, int]] = []
         preempted: list[Request] = []
+        blocks, bs, chunk = self.blocks, self.block_size, self.chunk
         for r in list(self.running):
-            if r not in self.blocks:           # preempted earlier in this loop
+            held = blocks.get(r)
+            if held is None:                   # preempted earlier in this loop
                 continue
-            n = min(r.num_tokens - r.num_computed_tokens, budget, self.chunk)
+            c = r.num_computed_tokens
+            n = min(r.prompt_len + len(r.token_times) - c, budget, chunk)
             if n <= 0:
                 continue
-            while not self._grow(r, r.num_computed_tokens + n):
-                victim = self.running[-1]
-                self._preempt(victim)
-                preempted.append(victim)
-                if victim is r:
-                    break
-            else:
-                chunks.append((r, n))
-                budget -= n
+            # NOTE: hot path (every running request, every step): only touch the block
+            # bookkeeping when this step crosses into a block the request does not hold.
+            if -(-(c + n) // bs) > held:
+                while not self._grow(r, c + n):
+                    victim = self.running[-1]
+                    self._preempt(victim)
+                    preempted.append(victim)
+                    if victim is r:
+                        break
+                else:
+                    chunks.append((r, n))
+                    budget -= n
+                continue
+            chunks.append((r, n))
+            budget -= n
         if not preempted:
             self._admit(now, chunks, budget)
         if not chunks:
