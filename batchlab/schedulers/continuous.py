@@ -96,19 +96,26 @@ class ContinuousScheduler(Scheduler):
         up before a request finishes. Blocks for the whole window are booked now."""
         if not self.multi_step:
             return 1
+        k = 1 << 62
         for r, n in chunks:
-            if n != 1 or not r.token_times or r.num_computed_tokens + 1 != r.num_tokens:
-                return 1
-        k = min(r.max_new_tokens - len(r.token_times) for r, _ in chunks)
-        lo = 1
-        while lo < k:                          # largest window whose extra blocks fit
-            mid = (lo + k + 1) // 2
-            if self._extra_blocks(chunks, mid) <= self.free_blocks:
-                lo = mid
-            else:
-                k = mid - 1
-        for r, _ in chunks:
-            self._grow(r, r.num_computed_tokens + lo)
+            left = r.max_new_tokens - len(r.token_times)
+            if n != 1 or left == r.max_new_tokens or r.num_computed_tokens + 1 != r.prompt_len + len(r.token_times):
+                return 1                       # someone is prefilling
+            if left < k:
+                k = left
+        if self.reserve or self.free_blocks >= len(chunks) * -(-k // self.block_size):
+            lo = k                             # blocks cannot run out within k steps
+        else:
+            lo = 1
+            while lo < k:                      # largest window whose extra blocks fit
+                mid = (lo + k + 1) // 2
+                if self._extra_blocks(chunks, mid) <= self.free_blocks:
+                    lo = mid
+                else:
+                    k = mid - 1
+        if not self.reserve:
+            for r, _ in chunks:
+                self._grow(r, r.num_computed_tokens + lo)
         return lo
 
     def _extra_blocks(self, chunks, steps: int) -> int:
