@@ -64,7 +64,11 @@ class ContinuousScheduler(Scheduler):
             if held is None:                   # preempted earlier in this loop
                 continue
             c = r.num_computed_tokens
-            n = min(r.prompt_len + len(r.token_times) - c, budget, chunk)
+            n = r.prompt_len + len(r.token_times) - c
+            if n > 1:                          # decodes (n == 1) skip the clamping
+                n = min(n, budget, chunk)
+            elif budget < 1:
+                n = 0
             if n <= 0:
                 continue
             # NOTE: hot path (every running request, every step): only touch the block
@@ -94,7 +98,8 @@ class ContinuousScheduler(Scheduler):
         within the free blocks; 1 if anything is prefilling. Admission cannot change inside
         the window: whoever waits now is blocked by seqs, tokens or blocks, none of which free
         up before a request finishes. Blocks for the whole window are booked now."""
-        if not self.multi_step:
+        last, n_last = chunks[-1]              # admissions come last: the usual reason to stop
+        if not self.multi_step or n_last != 1 or not last.token_times:
             return 1
         k = 1 << 62
         for r, n in chunks:
@@ -147,9 +152,10 @@ class ContinuousScheduler(Scheduler):
 
     def finish_step(self, step: Step, now: float) -> list[Request]:
         done = []
+        repeat = step.repeat
         for r, n in step.chunks:
-            r.num_computed_tokens += n * step.repeat
-            if r.output_len >= r.max_new_tokens:
+            r.num_computed_tokens += n * repeat
+            if len(r.token_times) >= r.max_new_tokens:
                 done.append(r)
         if step.booked > step.repeat:          # the window was cut short: return the
             for r, _ in step.chunks:           # blocks booked for steps that did not run
