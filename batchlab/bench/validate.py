@@ -5,7 +5,7 @@ point is replayed in virtual time on a `SimulatedBackend` whose step costs come 
 of the path that strategy uses (request-level for naive/dynamic, iteration-level for continuous).
 Traces depend only on the traffic settings, so both sides see identical requests. The result is
 the relative error (sim - real) / real of p50/p99 TTFT, p50 TPOT and throughput per strategy and
-rate, in OUT/validation.csv.
+rate (medians over the config's repeats on each side), in OUT/validation.csv.
 """
 from __future__ import annotations
 
@@ -71,8 +71,11 @@ def simulate_points(cfg: RunConfig, real: pd.DataFrame, profiles) -> pd.DataFram
 
 
 def compare(real: pd.DataFrame, sim: pd.DataFrame) -> pd.DataFrame:
-    key = ["strategy", "rate", "repeat"]
-    both = real[key + list(METRICS)].merge(sim[key + list(METRICS)], on=key, suffixes=("_real", "_sim"))
+    """Per strategy and rate: medians over repeats on each side, then (sim - real) / real."""
+    key = ["strategy", "rate"]
+    med = [df.groupby(key, sort=False)[list(METRICS)].median().reset_index() for df in (real, sim)]
+    both = med[0].merge(med[1], on=key, suffixes=("_real", "_sim"))
+    both["repeats"] = real.groupby(key, sort=False).size().values
     for m in METRICS:
         both[f"{m}_err"] = (both[f"{m}_sim"] - both[f"{m}_real"]) / both[f"{m}_real"]
     return both
