@@ -17,6 +17,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
+from matplotlib.ticker import FuncFormatter  # noqa: E402
 
 COLORS = {"naive": "#d62728", "dynamic": "#ff7f0e", "continuous": "#1f77b4", "server": "#2ca02c"}
 PCT_STYLE = {50: "-", 90: "--", 99: ":"}
@@ -43,6 +44,19 @@ def strategies(df: pd.DataFrame) -> list[str]:
     return list(dict.fromkeys(df["strategy"]))
 
 
+def log_axis(ax, axis: str = "y") -> None:
+    """Log scale with plain numbers (0.02, 5, 300) instead of 2 x 10^-2."""
+    plain = FuncFormatter(lambda v, _: f"{v:g}")
+    getattr(ax, f"set_{axis}scale")("log")
+    target = ax.yaxis if axis == "y" else ax.xaxis
+    target.set_major_formatter(plain)
+    target.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:g}" if _leading_digit(v) in (2, 5) else ""))
+
+
+def _leading_digit(v: float) -> int:
+    return int(round(v / 10 ** np.floor(np.log10(v)))) if v > 0 else 0
+
+
 def slo_line(ax, limit: float | None, vertical: bool = False) -> None:
     if limit:
         (ax.axvline if vertical else ax.axhline)(limit, color="0.3", ls="-.", lw=1.2, label=f"SLO ({limit:g} s)")
@@ -64,7 +78,7 @@ def plot_tradeoff(summary: pd.DataFrame, out: Path, slo: dict, knees: dict[str, 
                                 textcoords="offset points", xytext=(6, -10), color=color(s))
                 _mark_knee(ax, d, metric, knees.get(s), color(s))
             slo_line(ax, limit)
-            ax.set_yscale("log")
+            log_axis(ax)
             ax.set_title(name)
             ax.set_ylabel(f"{name} (s, log scale)")
         for ax in axes[1]:
@@ -98,7 +112,7 @@ def plot_latency_vs_rate(summary: pd.DataFrame, out: Path, slo: dict) -> Path:
                 for q, ls in PCT_STYLE.items():
                     ax.plot(d["rate"], d[f"{key}_p{q}"], ls, marker="o", ms=4, color=color(s), lw=1.8)
             slo_line(ax, slo.get(f"{key}_s"))
-            ax.set_yscale("log")
+            log_axis(ax)
             ax.set_title(f"{name}: p50 / p90 / p99")
             ax.set_xlabel("arrival rate (requests/s)")
             ax.set_ylabel(f"{name} (s, log scale)")
@@ -127,12 +141,15 @@ def plot_cdf(requests: pd.DataFrame, out: Path, rate: float, slo: dict) -> Path:
             slo_line(ax, slo.get(f"{key}_s"), vertical=True)
             for q in (0.5, 0.99):
                 ax.axhline(q, color="0.6", lw=0.8, ls=":")
-            ax.set_xscale("log")
+            log_axis(ax, "x")
             ax.set_ylim(0, 1.02)
             ax.set_title(name)
             ax.set_xlabel(f"{name} (s, log scale)")
             ax.set_ylabel("fraction of requests ≤ x")
-            ax.legend(loc="lower right")
-        fig.suptitle(f"Latency distributions at {rate:g} req/s (dotted lines: p50 and p99)", y=1.0)
-        fig.tight_layout()
+        fig.suptitle(f"Latency distributions at {rate:g} req/s (dotted lines: p50 and p99)")
+        fig.tight_layout(rect=(0, 0, 1, 0.88))
+        handles = [h for h in axes[0].get_lines() if str(h.get_label()).startswith(tuple(strategies(sel)))]
+        if any(slo.get(k) for k in ("ttft_s", "tpot_s", "e2e_s")):
+            handles.append(Line2D([], [], color="0.3", ls="-.", lw=1.2, label="SLO threshold"))
+        fig.legend(handles=handles, loc="upper center", ncol=len(handles), bbox_to_anchor=(0.5, 0.93), frameon=False)
         return save(fig, out / "cdf.png")

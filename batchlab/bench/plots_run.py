@@ -13,9 +13,10 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from matplotlib.ticker import MaxNLocator
 
 from batchlab.bench import timeline as tl
-from batchlab.bench.plots import STYLE, color, plt, save, strategies
+from batchlab.bench.plots import STYLE, color, log_axis, plt, save, strategies
 
 PHASES = [("wait_busy", "waiting for the previous batch", "#9e9e9e"),
           ("wait_trigger", "waiting for a trigger (size / age / memory)", "#c7c7c7"),
@@ -100,7 +101,7 @@ def plot_useful_work(requests: pd.DataFrame, out: Path, rate: float, caps: dict[
     if b.empty:
         return None
     work = tl.useful_work(b)
-    names = strategies(b)
+    names = [s for s in strategies(requests) if s in set(b["strategy"])]
     with plt.rc_context(STYLE):
         fig, axes = plt.subplots(2, 2, figsize=(14, 9.5))
         for ax, s in zip(axes[0], names[:2]):
@@ -145,6 +146,7 @@ def _example_batch(ax, requests: pd.DataFrame, b: pd.DataFrame, s: str, rate: fl
     ax.fill_between(steps, active, size, step="post", color="0.85", hatch="//", edgecolor="0.6",
                     label="idle slots (row done, batch still running)")
     ax.set_ylim(0, size * 1.1)
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_title(f"{s}: one batch at {rate:g} req/s, B = {size}, useful {100 * row['useful_decode']:.0f}%")
     ax.set_xlabel("decode step")
     ax.set_ylabel("rows in the batch")
@@ -157,8 +159,8 @@ def plot_breakdown(requests: pd.DataFrame, out: Path) -> Path:
     rates = sorted(ok["rate"].unique())
     names = strategies(ok)
     with plt.rc_context(STYLE):
-        fig, axes = plt.subplots(len(rates), 1, figsize=(14, 1.2 + 0.55 * len(names) * len(rates) + 0.6 * len(rates)),
-                                 squeeze=False)
+        fig, axes = plt.subplots(len(rates), 1, figsize=(14, 1.2 + 0.55 * len(names) * len(rates) + 0.4 * len(rates)),
+                                 squeeze=False, sharex=True)
         for ax, rate in zip(axes[:, 0], rates):
             mean = ok[ok["rate"] == rate].groupby("strategy")[[p for p, _, _ in PHASES]].mean().reindex(names)
             total = mean.sum(axis=1)
@@ -172,8 +174,8 @@ def plot_breakdown(requests: pd.DataFrame, out: Path) -> Path:
             ax.set_xlim(0, 100)
             ax.invert_yaxis()
             ax.set_title(f"{rate:g} req/s")
-            ax.set_xlabel("share of mean E2E latency (%)")
             ax.set_ylabel("strategy")
+        axes[-1, 0].set_xlabel("share of mean E2E latency (%)")
         axes[0, 0].legend(loc="lower left", bbox_to_anchor=(0, 1.25), ncol=3, frameon=False)
         fig.suptitle("Where the time goes: mean latency breakdown per request", y=1.0)
         fig.tight_layout()
@@ -209,7 +211,7 @@ def plot_burst(requests: pd.DataFrame, out: Path, rate: float, warmup_s: float, 
         axes[0].set_ylabel("requests waiting")
         axes[0].set_title("Queue depth")
         axes[0].legend(loc="upper right")
-        axes[1].set_yscale("log")
+        log_axis(axes[1])
         axes[1].set_ylabel("p99 TTFT (s, log scale)")
         axes[1].set_title("p99 TTFT of requests arriving in each window (by arrival time)")
         axes[1].set_xlabel("time since the run started (s)")

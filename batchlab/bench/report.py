@@ -54,7 +54,7 @@ def build_report(results_dir: Path) -> tuple[Path, list[str]]:
     slo = {k: v for k, v in (config.get("slo") or {}).items() if v}
     comparisons = {p: stats.compare(summary, requests, *p, seed=int(summary["seed"].iloc[0]))
                    for p in pairs(list(dict.fromkeys(summary["strategy"])))}
-    lines = verdict_lines(summary, setup, comparisons, slo)
+    lines = verdict_lines(summary, setup, comparisons, slo, stats.past_capacity(summary, requests))
     rate = _focus_rate(summary, comparisons)
     figures, burst = _figures(results_dir, summary, requests, config, slo, rate)
     md = _title(config, lines) + _setup(setup, config) + _plots(figures, rate)

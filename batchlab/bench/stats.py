@@ -19,6 +19,7 @@ N_BOOT = 1000            # bootstrap replicates
 CONF = 0.95
 ATTAINMENT = 0.90        # a point "meets the SLO" when this share of its requests meets it
 TIE = 0.02               # relative difference treated as a tie when looking for crossovers
+GROWTH = 0.1             # s of queue wait gained per s of run: above this the queue only grows
 
 # metric -> (request column, percentile) for latencies; None for whole-run metrics
 METRICS: dict[str, tuple[str, float] | None] = {
@@ -190,3 +191,20 @@ def knee(summary: pd.DataFrame, strategy: str, target: float = ATTAINMENT) -> fl
     s = summary[summary["strategy"] == strategy].groupby("rate")["slo_attainment"].median()
     ok = s[s >= target]
     return float(ok.index.max()) if len(ok) else None
+
+
+def past_capacity(summary: pd.DataFrame, requests: pd.DataFrame | None) -> set[tuple[str, float]]:
+    """(strategy, rate) points where the queue kept growing: queue wait rises with arrival time
+    (slope > GROWTH). NOTE: a finished/offered ratio misfires at light load, where the last
+    batch of a naive run waits to fill; without request rows it is the fallback (< 75%)."""
+    if requests is None:
+        low = summary[summary["requests_per_s"] < 0.75 * summary["rate"]]
+        return {(s, float(r)) for s, r in zip(low["strategy"], low["rate"])}
+    ok = requests[(requests["status"] == "finished") & (requests["warmup"] == 0)]
+    out = set()
+    for (s, rate), rows in ok.groupby(["strategy", "rate"]):
+        slopes = [np.polyfit(g["arrival_time"], g["queue_wait"], 1)[0]
+                  for _, g in rows.groupby("repeat") if len(g) > 2]
+        if slopes and np.median(slopes) > GROWTH:
+            out.add((s, float(rate)))
+    return out

@@ -63,23 +63,18 @@ def where(setup: dict) -> str:
 
 
 def compare_line(cmp: pd.DataFrame, a: str, b: str, rate: float, setup: dict,
-                 summary: pd.DataFrame | None = None) -> str | None:
+                 past: set[tuple[str, float]] = frozenset()) -> str | None:
     at = cmp[cmp["rate"] == rate].set_index("metric")
     if not {"throughput_tok_s", "e2e_p50"} <= set(at.index):
         return None
     thr = claim(at.loc["throughput_tok_s"], "throughput", "improved", "reduced")
     lat = claim(at.loc["e2e_p50"], "p50 E2E latency", "raised", "reduced")
-    over = [s for s in (a, b) if summary is not None and overloaded(summary, s, rate)]
+    over = [s for s in (a, b) if (s, float(rate)) in past]
     caveat = (f"; {' and '.join(over)} {'were' if len(over) > 1 else 'was'} past capacity there, so "
               f"{'their' if len(over) > 1 else 'its'} latencies grow with the run's length") if over else ""
     return (f"{NAMES.get(a, a.title())} batching {thr} and {lat} compared to {b} batching "
             f"at {rate:g} req/s{where(setup)}{caveat}.")
 
-
-def overloaded(summary: pd.DataFrame, strategy: str, rate: float, keep_up: float = 0.9) -> bool:
-    """Finished fewer than `keep_up` x the offered requests per second: the queue only grew."""
-    s = summary[(summary["strategy"] == strategy) & (summary["rate"] == rate)]["requests_per_s"]
-    return bool(len(s) and s.median() < keep_up * rate)
 
 
 def knee_line(summary: pd.DataFrame, slo: dict) -> str | None:
@@ -103,14 +98,15 @@ def crossover_lines(summary: pd.DataFrame, pairs_: list[tuple[str, str]]) -> lis
 
 
 def verdict_lines(summary: pd.DataFrame, setup: dict, comparisons: dict[tuple[str, str], pd.DataFrame] | None = None,
-                  slo: dict | None = None) -> list[str]:
+                  slo: dict | None = None, past: set[tuple[str, float]] | None = None) -> list[str]:
     """Headline per pair (each at its own rate), then knees and crossovers."""
     strategies = list(dict.fromkeys(summary["strategy"]))
     comparisons = comparisons if comparisons is not None else {p: stats.compare(summary, None, *p) for p in pairs(strategies)}
+    past = past if past is not None else stats.past_capacity(summary, None)
     lines = []
     for (a, b), cmp in comparisons.items():
         if not cmp.empty:
-            line = compare_line(cmp, a, b, headline_rate(cmp), setup, summary)
+            line = compare_line(cmp, a, b, headline_rate(cmp), setup, past)
             if line:
                 lines.append(line)
     knee = knee_line(summary, slo or {})

@@ -118,3 +118,15 @@ def test_compare_with_one_repeat_bootstraps_requests_and_gives_whole_run_metrics
     assert out.loc["e2e_p50", "low"] <= -1.0 <= out.loc["e2e_p50", "high"]
     assert np.isnan(out.loc["throughput_tok_s", "low"]) and not out.loc["throughput_tok_s", "supported"]
     assert out.loc["throughput_tok_s", "method"] == "one run per strategy"
+
+
+def test_past_capacity_means_a_growing_queue_not_a_slow_last_batch():
+    t = np.arange(0, 60, 0.5)
+    cyclic = (t % 16)                    # naive at light load: waits to fill, then starts over
+    growing = 0.6 * t                    # overloaded: every request waits longer than the last
+    req = pd.DataFrame({"strategy": ["light"] * len(t) + ["over"] * len(t), "rate": 2.0, "repeat": 0,
+                        "warmup": 0, "status": "finished", "arrival_time": np.r_[t, t],
+                        "queue_wait": np.r_[cyclic, growing]})
+    assert stats.past_capacity(None, req) == {("over", 2.0)}
+    s = pd.DataFrame({"strategy": ["a", "b"], "rate": [20.0, 20.0], "requests_per_s": [19.5, 6.5]})
+    assert stats.past_capacity(s, None) == {("b", 20.0)}

@@ -42,8 +42,8 @@ def test_headline_rate_is_the_largest_supported_latency_gain():
 
 def test_the_sentence_names_rate_device_model_and_overload():
     c = cmp({20: (0.36, -0.37, -0.40, -0.33)})
-    summary = pd.DataFrame({"strategy": ["dynamic", "naive"], "rate": [20.0, 20.0], "requests_per_s": [19.5, 6.5]})
-    line = verdict.compare_line(c, "dynamic", "naive", 20.0, {"device": "A100-80GB", "model": "Mistral-7B"}, summary)
+    line = verdict.compare_line(c, "dynamic", "naive", 20.0, {"device": "A100-80GB", "model": "Mistral-7B"},
+                                {("naive", 20.0), ("dynamic", 5.0)})
     assert line.startswith("Dynamic batching improved throughput by +36%")
     assert "compared to naive batching at 20 req/s on A100-80GB with Mistral-7B" in line
     assert line.endswith("; naive was past capacity there, so its latencies grow with the run's length.")
