@@ -12,7 +12,11 @@ from rich.table import Table
 from batchlab.bench.sweep import points, run_sweep
 from batchlab.core.config import RunConfig
 
+# NOTE: piped output (CI logs, `| tee`) has no terminal width; rich would then squeeze the
+# tables to 80 columns and cut every cell. Give it room instead.
 console = Console(stderr=False)
+if not console.is_terminal:
+    console = Console(stderr=False, width=140)
 
 TABLE = [("throughput_tok_s", "tok/s", "{:.0f}"), ("requests_per_s", "req/s", "{:.2f}"),
          ("ttft_p50", "TTFT p50", "{:.3f}"), ("ttft_p99", "TTFT p99", "{:.3f}"),
