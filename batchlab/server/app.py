@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import sys
 import uuid
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -30,6 +31,9 @@ from batchlab.server.protocol import DONE, APIError, ChatBody, Chunks, Completio
 from batchlab.server.text import TextCodec
 
 
+SWITCH_INTERVAL_S = 0.0005
+
+
 @dataclass(frozen=True)
 class ServeOptions:
     model_names: tuple[str, ...]      # names clients may ask for; the first is listed by /v1/models
@@ -37,6 +41,7 @@ class ServeOptions:
     max_model_len: int | None = None  # tokens of context: prompt + max_tokens must fit (None: the model's)
     default_max_tokens: int = 16      # when a request gives no max_tokens (OpenAI's default)
     retry_after_s: int = 1            # Retry-After header on 429
+    engine_thread: bool = False       # run the driver on its own thread (for a backend that blocks the loop)
 
 
 @dataclass(eq=False)
@@ -65,9 +70,11 @@ class Server:
     def queue_depth(self) -> int:
         return sum(1 for r in list(self.streams) if r.status is Status.QUEUED)
 
-    def start(self) -> None:
-        self._loop = asyncio.get_running_loop()
-        self.engine.start(notify=lambda reqs: self._loop.call_soon_threadsafe(self._wake, reqs))
+    async def start(self) -> None:
+        self._loop = loop = asyncio.get_running_loop()
+        threaded = self.opts.engine_thread
+        notify = (lambda reqs: loop.call_soon_threadsafe(self._wake, reqs)) if threaded else self._wake
+        await self.engine.start(notify, threaded=threaded)
         model, tokenizer = _loaded(self.engine.backend)
         self.codec = TextCodec(tokenizer)
         context = getattr(getattr(model, "config", None), "max_position_embeddings", None)
@@ -212,9 +219,9 @@ def usage(r: Request) -> dict[str, int]:
 def create_app(server: Server, keep_alive: bool = True) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app):
-        server.start()
+        await server.start()
         yield
-        server.engine.stop()
+        await server.engine.stop()
 
     app = FastAPI(title="batchlab serve", lifespan=lifespan)
     if not keep_alive:
@@ -280,7 +287,8 @@ class CloseConnections:
 
 
 def build_server(cfg: RunConfig, strategy: str, names: tuple[str, ...] = (), max_queue: int = 256,
-                 max_model_len: int | None = None, default_max_tokens: int = 16) -> Server:
+                 max_model_len: int | None = None, default_max_tokens: int = 16,
+                 engine_thread: bool = False) -> Server:
     """The scheduler, backend and engine for `strategy` under `cfg`, not yet started."""
     from batchlab.bench.runner import make_backend
     from batchlab.schedulers import make_scheduler
@@ -295,7 +303,7 @@ def build_server(cfg: RunConfig, strategy: str, names: tuple[str, ...] = (), max
     if scheduler.level == "iteration" and not hasattr(backend, "step"):
         raise ConfigError(f"backend.kind {cfg.backend.kind!r} cannot run continuous batching")
     names = names or _default_names(cfg)
-    opts = ServeOptions(tuple(names), max_queue, max_model_len, default_max_tokens)
+    opts = ServeOptions(tuple(names), max_queue, max_model_len, default_max_tokens, engine_thread=engine_thread)
     return Server(Engine(scheduler, backend, RealClock()), opts)
 
 
@@ -326,10 +334,11 @@ def _default_names(cfg: RunConfig) -> tuple[str, ...]:
 @click.option("--default-max-tokens", default=16, show_default=True, type=click.IntRange(min=1))
 @click.option("--keep-alive/--no-keep-alive", default=True, show_default=True,
               help="Keep connections open between requests (off: for clients that reuse a pool across event loops).")
+@click.option("--engine-thread", is_flag=True, help="Run the scheduler loop on its own thread.")
 @click.option("--log-level", default="warning", show_default=True)
 @user_errors
 def serve_cmd(config, strategy, overrides, host, port, names, max_queue, max_model_len, default_max_tokens,
-              keep_alive, log_level) -> None:
+              keep_alive, engine_thread, log_level) -> None:
     """Serve a batchlab scheduler + backend over the OpenAI API (simulator in real time, or HF)."""
     import uvicorn
     import yaml
@@ -338,7 +347,11 @@ def serve_cmd(config, strategy, overrides, host, port, names, max_queue, max_mod
 
     base = None if config else yaml.safe_load(default_config_text())
     cfg = load_config(config, list(overrides), base=base)
-    server = build_server(cfg, strategy, tuple(names), max_queue, max_model_len, default_max_tokens)
+    server = build_server(cfg, strategy, tuple(names), max_queue, max_model_len, default_max_tokens, engine_thread)
     click.echo(f"batchlab serve: {strategy} over {cfg.backend.kind} as {', '.join(server.opts.model_names)} "
                f"on http://{host}:{port}/v1", err=True)
+    # NOTE: the event loop shares the GIL with the backend's worker thread (forward passes); at
+    # the default 5 ms switch interval a waking step or stream can wait that long. 0.5 ms keeps
+    # hand-offs short.
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
     uvicorn.run(create_app(server, keep_alive), host=host, port=port, log_level=log_level, access_log=False)

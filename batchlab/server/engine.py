@@ -1,8 +1,9 @@
-"""The serving engine: the ordinary driver loop on a thread of its own, fed by HTTP handlers.
+"""The serving engine: the ordinary driver loop, fed by HTTP handlers.
 
-`drive()` runs unchanged (core/driver.py) with a live Inbox and the real clock, on its own thread
-and event loop, so the HTTP side keeps answering (`/health`, 429s) even when a backend holds its
-loop during a forward pass. Handlers stamp a request's arrival, `submit()` it and are woken by
+`drive()` runs unchanged (core/driver.py) with a live Inbox and the real clock, as a task on the
+server's event loop (backends run forward passes in worker threads, so `/health` and 429s keep
+answering while the model is busy), or on a thread of its own for a backend that would block
+the loop. Handlers stamp a request's arrival, `submit()` it and are woken by
 `notify(requests)` whenever tokens were stamped on them or they finished; they read the stamps
 themselves. Iteration-level steps report progress through the driver's `on_progress`; a
 request-level batch is polled every POLL_S while it runs, so its tokens stream too.
@@ -33,54 +34,86 @@ class Engine:
         self.on_done = on_done
         self.notify: Notify = lambda reqs: None
         self.error: BaseException | None = None  # set if the engine loop died
-        self._ready = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread: int | None = None
         self._inbox: Inbox | None = None
-        self._thread = threading.Thread(target=self._thread_main, name="batchlab-engine", daemon=True)
+        self._task: asyncio.Task | None = None
+        self._thread: threading.Thread | None = None
+        self._ready = threading.Event()
 
-    # --- HTTP side (any thread) -------------------------------------------------------------
-    def start(self, notify: Notify, timeout: float = 600.0) -> None:
-        """Start the engine thread and wait until the backend has loaded and warmed up."""
+    # --- HTTP side ----------------------------------------------------------------------------
+    async def start(self, notify: Notify, threaded: bool = False, timeout: float = 600.0) -> None:
+        """Load and warm up the backend, then start driving.
+
+        Default: the driver runs as a task on the caller's event loop: no thread hand-offs, which
+        cost the engine a GIL switch per step (our backends run forward passes in worker threads,
+        so the loop stays free). `threaded=True` gives the driver a thread and loop of its own,
+        for a backend that would block the loop."""
         self.notify = notify
+        if not threaded:
+            self._bind()
+            await self.backend.start(self.clock)
+            self._task = self._loop.create_task(self._drive())
+            return
+        self._thread = threading.Thread(target=self._thread_main, name="batchlab-engine", daemon=True)
         self._thread.start()
-        if not self._ready.wait(timeout):
+        if not await asyncio.to_thread(self._ready.wait, timeout):
             raise RuntimeError(f"backend did not start within {timeout:g} s")
         if self.error is not None:
             raise RuntimeError(f"backend failed to start: {self.error}") from self.error
 
     def submit(self, r: Request) -> None:
-        self._loop.call_soon_threadsafe(self._inbox.push, r)
+        self._call(self._inbox.push, r)
 
     def cancel(self, r: Request) -> None:
         if not r.is_done:
-            self._loop.call_soon_threadsafe(self._inbox.cancel, r)
+            self._call(self._inbox.cancel, r)
 
-    def stop(self, timeout: float = 10.0) -> None:
-        if self._loop is not None and self._thread.is_alive():
-            self._loop.call_soon_threadsafe(self._inbox.close)
-            self._thread.join(timeout)
+    async def stop(self, timeout: float = 10.0) -> None:
+        if self._inbox is None:
+            return
+        self._call(self._inbox.close, None)
+        if self._task is not None:
+            await asyncio.wait({self._task}, timeout=timeout)
+        elif self._thread is not None:
+            await asyncio.to_thread(self._thread.join, timeout)
 
     @property
     def alive(self) -> bool:
-        return self._thread.is_alive() and self.error is None
+        running = self._task is not None and not self._task.done() or \
+            self._thread is not None and self._thread.is_alive()
+        return running and self.error is None
 
     def running_count(self) -> int:
         return len(self.scheduler.running)
 
-    # --- engine thread ----------------------------------------------------------------------
+    def _call(self, fn, arg) -> None:
+        args = () if arg is None else (arg,)
+        if threading.get_ident() == self._loop_thread:
+            fn(*args)
+        else:
+            self._loop.call_soon_threadsafe(fn, *args)
+
+    # --- engine side --------------------------------------------------------------------------
+    def _bind(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._loop_thread = threading.get_ident()
+        self._inbox = Inbox(live=True)
+
     def _thread_main(self) -> None:
+        async def main():
+            self._bind()
+            await self.backend.start(self.clock)
+            self._ready.set()
+            await self._drive()
         try:
-            asyncio.run(self._main())
+            asyncio.run(main())
         except BaseException as e:  # noqa: BLE001 - recorded, surfaced by /health and on requests
             self.error = e
         finally:
             self._ready.set()
 
-    async def _main(self) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._inbox = Inbox(live=True)
-        await self.backend.start(self.clock)
-        self._ready.set()
+    async def _drive(self) -> None:
         try:
             await drive(self.scheduler, _Observed(self), self.clock, self._inbox,
                         on_done=self._done, on_progress=self.notify)

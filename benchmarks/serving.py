@@ -1,0 +1,288 @@
+"""One trace, one client, several servers: batchlab serve (naive/dynamic/continuous) vs vLLM vs
+transformers serve, on the same local tiny model; plus what `batchlab serve` adds over calling
+the same scheduler in-process.
+
+    python benchmarks/serving.py configs/vs-vllm.yaml [--servers batchlab,vllm,transformers]
+
+For each server, the config's rates are swept in ascending order through the OpenAI backend
+(open loop, Poisson, one seeded trace per rate, identical for every server); a server's sweep
+stops at its first rate whose p99 TPOT breaks the SLO (or that loses requests): the rate before
+it is the highest it sustains. Servers run one at a time (2 cores here). Memory: batchlab's peak
+RSS above its loaded baseline (from its /metrics) next to vLLM's KV pool (reserved up front) and
+its peak use of it (sampled from its /metrics), each labelled. Every figure is from this run.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from batchlab.backends.openai import OpenAIBackend  # noqa: E402
+from batchlab.bench import vllm as servers  # noqa: E402
+from batchlab.bench.loadtest import open_loop  # noqa: E402
+from batchlab.core.config import RunConfig, load_config  # noqa: E402
+
+PORT = 8010
+
+
+# --- servers ---------------------------------------------------------------------------------
+def start_batchlab(config: str, strategy: str, overrides: list[str]) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "batchlab.cli", "serve", config, "--strategy", strategy,
+           "--port", str(PORT), "--model-name", "tiny", "--max-queue", "100000"]
+    for o in overrides:
+        cmd += ["--set", o]
+    log = open(ROOT / ".data" / f"serve-{strategy}.log", "w")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"batchlab serve ({strategy}) exited: see {log.name}")
+        try:
+            if httpx.get(f"http://127.0.0.1:{PORT}/health", timeout=2).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    proc.kill()
+    raise RuntimeError(f"batchlab serve ({strategy}) did not come up")
+
+
+class MetricsSampler(threading.Thread):
+    """Polls a server's /metrics while it is loaded; keeps the maximum of the named series."""
+
+    def __init__(self, url: str, names: tuple[str, ...]):
+        super().__init__(daemon=True)
+        self.url, self.names, self.peak = url, names, {}
+        self.stop_event = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop_event.wait(0.5):
+            try:
+                text = httpx.get(self.url, timeout=2).text
+            except httpx.HTTPError:
+                continue
+            for line in text.splitlines():
+                for name in self.names:
+                    if line.startswith(name) and not line.startswith("#"):
+                        self.peak[name] = max(self.peak.get(name, 0.0), float(line.rsplit(" ", 1)[1]))
+
+    def stop(self) -> dict:
+        self.stop_event.set()
+        self.join(3)
+        return self.peak
+
+
+# --- sweeping one server -----------------------------------------------------------------------
+def sweep(name: str, backend: OpenAIBackend, cfg: RunConfig, metrics_url: str, series: tuple[str, ...]) -> dict:
+    """Ascending rates until the SLO breaks; per-rate summaries and the highest rate sustained."""
+    slo = cfg.slo.tpot_s
+    points, sustained = [], None
+    sampler = MetricsSampler(metrics_url, series)
+    sampler.start()
+    for rate in cfg.traffic.rates:
+        s, _ = open_loop(backend, cfg.traffic, rate, cfg.slo)
+        ok = s["failed"] == 0 and s["unfinished"] == 0 and s["tpot_p99"] <= slo
+        points.append({k: s[k] for k in ("rate", "num_requests", "finished", "failed", "throughput_tok_s",
+                                         "requests_per_s", "ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99",
+                                         "e2e_p50", "send_lag_p50", "send_lag_p99", "send_lag_flag", "errors")}
+                      | {"meets_slo": ok})
+        print(f"  {name:<22} {rate:5g} req/s  {s['throughput_tok_s']:7.0f} tok/s  TTFT p50/p99 "
+              f"{s['ttft_p50'] * 1e3:7.1f}/{s['ttft_p99'] * 1e3:8.1f} ms  TPOT p50/p99 {s['tpot_p50'] * 1e3:6.1f}/"
+              f"{s['tpot_p99'] * 1e3:7.1f} ms  failed {s['failed']}  send-lag p99 {s['send_lag_p99'] * 1e3:6.1f} ms"
+              f"{'' if ok else '  <- over SLO'}", flush=True)
+        if not ok:
+            break
+        sustained = rate
+    return {"server": name, "points": points, "max_rate_under_slo": sustained, "memory": sampler.stop()}
+
+
+def run_batchlab(args, cfg: RunConfig) -> list[dict]:
+    out = []
+    for strategy in cfg.strategies:
+        proc = start_batchlab(args.config, strategy, args.set)
+        try:
+            backend = OpenAIBackend(f"http://127.0.0.1:{PORT}/v1", "tiny", timeout_s=args.timeout)
+            out.append(sweep(f"batchlab serve {strategy}", backend, cfg, f"http://127.0.0.1:{PORT}/metrics",
+                             ("batchlab_peak_memory_bytes", "batchlab_running_sequences")))
+        finally:
+            proc.terminate()
+            proc.wait(30)
+    return out
+
+
+def run_external(server: str, args, cfg: RunConfig) -> dict:
+    running = servers.up(server, "tiny", servers.DEFAULT_PORTS[server], Path(args.venv), 1024, "float32", 400)
+    try:
+        text = server == "transformers"     # transformers serve takes text prompts and no ignore_eos
+        backend = OpenAIBackend(running.url, running.model, timeout_s=args.timeout,
+                                prompt_format="text" if text else "tokens",
+                                length_control="generation_config" if text else "ignore_eos")
+        series = ("vllm:kv_cache_usage_perc", "vllm:num_requests_running") if server == "vllm" else ()
+        res = sweep(server, backend, cfg, running.url.removesuffix("/v1") + "/metrics", series)
+        if server == "vllm":
+            res["kv_pool"] = servers.kv_cache_usage(running.url)
+        return res
+    finally:
+        servers.down(server)
+
+
+# --- added latency of the HTTP layer -------------------------------------------------------------
+def overhead(args, cfg_path: str) -> dict:
+    """Same scheduler and simulated backend (real time), same trace: in-process vs through HTTP.
+    The simulator's step times are fixed, so the difference is what serving adds."""
+    from batchlab.bench.runner import make_backend, run_trace
+    from batchlab.core.clock import RealClock
+    from batchlab.core.traffic import build_trace
+
+    sets = ["backend.kind=sim", "backend.preset=toy", "traffic.prompt_len=32", "traffic.output_len=32",
+            "traffic.duration_s=6", "traffic.warmup_s=0"]
+    cfg = load_config(None, sets + ["strategies=[dynamic,continuous]", "dynamic.max_wait_ms=2"])
+    rate = args.overhead_rate
+    trace = build_trace(cfg.traffic, rate)
+    result = {}
+    for strategy in ("dynamic", "continuous"):
+        rows = {"in_process": [], "http": []}
+        for _ in range(args.repeats):
+            clock = RealClock()
+            reqs, t0 = clock.run(run_trace(cfg, strategy, trace, make_backend(cfg), clock))
+            rows["in_process"].append(_lat(reqs))
+            proc = start_batchlab_sim(strategy, sets + ["dynamic.max_wait_ms=2"])
+            try:
+                backend = OpenAIBackend(f"http://127.0.0.1:{PORT}/v1", "tiny")
+                s, reqs = open_loop(backend, cfg.traffic, rate)
+                rows["http"].append(_lat(reqs) | {"send_lag_p99": s["send_lag_p99"]})
+            finally:
+                proc.terminate()
+                proc.wait(30)
+        med = {side: {k: float(np.median([r[k] for r in v])) for k in v[0]} for side, v in rows.items()}
+        result[strategy] = med | {"added_ttft_p50_ms": (med["http"]["ttft_p50"] - med["in_process"]["ttft_p50"]) * 1e3,
+                                  "added_e2e_p50_ms": (med["http"]["e2e_p50"] - med["in_process"]["e2e_p50"]) * 1e3}
+        print(f"  overhead {strategy:<10} TTFT p50 in-process {med['in_process']['ttft_p50'] * 1e3:.2f} ms, "
+              f"HTTP {med['http']['ttft_p50'] * 1e3:.2f} ms (+{result[strategy]['added_ttft_p50_ms']:.2f}); "
+              f"E2E p50 +{result[strategy]['added_e2e_p50_ms']:.2f} ms", flush=True)
+    return {"rate": rate, "repeats": args.repeats, **result}
+
+
+def start_batchlab_sim(strategy: str, sets: list[str]) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "batchlab.cli", "serve", "--strategy", strategy, "--port", str(PORT),
+           "--model-name", "tiny"]
+    for o in sets:
+        cmd += ["--set", o]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)
+    for _ in range(200):
+        try:
+            if httpx.get(f"http://127.0.0.1:{PORT}/health", timeout=2).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError("batchlab serve (sim) did not come up")
+
+
+def _lat(reqs) -> dict:
+    ok = [r for r in reqs if r.status.value == "finished"]
+    ttft = [r.token_times[0] - r.arrival_time for r in ok]
+    e2e = [r.token_times[-1] - r.arrival_time for r in ok]
+    return {"ttft_p50": float(np.median(ttft)), "e2e_p50": float(np.median(e2e)), "finished": len(ok)}
+
+
+# --- report -------------------------------------------------------------------------------------
+def table(results: list[dict], slo: float) -> list[str]:
+    lines = [f"| server | max rate under p99 TPOT <= {slo * 1e3:g} ms | at that rate: tok/s | TTFT p50 / p99 (ms) "
+             "| TPOT p50 / p99 (ms) | memory (what it is) |", "|---|---|---|---|---|---|"]
+    for res in results:
+        best = next((p for p in res["points"] if p["rate"] == res["max_rate_under_slo"]), None)
+        top = res["points"][-1] if res["points"] else None
+        shown = best or top
+        rate = f"{res['max_rate_under_slo']:g} req/s" if best else f"< {top['rate']:g} req/s (none met)"
+        if best and best is res["points"][-1]:
+            rate = f">= {best['rate']:g} req/s (highest tried)"
+        lines.append(f"| {res['server']} | {rate} | {shown['throughput_tok_s']:.0f} | "
+                     f"{shown['ttft_p50'] * 1e3:.1f} / {shown['ttft_p99'] * 1e3:.1f} | "
+                     f"{shown['tpot_p50'] * 1e3:.1f} / {shown['tpot_p99'] * 1e3:.1f} | {memory(res)} |")
+    return lines
+
+
+def memory(res: dict) -> str:
+    m = res.get("memory", {})
+    if "batchlab_peak_memory_bytes" in m:
+        return f"{m['batchlab_peak_memory_bytes'] / 2**20:.0f} MiB peak RSS above loaded baseline"
+    if "kv_pool" in res:
+        pool = res["kv_pool"]
+        tokens = pool.get("num_gpu_blocks", math.nan) * pool.get("block_size", math.nan)
+        used = m.get("vllm:kv_cache_usage_perc", math.nan)
+        return f"KV pool {tokens:.0f} tokens reserved up front (2 GiB); peak use {used * 100:.1f}% of it"
+    return "not reported"
+
+
+def ratio_lines(report: dict) -> list[str]:
+    rates = {r["server"]: r["max_rate_under_slo"] for r in report["servers"] if r["points"]}
+    ours = {k: v for k, v in rates.items() if k.startswith("batchlab")}
+    lines = []
+    if ours and rates.get("vllm"):
+        best = max(ours, key=lambda k: ours[k] or 0)
+        report["best_vs_vllm_rate_ratio"] = (ours[best] or 0) / rates["vllm"]
+        lines.append(f"\nbest batchlab strategy ({best}) sustains {ours[best] or 0:g} req/s vs vLLM {rates['vllm']:g}: "
+                     f"ratio {report['best_vs_vllm_rate_ratio']:.2f} (target >= 1; the rate grid is coarse)")
+    for strategy, o in report.get("overhead", {}).items():
+        if isinstance(o, dict):
+            lines.append(f"batchlab serve overhead ({strategy}, sim, {report['overhead']['rate']:g} req/s, median of "
+                         f"{report['overhead']['repeats']}): TTFT p50 +{o['added_ttft_p50_ms']:.2f} ms, "
+                         f"E2E p50 +{o['added_e2e_p50_ms']:.2f} ms (target <= 1 ms)")
+    return lines
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("config", nargs="?", default=str(ROOT / "configs" / "vs-vllm.yaml"))
+    ap.add_argument("--servers", default="batchlab,vllm,transformers,overhead",
+                    help="any of batchlab, vllm, transformers, overhead (comma-separated)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    ap.add_argument("--venv", default=str(ROOT / ".venv-vllm"))
+    ap.add_argument("--timeout", type=float, default=120.0, help="per-request timeout, s")
+    ap.add_argument("--overhead-rate", type=float, default=5.0)
+    ap.add_argument("--repeats", type=int, default=3, help="repeats of the overhead measurement (median)")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    cfg = load_config(args.config, args.set)
+    out = Path(args.out or cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (ROOT / ".data").mkdir(exist_ok=True)
+    wanted = args.servers.split(",")
+    report = {"config": args.config, "slo_tpot_s": cfg.slo.tpot_s, "load_avg_start": os.getloadavg(), "servers": []}
+    print(f"trace: Poisson, rates {cfg.traffic.rates}, {cfg.traffic.duration_s:g} s each, prompt "
+          f"{cfg.traffic.prompt_len.value} / output {cfg.traffic.output_len.value} tokens", flush=True)
+    if "batchlab" in wanted:
+        report["servers"] += run_batchlab(args, cfg)
+    for name in ("vllm", "transformers"):
+        if name in wanted:
+            try:
+                report["servers"].append(run_external(name, args, cfg))
+            except Exception as e:  # noqa: BLE001 - a baseline that cannot start is reported, not fatal
+                print(f"  {name}: could not run: {e}", flush=True)
+                report["servers"].append({"server": name, "points": [], "max_rate_under_slo": None, "error": str(e)})
+    if "overhead" in wanted:
+        report["overhead"] = overhead(args, args.config)
+    report["load_avg_end"] = os.getloadavg()
+    (out / "serving.json").write_text(json.dumps(report, indent=2, default=str))
+    lines = table([r for r in report["servers"] if r["points"]], cfg.slo.tpot_s)
+    lines += ratio_lines(report)
+    (out / "serving.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    print(f"wrote {out / 'serving.json'} and {out / 'serving.md'}")
+
+
+if __name__ == "__main__":
+    main()
