@@ -22,19 +22,28 @@ def data(tmp_path_factory):
     return out, pd.read_csv(out / "summary.csv"), load_requests(out)
 
 
-@pytest.fixture
-def figures(monkeypatch):
-    """Keep each figure's parts before it is saved and closed."""
+def capture(monkeypatch, render: bool) -> list:
+    """Keep each figure's parts before it is saved and closed; render=False skips the PNG."""
     seen = []
+    original = plots.save
 
     def keep(fig, path):
         seen.append((path.name, fig.get_suptitle(), [ax for ax in fig.axes if ax.get_visible()],
                      bool(fig.legends) or any(ax.get_legend() for ax in fig.axes)))
-        return original(fig, path)
-    original = plots.save
+        return original(fig, path) if render else plots.plt.close(fig) or path
     monkeypatch.setattr(plots, "save", keep)
     monkeypatch.setattr(plots_run, "save", keep)
     return seen
+
+
+@pytest.fixture
+def figures(monkeypatch):
+    return capture(monkeypatch, render=True)
+
+
+@pytest.fixture
+def parts(monkeypatch):
+    return capture(monkeypatch, render=False)
 
 
 def draw_all(out, summary, requests):
@@ -61,7 +70,8 @@ def test_each_plot_writes_a_png_with_titles_labels_and_a_legend(data, figures):
             assert ax.get_xlabel() or ax.get_shared_x_axes().get_siblings(ax) != [ax], (name, ax.get_title())
 
 
-def test_latency_axes_say_seconds_and_are_log_scaled(data, figures):
+def test_latency_axes_say_seconds_and_are_log_scaled(data, parts):
+    figures = parts
     out, summary, requests = data
     plots.plot_tradeoff(summary, out, SLO, {})
     plots.plot_latency_vs_rate(summary, out, SLO)
@@ -72,7 +82,8 @@ def test_latency_axes_say_seconds_and_are_log_scaled(data, figures):
     assert "requests/s" in figures[1][2][0].get_xlabel()
 
 
-def test_the_knee_is_marked_on_the_tradeoff_plot(data, figures):
+def test_the_knee_is_marked_on_the_tradeoff_plot(data, parts):
+    figures = parts
     out, summary, _ = data
     plots.plot_tradeoff(summary, out, SLO, {"continuous": 20.0})
     ax = figures[0][2][0]
