@@ -91,8 +91,9 @@ def test_full_queue_gets_429_with_retry_after_and_disconnects_free_the_queue(ser
         assert 'batchlab_requests_total{status="rejected"} 2.0' in metrics
 
 
-def test_disconnect_mid_stream_cancels_a_running_request_and_frees_its_kv(serve):
-    with serve("continuous") as (url, server):
+@pytest.mark.parametrize("engine_thread", [False, True], ids=["loop-task", "engine-thread"])
+def test_disconnect_mid_stream_cancels_a_running_request_and_frees_its_kv(serve, engine_thread):
+    with serve("continuous", engine_thread=engine_thread) as (url, server):
         sched = server.engine.scheduler
         body = {"model": "toy", "prompt": "long one", "max_tokens": 3000, "stream": True}
         with httpx.Client(timeout=10) as h:
