@@ -98,12 +98,13 @@ class SlotKV:
 class StepPlan:
     """Everything one forward pass needs, built once per step and shared by every layer."""
     cache: SlotKV
-    input_ids: torch.Tensor                # [T] packed tokens: single-token rows first
+    input_ids: torch.Tensor                # [T] packed tokens: single-token rows first, by slot
     positions: torch.Tensor                # [T]
     write_slot: torch.Tensor               # [T] where each token's K/V goes
     write_pos: torch.Tensor                # [T]
     single_slots: torch.Tensor | None      # [R1] slots of single-token rows, in packed order
     single_mask: torch.Tensor | None       # [S, 1, 1, L] valid keys per slot in range 0..S-1
+    single_dense: bool                     # the single rows are exactly slots 0..S-1: no scatter
     multi: list[tuple[int, int, int, int, torch.Tensor]] = field(default_factory=list)  # slot, start, n, ctx, mask
     keep: torch.Tensor | None = None       # packed indices whose logits make new tokens
     emit: list[Request] = field(default_factory=list)
@@ -149,10 +150,11 @@ class StepEngine:
     def _plan(self, chunks: list[tuple[Request, int]]) -> StepPlan:
         cache = self.cache
         cache.reserve(max(r.num_computed_tokens + n for r, n in chunks))
-        order = [c for c in chunks if c[1] == 1] + [c for c in chunks if c[1] > 1]
+        slot = {r: cache.slot(r) for r, _ in chunks}
+        singles = sorted((c for c in chunks if c[1] == 1), key=lambda c: slot[c[0]])
         ids, pos, slots, keep, emit, multi = [], [], [], [], [], []
-        for r, n in order:
-            s, c = cache.slot(r), r.num_computed_tokens
+        for r, n in singles + [c for c in chunks if c[1] > 1]:
+            s, c = slot[r], r.num_computed_tokens
             ids += _token_ids(r, c, n)
             pos += range(c, c + n)
             slots += [s] * n
@@ -162,13 +164,14 @@ class StepEngine:
                 keep.append(len(pos) - 1)
                 emit.append(r)
         as_t = lambda xs: torch.tensor(xs, dtype=torch.long, device=self.device)
-        plan = StepPlan(cache, as_t(ids), as_t(pos), as_t(slots), as_t(pos), None, None,
+        plan = StepPlan(cache, as_t(ids), as_t(pos), as_t(slots), as_t(pos), None, None, False,
                         [(s, st, n, ctx, self._causal_mask(c_end=ctx, n=n)) for s, st, n, ctx in multi],
                         as_t(keep), emit)
-        singles = [(cache.slot_of[r], r.num_computed_tokens + 1) for r, n in order if n == 1]
         if singles:
-            plan.single_slots = as_t([s for s, _ in singles])
-            plan.single_mask = self._single_mask(dict(singles))
+            taken = [slot[r] for r, _ in singles]
+            plan.single_slots = as_t(taken)
+            plan.single_mask = self._single_mask({slot[r]: r.num_computed_tokens + 1 for r, _ in singles})
+            plan.single_dense = taken == list(range(plan.single_mask.shape[0]))
         return plan
 
     def _single_mask(self, ends: dict[int, int]) -> torch.Tensor:
@@ -213,7 +216,9 @@ def _token_ids(r: Request, start: int, n: int) -> list[int]:
     p = len(r.prompt_token_ids)
     if start + n <= p:
         return r.prompt_token_ids[start:start + n]
-    return (r.prompt_token_ids + r.output_token_ids)[start:start + n]
+    if start >= p:                                   # a decode token (or recomputed output)
+        return r.output_token_ids[start - p:start - p + n]
+    return r.prompt_token_ids[start:] + r.output_token_ids[:start + n - p]
 
 
 @contextlib.contextmanager
@@ -250,13 +255,17 @@ def slot_attention(module, query, key, value, attention_mask, scaling=None, drop
         mask = plan.single_mask
         S, L = mask.shape[0], mask.shape[-1]
         rows = len(plan.single_slots)
-        q_all = q.new_zeros(S, heads, dim).index_copy_(0, plan.single_slots, q[:rows])
-        o = F.scaled_dot_product_attention(q_all.view(S, kv_heads, -1, dim), k_cache[:S, :, :L],
+        if plan.single_dense:                  # common case: every slot decodes, in slot order
+            q_all = q[:rows]
+        else:                                  # other slots get a dummy query, dropped below
+            q_all = q.new_zeros(S, heads, dim).index_copy_(0, plan.single_slots, q[:rows])
+        o = F.scaled_dot_product_attention(q_all.reshape(S, kv_heads, -1, dim), k_cache[:S, :, :L],
                                            v_cache[:S, :, :L], attn_mask=mask, scale=scaling)
-        outs.append(o.reshape(S, heads, dim).index_select(0, plan.single_slots))
+        o = o.reshape(S, heads, dim)
+        outs.append(o if plan.single_dense else o.index_select(0, plan.single_slots))
     for slot, start, n, ctx, mask in plan.multi:
         qm = q[start:start + n].permute(1, 0, 2).reshape(kv_heads, -1, dim)   # [Hkv, G*n, D]
         o = F.scaled_dot_product_attention(qm, k_cache[slot, :, :ctx], v_cache[slot, :, :ctx],
                                            attn_mask=mask, scale=scaling)
         outs.append(o.reshape(heads, n, dim).transpose(0, 1))
-    return torch.cat(outs, 0)[None], None
+    return (outs[0] if len(outs) == 1 else torch.cat(outs, 0))[None], None
