@@ -42,6 +42,7 @@ class ServeOptions:
     default_max_tokens: int = 16      # when a request gives no max_tokens (OpenAI's default)
     retry_after_s: int = 1            # Retry-After header on 429
     engine_thread: bool = False       # run the driver on its own thread (for a backend that blocks the loop)
+    flush_idle_s: float | None = 1.0  # seconds without arrivals before partial batches are flushed
 
 
 @dataclass(eq=False)
@@ -288,7 +289,7 @@ class CloseConnections:
 
 def build_server(cfg: RunConfig, strategy: str, names: tuple[str, ...] = (), max_queue: int = 256,
                  max_model_len: int | None = None, default_max_tokens: int = 16,
-                 engine_thread: bool = False) -> Server:
+                 engine_thread: bool = False, flush_idle_s: float | None = 1.0) -> Server:
     """The scheduler, backend and engine for `strategy` under `cfg`, not yet started."""
     from batchlab.bench.runner import make_backend
     from batchlab.schedulers import make_scheduler
@@ -303,8 +304,9 @@ def build_server(cfg: RunConfig, strategy: str, names: tuple[str, ...] = (), max
     if scheduler.level == "iteration" and not hasattr(backend, "step"):
         raise ConfigError(f"backend.kind {cfg.backend.kind!r} cannot run continuous batching")
     names = names or _default_names(cfg)
-    opts = ServeOptions(tuple(names), max_queue, max_model_len, default_max_tokens, engine_thread=engine_thread)
-    return Server(Engine(scheduler, backend, RealClock()), opts)
+    opts = ServeOptions(tuple(names), max_queue, max_model_len, default_max_tokens, engine_thread=engine_thread,
+                        flush_idle_s=flush_idle_s)
+    return Server(Engine(scheduler, backend, RealClock(), flush_idle_s=flush_idle_s), opts)
 
 
 def _loaded(backend) -> tuple[object | None, object | None]:
@@ -335,10 +337,12 @@ def _default_names(cfg: RunConfig) -> tuple[str, ...]:
 @click.option("--keep-alive/--no-keep-alive", default=True, show_default=True,
               help="Keep connections open between requests (off: for clients that reuse a pool across event loops).")
 @click.option("--engine-thread", is_flag=True, help="Run the scheduler loop on its own thread.")
+@click.option("--flush-idle-ms", default=1000.0, show_default=True, type=click.FloatRange(min=0),
+              help="After this long without arrivals, partial batches run (naive would wait forever); 0: never.")
 @click.option("--log-level", default="warning", show_default=True)
 @user_errors
 def serve_cmd(config, strategy, overrides, host, port, names, max_queue, max_model_len, default_max_tokens,
-              keep_alive, engine_thread, log_level) -> None:
+              keep_alive, engine_thread, flush_idle_ms, log_level) -> None:
     """Serve a batchlab scheduler + backend over the OpenAI API (simulator in real time, or HF)."""
     import uvicorn
     import yaml
@@ -347,7 +351,8 @@ def serve_cmd(config, strategy, overrides, host, port, names, max_queue, max_mod
 
     base = None if config else yaml.safe_load(default_config_text())
     cfg = load_config(config, list(overrides), base=base)
-    server = build_server(cfg, strategy, tuple(names), max_queue, max_model_len, default_max_tokens, engine_thread)
+    server = build_server(cfg, strategy, tuple(names), max_queue, max_model_len, default_max_tokens, engine_thread,
+                          flush_idle_ms / 1000 if flush_idle_ms > 0 else None)
     click.echo(f"batchlab serve: {strategy} over {cfg.backend.kind} as {', '.join(server.opts.model_names)} "
                f"on http://{host}:{port}/v1", err=True)
     # NOTE: the event loop shares the GIL with the backend's worker thread (forward passes); at

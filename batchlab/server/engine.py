@@ -17,7 +17,7 @@ from typing import Any, Callable
 from batchlab.core.clock import Clock, RealClock
 from batchlab.core.driver import Inbox, drive
 from batchlab.core.request import Request, Status
-from batchlab.schedulers.base import Scheduler, Step
+from batchlab.schedulers.base import Idle, Scheduler, Step
 
 POLL_S = 0.001           # how often a running request-level batch is checked for new tokens
 Notify = Callable[[list[Request]], None]
@@ -26,8 +26,10 @@ Notify = Callable[[list[Request]], None]
 class Engine:
     def __init__(self, scheduler: Scheduler, backend, clock: Clock | None = None,
                  on_batch: Callable[[int], None] = lambda n: None,
-                 on_done: Callable[[Request], None] = lambda r: None):
+                 on_done: Callable[[Request], None] = lambda r: None, flush_idle_s: float | None = 1.0):
         self.scheduler = scheduler
+        self.flush_idle_s = flush_idle_s      # no arrivals this long: flush partial batches (None: never)
+        self.last_arrival = float("-inf")
         self.backend = backend
         self.clock = clock or RealClock()
         self.on_batch = on_batch              # size of every batch or step launched (metrics)
@@ -63,6 +65,7 @@ class Engine:
             raise RuntimeError(f"backend failed to start: {self.error}") from self.error
 
     def submit(self, r: Request) -> None:
+        self.last_arrival = max(self.last_arrival, r.arrival_time)
         self._call(self._inbox.push, r)
 
     def cancel(self, r: Request) -> None:
@@ -115,7 +118,8 @@ class Engine:
 
     async def _drive(self) -> None:
         try:
-            await drive(self.scheduler, _Observed(self), self.clock, self._inbox,
+            scheduler = self.scheduler if self.flush_idle_s is None else _FlushWhenIdle(self)
+            await drive(scheduler, _Observed(self), self.clock, self._inbox,
                         on_done=self._done, on_progress=self.notify)
         except BaseException as e:
             self.error = e
@@ -169,3 +173,26 @@ class _Observed:
                 for r in moved:
                     seen[r] = r.output_len
                 self._engine.notify(moved)
+
+
+class _FlushWhenIdle:
+    """The scheduler as the driver sees it in a server: 'draining' once arrivals have paused.
+
+    Offline, a trace ends and the driver tells the scheduler it is draining, so naive batching
+    flushes its last partial batch. A server never knows that no more requests will come, so a
+    naive batch would strand its last requests forever when traffic stops. After `flush_idle_s`
+    without arrivals the scheduler is told it is draining, exactly as at the end of a trace."""
+
+    def __init__(self, engine: Engine):
+        self._engine = engine
+        self._inner = engine.scheduler
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def schedule(self, now: float, draining: bool = False):
+        resume = self._engine.last_arrival + self._engine.flush_idle_s
+        out = self._inner.schedule(now, draining or now >= resume)
+        if isinstance(out, Idle) and self._inner.waiting and now < resume:
+            out = Idle(resume if out.wake_at is None else min(out.wake_at, resume))
+        return out

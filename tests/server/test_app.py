@@ -70,7 +70,7 @@ def test_bad_requests_get_openai_errors_and_the_server_keeps_serving(serve):
 
 def test_full_queue_gets_429_with_retry_after_and_disconnects_free_the_queue(serve):
     # Naive batching waits for 100 requests, so the first two wait forever: the queue is full.
-    with serve("naive", ["naive.batch_size=100"], max_queue=2) as (url, server):
+    with serve("naive", ["naive.batch_size=100"], max_queue=2, flush_idle_s=None) as (url, server):
         body = {"model": "toy", "prompt": "wait here", "max_tokens": 3, "stream": True}
         with httpx.Client(timeout=10) as h:
             waiting = [h.stream("POST", url + "/v1/completions", json=body) for _ in range(2)]
@@ -89,6 +89,14 @@ def test_full_queue_gets_429_with_retry_after_and_disconnects_free_the_queue(ser
         metrics = httpx.get(url + "/metrics").text
         assert 'batchlab_requests_total{status="cancelled"} 2.0' in metrics
         assert 'batchlab_requests_total{status="rejected"} 2.0' in metrics
+
+
+def test_naive_partial_batch_runs_once_arrivals_pause(serve):
+    # Offline, the end of a trace flushes naive batching's last partial batch; live, a pause does.
+    with serve("naive", ["naive.batch_size=100"], flush_idle_s=0.2) as (url, server):
+        done = client(url).completions.create(model="toy", prompt="alone", max_tokens=3)
+        assert done.usage.completion_tokens == 3
+        assert not server.engine.scheduler.waiting and not server.engine.scheduler.running
 
 
 @pytest.mark.parametrize("engine_thread", [False, True], ids=["loop-task", "engine-thread"])
