@@ -115,7 +115,7 @@ def _figures(out: Path, summary, requests, config, slo, rate) -> tuple[dict[str,
 
 def _burst_rows(requests, config, warmup, window, slo) -> list[tl.BurstResult]:
     step = (config.get("traffic") or {}).get("rate_step") or {}
-    at, until = (window if window else (_horizon(config), None))
+    at = window[0] if window else _horizon(config)      # no step: the whole measured run is the baseline
     out = []
     for (s, rate), rows in requests[requests["repeat"] == 0].groupby(["strategy", "rate"], sort=False):
         out.append(tl.burst(rows, warmup, at, step.get("until_s") if window else None,
@@ -202,7 +202,8 @@ def _burst(rows: list, config: dict) -> list[str]:
     step = (config.get("traffic") or {}).get("rate_step")
     what = (f"rate {rows[0].rate:g} → {step['to_rate']:g} req/s at {step['at_s']:g} s"
             + (f", back at {step['until_s']:g} s" if step.get("until_s") else "")) if step else "gamma arrivals"
-    md = ["## Burst", "", f"Traffic: {what}. Recovery: seconds after the burst until the p99 TTFT of the requests "
+    whole = "" if step else " Without a rate step the whole measured run is the baseline ('before')."
+    md = ["## Burst", "", f"Traffic: {what}.{whole} Recovery: seconds after the burst until the p99 TTFT of the requests "
           f"arriving in each window stays within {tl.RECOVERY_SLACK:g} × the pre-burst p99 for {tl.SUSTAIN} windows "
           "in a row. SLO violation: windows whose SLO attainment is below "
           f"{100 * stats.ATTAINMENT:.0f}%, in seconds.", "",
@@ -211,7 +212,7 @@ def _burst(rows: list, config: dict) -> list[str]:
     for b in rows:
         rec = "—" if not step else (f"{b.recovery_s:g}" if b.recovery_s is not None else "not within the run")
         md.append(_row([b.strategy, f"{b.rate:g}", f"{b.window_s:g}", _cell(b.baseline_p99_ttft), str(b.peak_queue_before),
-                        str(b.peak_queue), rec, "—" if b.violating_s is None else f"{b.violating_s:g}"]))
+                        str(b.peak_queue) if step else "—", rec, "—" if b.violating_s is None else f"{b.violating_s:g}"]))
     return md + [""]
 
 

@@ -105,7 +105,8 @@ def compare(summary: pd.DataFrame, requests: pd.DataFrame | None, a: str, b: str
         for m in metrics:
             iv = _compare_metric(m, pa.loc[reps], pb.loc[reps], requests, a, b, rate, rng)
             rows.append({"rate": rate, "metric": m, "a": a, "b": b,
-                         "a_value": float(pa.loc[reps, m].median()), "b_value": float(pb.loc[reps, m].median()),
+                         # NOTE: means, like the difference (with 1-2 repeats mean and median agree)
+                         "a_value": float(pa.loc[reps, m].mean()), "b_value": float(pb.loc[reps, m].mean()),
                          **iv.__dict__, "supported": iv.excludes_zero})
     return pd.DataFrame(rows)
 

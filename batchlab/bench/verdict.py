@@ -8,6 +8,7 @@ where the p50 E2E gain is largest among supported gains; the report gives every 
 """
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 
 from batchlab.bench import stats
@@ -25,7 +26,9 @@ def pairs(strategies: list[str]) -> list[tuple[str, str]]:
 
 
 def pct(x: float) -> str:
-    return f"{100 * x:+.0f}%".replace("-", "−")
+    if not np.isfinite(x):
+        return "—"                   # relative to zero (e.g. a goodput of 0): no percentage
+    return f"{round(100 * x):+d}%".replace("-", "−")   # NOTE: round() first, so -0.4% prints +0%
 
 
 def headline_rate(cmp: pd.DataFrame) -> float:

@@ -60,3 +60,8 @@ def test_knee_line_names_every_strategy_and_needs_an_slo():
     line = verdict.knee_line(s, {"ttft_s": 1.0})
     assert "a 20 req/s" in line and "b none of the tested rates" in line and "TTFT ≤ 1 s" in line
     assert verdict.knee_line(s, {}) is None
+
+
+def test_percentages_round_before_the_sign_and_skip_undefined_ratios():
+    assert verdict.pct(-0.004) == "+0%" and verdict.pct(-0.25) == "−25%"
+    assert verdict.pct(float("nan")) == "—" and verdict.pct(float("inf")) == "—"
