@@ -65,4 +65,6 @@ def write_report(results_dir: Path) -> Path:
     path, lines = build_report(results_dir)
     for line in lines:
         console.print(f"[bold green]verdict:[/] {line}")
+    plots = sorted(p.name for p in Path(results_dir).glob("*.png"))
+    console.print(f"report: {path} with {len(plots)} plots ({', '.join(plots)})")
     return path
