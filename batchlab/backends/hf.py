@@ -38,6 +38,8 @@ class StampEveryToken(StoppingCriteria):
 
 
 class HFBackend(BatchBackend, StepBackend):
+    multi_step = True                        # continuous: hf_engine.StepEngine runs decode windows
+
     def __init__(self, backend_cfg, warmup_shape: tuple[int, int, int] = (4, 16, 8),
                  oom_when: OomHook | None = None):
         self.cfg = backend_cfg

@@ -7,6 +7,9 @@ layer); our attention function (registered with transformers' AttentionInterface
 step's K/V into the slots and attends each query to its own request's cached prefix: all
 single-token rows in one batched SDPA call over the slot range, each multi-token row alone.
 The scheduler decides everything (admission, chunks, preemption); this class only executes.
+A decode window (`Step.repeat` > 1: identical decode-only steps the scheduler proved safe) runs
+as that many passes in one worker call, each stamped at its own end, saving a thread hand-off
+and a scheduler round per token.
 Tokens are greedy with EOS suppressed, exactly like the request-level backend's `generate()`
 (min_new_tokens = max_new_tokens), so every strategy produces the same tokens.
 """
@@ -111,7 +114,9 @@ class StepPlan:
 
 
 class StepEngine:
-    """Runs `Step`s of the continuous scheduler on `model`; `step_log` keeps one record per step."""
+    """Runs `Step`s of the continuous scheduler on `model`; `step_log` keeps one record per pass."""
+
+    multi_step = True                      # runs decode windows (see batchlab/schedulers/base.py Step)
 
     def __init__(self, model, tokenizer=None, device=None):
         cfg = model.config.get_text_config()
@@ -132,24 +137,29 @@ class StepEngine:
         """One forward pass over `step.chunks`; stamps a greedy token on every row that reached
         its end. Leaves `num_computed_tokens` to the scheduler."""
         start = clock.now()
-        if getattr(step, "repeat", 1) > 1:
-            step.repeat = 1                    # one pass per Step: tell the scheduler we ran one
-        plan = self._plan(step.chunks)
-        tokens, end = await asyncio.to_thread(self._forward, plan, clock)
+        repeat = getattr(step, "repeat", 1)
+        if repeat > 1 and any(n != 1 or r.num_computed_tokens + 1 != r.num_tokens for r, n in step.chunks):
+            repeat = 1                         # only pure decode steps repeat identically
+        plan = self._plan(step.chunks, extra=repeat - 1)
+        passes = await asyncio.to_thread(self._forward, plan, clock, repeat, getattr(step, "until", None))
+        if repeat > 1 or getattr(step, "repeat", 1) > 1:
+            step.repeat = len(passes)          # tell the scheduler how many steps ran
         for r, n in step.chunks:
-            self.cache.lengths[self.cache.slot_of[r]] = r.num_computed_tokens + n
-        for r, t in zip(plan.emit, tokens):
-            r.stamp_token(end, t)
+            self.cache.lengths[self.cache.slot_of[r]] = r.num_computed_tokens + n * len(passes)
         prefill = sum(n for _, n in step.chunks if n > 1)
-        self.step_log.append(StepRecord(start, end - start, len(step.chunks), step.num_tokens, prefill, len(tokens)))
+        for tokens, end in passes:
+            for r, t in zip(plan.emit, tokens):
+                r.stamp_token(end, t)
+            self.step_log.append(StepRecord(start, end - start, len(step.chunks), step.num_tokens, prefill, len(tokens)))
+            start = end
 
     def release(self, request: Request) -> None:
         """Free the request's slot (finished, failed or preempted: a preempted one recomputes)."""
         self.cache.release(request)
 
-    def _plan(self, chunks: list[tuple[Request, int]]) -> StepPlan:
+    def _plan(self, chunks: list[tuple[Request, int]], extra: int = 0) -> StepPlan:
         cache = self.cache
-        cache.reserve(max(r.num_computed_tokens + n for r, n in chunks))
+        cache.reserve(max(r.num_computed_tokens + n for r, n in chunks) + extra)
         slot = {r: cache.slot(r) for r, _ in chunks}
         singles = sorted((c for c in chunks if c[1] == 1), key=lambda c: slot[c[0]])
         ids, pos, slots, keep, emit, multi = [], [], [], [], [], []
@@ -188,15 +198,32 @@ class StepEngine:
         t = torch.arange(n, device=self.device).repeat(groups)
         return torch.arange(c_end, device=self.device)[None, :] <= (c_end - n + t)[:, None]
 
-    def _forward(self, plan: StepPlan, clock: Clock) -> tuple[list[int], float]:
-        """Worker thread: the blocking forward pass, then the greedy pick and a device sync."""
+    def _forward(self, plan: StepPlan, clock: Clock, repeat: int = 1,
+                 until: float | None = None) -> list[tuple[list[int], float]]:
+        """Worker thread: `repeat` blocking passes (a decode window feeds each pass the tokens of
+        the one before), each followed by the greedy pick and a device sync; (tokens, end time)
+        per pass. A window stops after the first pass ending at or after `until`."""
+        passes = []
         with self._lock, torch.inference_mode(), _attention(self.model, ATTN_NAME):
-            out = self.model(input_ids=plan.input_ids[None], position_ids=plan.positions[None],
-                             use_cache=False, logits_to_keep=plan.keep, batchlab_plan=plan)
-            logits = out.logits[0]
-            logits[:, self.suppress] = float("-inf")        # what min_new_tokens does in generate()
-            tokens = logits.argmax(-1).tolist()            # .tolist() synchronizes the device
-        return tokens, clock.now()
+            for k in range(repeat):
+                if k:
+                    self._advance(plan, passes[-1][0])
+                out = self.model(input_ids=plan.input_ids[None], position_ids=plan.positions[None],
+                                 use_cache=False, logits_to_keep=plan.keep, batchlab_plan=plan)
+                logits = out.logits[0]
+                logits[:, self.suppress] = float("-inf")    # what min_new_tokens does in generate()
+                passes.append((logits.argmax(-1).tolist(), clock.now()))   # .tolist() syncs the device
+                if until is not None and passes[-1][1] >= until:
+                    break
+        return passes
+
+    def _advance(self, plan: StepPlan, tokens: list[int]) -> None:
+        """Next pass of a decode window: every row feeds its new token at the next position."""
+        plan.input_ids = torch.tensor(tokens, dtype=torch.long, device=self.device)
+        plan.positions = plan.positions + 1
+        plan.write_pos = plan.positions
+        plan.single_mask = F.pad(plan.single_mask, (0, 1))   # one more key column
+        plan.single_mask[plan.single_slots, 0, 0, plan.positions] = True
 
 
 def _eos_ids(model, tokenizer) -> list[int]:

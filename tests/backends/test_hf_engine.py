@@ -57,9 +57,10 @@ def reference(lm, r: Request) -> list[int]:
     return out[0, ids.shape[1]:].tolist()
 
 
-def step_by_hand(engine, scheduler, requests, arrive_at):
+def step_by_hand(engine, scheduler, requests, arrive_at, windows=False):
     """The driver's loop with arrivals at given step numbers instead of times (deterministic)."""
     clock, k, steps = RealClock(), 0, []
+    scheduler.multi_step = windows
 
     async def main():
         nonlocal k
@@ -73,8 +74,8 @@ def step_by_hand(engine, scheduler, requests, arrive_at):
                 continue
             for r in out.preempted:
                 engine.release(r)
-            steps.append([(r.request_id, n) for r, n in out.chunks])
             await engine.step(out, clock)
+            steps.extend([[(r.request_id, n) for r, n in out.chunks]] * out.repeat)
             for r in scheduler.finish_step(out, clock.now()):
                 engine.release(r)
     clock.run(main())
@@ -121,6 +122,25 @@ def test_preempted_requests_recompute_and_still_match_generate_through_the_drive
     assert [r.status for r in reqs] == [Status.FINISHED] * len(reqs)
     assert [r.output_token_ids for r in reqs] == [reference(lm, r) for r in reqs]
     assert engine.cache.slot_of == {}
+
+
+def test_decode_windows_run_several_passes_per_call_and_still_match_generate(lm):
+    """The scheduler may offer k identical decode steps; the engine runs them in one worker call."""
+    reqs = make(MIX, seed=4)
+    engine = StepEngine(lm[0], lm[1])
+    sched = ContinuousScheduler(ContinuousConfig(block_size=4), num_kv_blocks=1000)
+    offered = []
+    real_step = engine.step
+
+    async def spy(step, clock):
+        offered.append(step.repeat)
+        await real_step(step, clock)
+    engine.step = spy
+    steps = step_by_hand(engine, sched, reqs, [a for *_, a in MIX], windows=True)
+    assert max(offered) > 1 and len(offered) < len(steps)     # fewer calls than passes
+    assert len(engine.step_log) == len(steps)                 # one record per pass
+    assert [r.output_token_ids for r in reqs] == [reference(lm, r) for r in reqs]
+    assert all(len(set(r.token_times)) == r.max_new_tokens for r in reqs)  # a stamp per pass
 
 
 def test_step_log_accounts_for_every_token(lm):
