@@ -185,3 +185,15 @@ def test_device_and_dtype_choice():
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="no CUDA"):
             hc.pick_device("cuda")
+
+
+def test_tiny_alias_and_threads_setting(tiny_model_dir):
+    from batchlab.core.config import BackendConfig
+    before = torch.get_num_threads()
+    try:
+        lm = hc.load(BackendConfig(kind="hf", model="tiny", device="cpu", threads=1))
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+    assert lm.name == "tiny" and lm.device.type == "cpu" and lm.dtype == torch.float32
+    assert lm.model.name_or_path == str(tiny_model_dir)
