@@ -84,7 +84,7 @@ class MetricsSampler(threading.Thread):
         return self.peak
 
 
-SATURATED = 0.7          # completed req/s below this fraction of the offered rate: the server is saturated
+SATURATED = 0.5          # completed req/s below this fraction of the offered rate: the server is saturated
 
 
 def meets(s: dict, cfg: RunConfig) -> bool:
