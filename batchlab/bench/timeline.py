@@ -25,7 +25,7 @@ def occupancy(starts, ends) -> tuple[np.ndarray, np.ndarray]:
     Missing ends never close (the interval lasts to the end of the data)."""
     s = np.asarray(starts, float)
     e = np.asarray(ends, float)
-    keep = np.isfinite(s)
+    keep = np.isfinite(s) & ~(e <= s)   # NOTE: an empty interval (admitted on arrival) never occupies
     s, e = s[keep], e[keep]
     e = e[np.isfinite(e)]
     t = np.concatenate([s, e])

@@ -11,6 +11,11 @@ def test_occupancy_counts_overlaps_and_leaves_before_entering_at_equal_times():
     assert list(n)[-1] == 1                        # the open-ended one is still in
 
 
+def test_an_empty_interval_never_counts_and_never_goes_negative():
+    t, n = tl.occupancy([0, 1, 1], [2, 1, 3])      # the second is admitted the moment it arrives
+    assert n.min() >= 0 and tl.peak(t, n) == 2
+
+
 def test_peak_includes_the_level_carried_into_the_window():
     t, n = tl.occupancy([0, 0, 0], [10, 10, 10])
     assert tl.peak(t, n, 5, 8) == 3
