@@ -91,7 +91,7 @@ async def _idle(clock: Clock, inbox: Inbox, now: float, wake_at: float | None) -
     if not inbox.open:
         if wake is None:
             raise RuntimeError("scheduler is stuck: requests are waiting but nothing can run")
-        await clock.sleep(wake - now)
+        await clock.sleep_until(wake)          # exactly: a deadline must not land 1 ulp early
         return
     inbox.event.clear()
     if not inbox.live and not inbox.cancelled:
