@@ -87,30 +87,34 @@ def _horizon(config: dict) -> float:
 
 
 def _figures(out: Path, summary, requests, config, slo, rate) -> tuple[dict[str, Path], list]:
+    """Every plot, and the burst rows when the traffic has a burst (a rate step or gamma arrivals)."""
     knees = {s: stats.knee(summary, s) for s in dict.fromkeys(summary["strategy"])} if slo else {}
     figs = {"tradeoff": plots.plot_tradeoff(summary, out, slo, knees),
             "latency_vs_rate": plots.plot_latency_vs_rate(summary, out, slo)}
-    burst_rows = []
     if requests is None:
-        return figs, burst_rows
-    warmup = float((config.get("traffic") or {}).get("warmup_s", 0))
-    window = _burst_window(config)
+        return figs, []
+    traffic = config.get("traffic") or {}
+    warmup, window = float(traffic.get("warmup_s", 0)), _burst_window(config)
+    figs |= _run_figures(out, summary, requests, config, slo, rate, warmup, window)
+    if not window and traffic.get("arrival") != "gamma":
+        return figs, []
+    burst_rows = _burst_rows(requests, config, warmup, window, slo)
+    if window:
+        base = {b.strategy: b.baseline_p99_ttft for b in burst_rows if b.rate == rate}
+        figs["burst"] = plots_run.plot_burst(requests, out, rate, warmup, window, base, tl.window_for(rate),
+                                             (traffic.get("rate_step") or {}).get("to_rate"))
+    return figs, burst_rows
+
+
+def _run_figures(out, summary, requests, config, slo, rate, warmup, window) -> dict[str, Path]:
     caps = {"naive": (config.get("naive") or {}).get("batch_size"),
             "dynamic": (config.get("dynamic") or {}).get("max_batch_size")}
-    figs["cdf"] = plots.plot_cdf(requests, out, rate, slo)
-    figs["timeline"] = plots_run.plot_timeline(requests, out, rate, warmup, window)
-    figs["requests"] = plots_run.plot_requests(requests, out, float(sorted(summary["rate"].unique())[0]), warmup)
-    figs["breakdown"] = plots_run.plot_breakdown(requests, out)
+    figs = {"cdf": plots.plot_cdf(requests, out, rate, slo),
+            "timeline": plots_run.plot_timeline(requests, out, rate, warmup, window),
+            "requests": plots_run.plot_requests(requests, out, float(summary["rate"].min()), warmup),
+            "breakdown": plots_run.plot_breakdown(requests, out)}
     useful = plots_run.plot_useful_work(requests, out, rate, {k: v for k, v in caps.items() if v})
-    if useful:
-        figs["useful_work"] = useful
-    if window or (config.get("traffic") or {}).get("arrival") == "gamma":
-        burst_rows = _burst_rows(requests, config, warmup, window, slo)
-        base = {b.strategy: b.baseline_p99_ttft for b in burst_rows if b.rate == rate}
-        if window:
-            to_rate = ((config.get("traffic") or {}).get("rate_step") or {}).get("to_rate")
-            figs["burst"] = plots_run.plot_burst(requests, out, rate, warmup, window, base, tl.window_for(rate), to_rate)
-    return figs, burst_rows
+    return figs | ({"useful_work": useful} if useful else {})
 
 
 def _burst_rows(requests, config, warmup, window, slo) -> list[tl.BurstResult]:
