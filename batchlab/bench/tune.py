@@ -364,8 +364,13 @@ def report_lines(res: TuneResult) -> list[str]:
     ]
     lines += [f"  at {knob}={res.cap}: " + _point_text(p, t.slos) for p in res.replica_runs]
     if res.replicas is None:
-        lines.append(f"verdict: no replica count tried holds every SLO at {knob}={res.cap}; "
-                     "shrink the batch (TPOT) or relax the SLO")
+        last = res.replica_runs[-1]
+        breached = [k for k, ok in last.slo_ok.items() if not ok] or ["keeping up"]
+        hint = ("a request-level batch holds new arrivals until it finishes: try --strategy continuous"
+                if t.strategy != "continuous" and any(k.split("_")[0] in ("ttft", "queue_wait", "e2e") for k in breached)
+                else "shrink the batch or relax the SLO")
+        lines.append(f"verdict: no replica count up to {last.replicas} holds {', '.join(breached)} at "
+                     f"{knob}={res.cap}; {hint}")
     else:
         extra = f", dynamic.max_wait_ms={res.max_wait_ms:g}" if res.max_wait_ms is not None else ""
         lines.append(f"verdict: {knob}={res.cap}{extra} with {res.replicas} replicas holds {_slo_text(t.slos)} at "
