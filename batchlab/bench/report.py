@@ -111,8 +111,9 @@ def _run_figures(out, summary, requests, config, slo, rate, warmup, window) -> d
             "dynamic": (config.get("dynamic") or {}).get("max_batch_size")}
     figs = {"cdf": plots.plot_cdf(requests, out, rate, slo),
             "timeline": plots_run.plot_timeline(requests, out, rate, warmup, window),
-            "requests": plots_run.plot_requests(requests, out, float(summary["rate"].min()), warmup),
-            "breakdown": plots_run.plot_breakdown(requests, out)}
+            "requests": plots_run.plot_requests(requests, out, float(summary["rate"].min()), warmup)}
+    if _has_breakdown(requests):
+        figs["breakdown"] = plots_run.plot_breakdown(requests, out)
     useful = plots_run.plot_useful_work(requests, out, rate, {k: v for k, v in caps.items() if v})
     return figs | ({"useful_work": useful} if useful else {})
 
@@ -220,8 +221,13 @@ def _burst(rows: list, config: dict) -> list[str]:
     return md + [""]
 
 
+def _has_breakdown(requests: pd.DataFrame) -> bool:
+    """Backends that batch for themselves (servers) cannot say where a request's time went."""
+    return bool(requests[[p for p, _, _ in plots_run.PHASES]].notna().any().any())
+
+
 def _breakdown(requests: pd.DataFrame | None) -> list[str]:
-    if requests is None:
+    if requests is None or not _has_breakdown(requests):
         return []
     ok = requests[(requests["status"] == "finished") & (requests["warmup"] == 0)]
     cols = [p for p, _, _ in plots_run.PHASES]
