@@ -11,6 +11,7 @@ as JSON with the fit's error: `backend.kind: sim` + `backend.profile: FILE` then
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -176,9 +177,11 @@ def _profile_main(config, overrides, preset, strategy, batch_sizes, contexts, pr
     cfg = _load(config, overrides, strategy)
     from batchlab.bench.runner import make_backend
     backend = make_backend(cfg)
+    load_before = os.getloadavg()[0]
     try:
         prof = profile_backend(backend, strategy, grid, progress=lambda m: click.echo(f"  {m}"))
-        setup = backend.describe()
+        # NOTE: other processes' load is the main error source on a shared machine: keep it with the data.
+        setup = backend.describe() | {"load_avg_1min": [load_before, os.getloadavg()[0]], "cpu_count": os.cpu_count()}
     finally:
         _close(backend)
     save(prof, path, setup, grid)
