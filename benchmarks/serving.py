@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 
 from batchlab.backends.openai import OpenAIBackend  # noqa: E402
 from batchlab.bench import vllm as servers  # noqa: E402
-from batchlab.bench.loadtest import open_loop  # noqa: E402
+from batchlab.bench.loadtest import closed_loop, open_loop  # noqa: E402
 from batchlab.core.config import RunConfig, load_config  # noqa: E402
 
 PORT = 8010
@@ -84,6 +84,7 @@ class MetricsSampler(threading.Thread):
         return self.peak
 
 
+WARMUP_USERS = 8         # a closed-loop burst before each server's sweep: first-call costs stay out of it
 SATURATED = 0.5          # completed req/s below this fraction of the offered rate: the server is saturated
 
 
@@ -100,6 +101,7 @@ def sweep(name: str, backend: OpenAIBackend, cfg: RunConfig, metrics_url: str, s
     meets the SLO (naive batching can miss it at low rates, where batches fill slowly, and meet
     it higher up, so the sweep goes on past a miss until the server saturates)."""
     points, sustained = [], None
+    closed_loop(backend, WARMUP_USERS, 1, cfg.traffic.prompt_len.value, cfg.traffic.output_len.value)
     sampler = MetricsSampler(metrics_url, series)
     sampler.start()
     for rate in cfg.traffic.rates:
