@@ -52,13 +52,23 @@ class PointResult:
 
 
 def make_requests(trace: list[TraceItem], t0: float, backend: Backend) -> list[Request]:
+    """One request per trace item, prepared by the backend. A request the backend refuses
+    (empty prompt, longer than the model's context) is recorded as failed with the reason,
+    as a server would answer it with a 400: it stays in the results, it never runs."""
     reqs = []
     for i, item in enumerate(trace):
         r = Request(f"r{i:06d}", item.prompt_len, item.output_len, t0 + item.arrival,
                     prompt=item.prompt, index=i)
-        backend.prepare(r)
+        try:
+            backend.prepare(r)
+        except ValueError as e:
+            r.fail(f"invalid request: {e}")
         reqs.append(r)
     return reqs
+
+
+def runnable(requests: list[Request]) -> list[Request]:
+    return [r for r in requests if not r.is_done]
 
 
 async def run_trace(cfg: RunConfig, strategy: str, trace: list[TraceItem], backend: Backend,
@@ -73,7 +83,7 @@ async def run_trace(cfg: RunConfig, strategy: str, trace: list[TraceItem], backe
                                backend.num_kv_blocks(cfg.continuous.block_size))
     t0 = clock.now()
     requests = make_requests(trace, t0, backend)
-    await drive(scheduler, backend, clock, Inbox(requests))
+    await drive(scheduler, backend, clock, Inbox(runnable(requests)))
     return requests, t0
 
 
