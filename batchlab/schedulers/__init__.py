@@ -1,7 +1,7 @@
 """Scheduler registry: one name per batching policy."""
 from __future__ import annotations
 
-from batchlab.core.config import RunConfig
+from batchlab.core.config import ConfigError, RunConfig
 from batchlab.schedulers.base import Batch, Idle, MemoryBudget, Scheduler, Step
 from batchlab.schedulers.continuous import ContinuousScheduler
 from batchlab.schedulers.dynamic import DynamicScheduler
@@ -22,6 +22,6 @@ def make_scheduler(strategy: str, cfg: RunConfig, memory: MemoryBudget | None,
     if strategy == "continuous":
         blocks = cfg.continuous.num_kv_blocks or num_kv_blocks
         if blocks is None:
-            raise ValueError("continuous.num_kv_blocks must be set for this backend")
+            raise ConfigError("continuous.num_kv_blocks must be set for this backend")
         return ContinuousScheduler(cfg.continuous, blocks, cfg.continuous.preemption)
-    raise ValueError(f"unknown strategy {strategy!r}")
+    raise ConfigError(f"strategies: {strategy!r} needs a backend that batches for itself")
