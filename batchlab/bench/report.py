@@ -58,7 +58,8 @@ def build_report(results_dir: Path) -> tuple[Path, list[str]]:
     rate = _focus_rate(summary, comparisons)
     figures, burst = _figures(results_dir, summary, requests, config, slo, rate)
     md = _title(config, lines) + _setup(setup, config) + _plots(figures, rate)
-    md += _tables(summary) + _comparisons(comparisons) + _burst(burst, config)
+    md += _tables(summary) + _comparisons(comparisons) + _knees_crossovers(summary, list(comparisons), slo)
+    md += _burst(burst, config)
     md += _breakdown(requests) + _useful(requests) + _method()
     path = results_dir / "report.md"
     path.write_text("\n".join(md) + "\n")
@@ -201,6 +202,24 @@ def _comparisons(comparisons: dict) -> list[str]:
     return md
 
 
+def _knees_crossovers(summary: pd.DataFrame, pairs_: list[tuple[str, str]], slo: dict) -> list[str]:
+    md = ["## Knees and crossovers", ""]
+    if slo:
+        md.append(f"Knee: the highest tested rate where ≥ {100 * stats.ATTAINMENT:.0f}% of requests meet the SLO.")
+        md += [""] + [f"- {s}: " + (f"{k:g} req/s" if (k := stats.knee(summary, s)) is not None else "none of the tested rates")
+                      for s in dict.fromkeys(summary["strategy"])]
+    else:
+        md.append("No SLO in the config, so no knee.")
+    rates = sorted(summary["rate"].unique())
+    md += ["", f"Crossovers between {rates[0]:g} and {rates[-1]:g} req/s (medians over repeats):", ""]
+    for a, b in pairs_:
+        found = stats.crossovers(summary, a, b)
+        text = "; ".join(f"{c.leader_after} overtakes {c.leader_before} on {c.metric} at about {c.rate:.3g} req/s"
+                         for c in found)
+        md.append(f"- {a} vs {b}: {text or 'none (the same one leads, or they tie within 2%, at every tested rate)'}")
+    return md + [""]
+
+
 def _burst(rows: list, config: dict) -> list[str]:
     if not rows:
         return []
@@ -244,6 +263,8 @@ def _useful(requests: pd.DataFrame | None) -> list[str]:
     if b.empty:
         return []
     w = tl.useful_work(b)
+    order = {s: i for i, s in enumerate(dict.fromkeys(requests["strategy"]))}
+    w = w.sort_values(["strategy", "rate"], key=lambda c: c.map(order) if c.name == "strategy" else c)
     md = ["## Useful work in lockstep batches", "", "Useful decode work Σo / (B × max o) over all batches (slot-weighted); "
           "prompt fill Σp / (B × max p): the share of prefill tokens that are not padding.", "",
           _row(["strategy", "rate", "batches", "mean batch", "useful decode work", "prompt fill"]), "|---|---|---|---|---|---|"]
@@ -255,8 +276,8 @@ def _useful(requests: pd.DataFrame | None) -> list[str]:
 def _method() -> list[str]:
     return ["## How the intervals are made", "",
             f"- With ≥ {stats.MIN_REPEATS} repeats: a percentile bootstrap ({stats.N_BOOT} replicates) of the mean paired "
-            "difference over repeats (each repeat is a different seeded trace). With few repeats this interval is "
-            "optimistic; more repeats make it honest.",
+            "difference over repeats (each repeat is a different seeded trace). With only a few repeats this "
+            "interval is too narrow; it becomes trustworthy as repeats grow.",
             f"- With fewer: latency percentiles use a paired circular block bootstrap over the requests of the trace "
             "(blocks of √n consecutive arrivals, the same blocks for both strategies), which keeps the correlation "
             "between neighbours in a queue. It covers request-to-request variation within this trace, not trace-to-"

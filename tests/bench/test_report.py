@@ -32,7 +32,8 @@ def test_report_has_verdict_setup_tables_comparisons_and_every_plot_it_links(bui
     assert re.search(r"at (5|20) req/s in simulation \(llama2-7b-a100", lines[0])
     assert md.startswith("# batchlab report") and lines[0] in md
     for heading in ("## Setup", "## Plots", "### 5 req/s", "### 20 req/s", "## Paired comparisons",
-                    "### dynamic vs naive", "## Latency breakdown", "## Useful work in lockstep batches"):
+                    "### dynamic vs naive", "## Knees and crossovers", "## Latency breakdown",
+                    "## Useful work in lockstep batches"):
         assert heading in md
     assert "| python |" in md and "| seed | 0" in md and "max_wait_ms: 50" in md
     images = re.findall(r"!\[[^]]*\]\(([^)]+)\)", md)
