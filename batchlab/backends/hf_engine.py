@@ -1,35 +1,29 @@
 """A step-level engine over a Hugging Face causal LM: one packed forward pass per scheduler step.
 
 Every step's tokens (prefill chunks and one decode token per running request) are packed into
-one row, `[1, total_tokens]`, with each token's own position, so nothing is padded. Keys and
-values live in a slot cache, one slot per request (`[slots, kv_heads, capacity, head_dim]` per
-layer); our attention function (registered with transformers' AttentionInterface) writes the
-step's K/V into the slots and attends each query to its own request's cached prefix: all
-single-token rows in one batched SDPA call over the slot range, each multi-token row alone.
+one row, `[1, total_tokens]`, each at its own position, so nothing is padded; K/V live in a slot
+cache read by our own attention function (backends/hf_slots.py), and only rows that reach their
+end get logits. The pass runs in a worker thread, so the event loop (and arrivals) keep flowing.
 The scheduler decides everything (admission, chunks, preemption); this class only executes.
 A decode window (`Step.repeat` > 1: identical decode-only steps the scheduler proved safe) runs
-as that many passes in one worker call, each stamped at its own end, saving a thread hand-off
-and a scheduler round per token.
+as that many passes in one worker call, each stamped at its own end.
 Tokens are greedy with EOS suppressed, exactly like the request-level backend's `generate()`
 (min_new_tokens = max_new_tokens), so every strategy produces the same tokens.
 """
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import heapq
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface
 
+from batchlab.backends.hf_slots import ATTN_NAME, SlotKV, StepPlan, attention, slot_attention
 from batchlab.core.clock import Clock
 from batchlab.core.request import Request
 from batchlab.schedulers.base import Step
-
-ATTN_NAME = "batchlab_slots"
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,76 +35,6 @@ class StepRecord:
     tokens: int                   # tokens computed (prefill + decode)
     prefill_tokens: int           # tokens of rows computing more than one token
     emitted: int                  # new tokens produced (rows that reached their end)
-
-
-class SlotKV:
-    """Per-layer K/V tensors indexed by slot; grows (by doubling) in slots and in capacity."""
-
-    def __init__(self, layers: int, kv_heads: int, head_dim: int, dtype, device):
-        self.shape = (layers, kv_heads, head_dim)
-        self.dtype, self.device = dtype, device
-        self.k: list[torch.Tensor] = []
-        self.v: list[torch.Tensor] = []
-        self.slots = self.capacity = 0
-        self.lengths: list[int] = []           # tokens cached per slot
-        self._free: list[int] = []             # heap: lowest free slot first keeps the range dense
-        self.slot_of: dict[Request, int] = {}
-
-    def slot(self, r: Request) -> int:
-        s = self.slot_of.get(r)
-        if s is None:
-            if not self._free:
-                self._grow(max(8, 2 * self.slots), self.capacity)
-            s = self.slot_of[r] = heapq.heappop(self._free)
-        return s
-
-    def release(self, r: Request) -> None:
-        s = self.slot_of.pop(r, None)
-        if s is not None:
-            self.lengths[s] = 0
-            heapq.heappush(self._free, s)
-
-    def reserve(self, tokens: int) -> None:
-        if tokens > self.capacity:
-            self._grow(self.slots, max(tokens, 2 * self.capacity, 64))
-
-    @property
-    def used_range(self) -> int:
-        """Slots 0..n-1 cover every request that holds a slot."""
-        return max(self.slot_of.values(), default=-1) + 1
-
-    def _grow(self, slots: int, capacity: int) -> None:
-        layers, heads, dim = self.shape
-        # NOTE: zeros, not empty: masked-out positions must hold finite values (0 * NaN is NaN).
-        new = lambda: torch.zeros(slots, heads, capacity, dim, dtype=self.dtype, device=self.device)
-        for kv in (self.k, self.v):
-            for i in range(layers):
-                t = new()
-                if kv[i:i + 1]:
-                    t[: self.slots, :, : self.capacity] = kv[i]
-                    kv[i] = t
-                else:
-                    kv.append(t)
-        for s in range(self.slots, slots):
-            heapq.heappush(self._free, s)
-        self.lengths += [0] * (slots - self.slots)
-        self.slots, self.capacity = slots, capacity
-
-
-@dataclass(slots=True)
-class StepPlan:
-    """Everything one forward pass needs, built once per step and shared by every layer."""
-    cache: SlotKV
-    input_ids: torch.Tensor                # [T] packed tokens: single-token rows first, by slot
-    positions: torch.Tensor                # [T]
-    write_slot: torch.Tensor               # [T] where each token's K/V goes
-    write_pos: torch.Tensor                # [T]
-    single_slots: torch.Tensor | None      # [R1] slots of single-token rows, in packed order
-    single_mask: torch.Tensor | None       # [S, 1, 1, L] valid keys per slot in range 0..S-1
-    single_dense: bool                     # the single rows are exactly slots 0..S-1: no scatter
-    multi: list[tuple[int, int, int, int, torch.Tensor]] = field(default_factory=list)  # slot, start, n, ctx, mask
-    keep: torch.Tensor | None = None       # packed indices whose logits make new tokens
-    emit: list[Request] = field(default_factory=list)
 
 
 class StepEngine:
@@ -204,7 +128,7 @@ class StepEngine:
         the one before), each followed by the greedy pick and a device sync; (tokens, end time)
         per pass. A window stops after the first pass ending at or after `until`."""
         passes = []
-        with self._lock, torch.inference_mode(), _attention(self.model, ATTN_NAME):
+        with self._lock, torch.inference_mode(), attention(self.model, ATTN_NAME):
             for k in range(repeat):
                 if k:
                     self._advance(plan, passes[-1][0])
@@ -246,53 +170,3 @@ def _token_ids(r: Request, start: int, n: int) -> list[int]:
     if start >= p:                                   # a decode token (or recomputed output)
         return r.output_token_ids[start - p:start - p + n]
     return r.prompt_token_ids[start:] + r.output_token_ids[:start + n - p]
-
-
-@contextlib.contextmanager
-def _attention(model, name: str):
-    """Route the model's attention through `name` for one forward pass, then restore it.
-
-    NOTE: swapped per pass rather than set for good, so request-level `generate()` on the same
-    model keeps its own attention and mask. Custom names have no mask function, so
-    transformers builds no causal mask for our packed row (our function masks by slot)."""
-    cfg = model.config
-    old = cfg._attn_implementation_internal
-    cfg._attn_implementation_internal = name
-    try:
-        yield
-    finally:
-        cfg._attn_implementation_internal = old
-
-
-def slot_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-    """AttentionInterface function: write this step's K/V into the slots, attend per request.
-
-    `query` is [1, H, T, D], `key`/`value` [1, Hkv, T, D] (RoPE applied at each token's own
-    position). Grouped-query heads are folded into query rows ([Hkv, G * rows, D]), which is
-    exactly what repeating the K/V heads computes, without copying them."""
-    plan: StepPlan = kwargs["batchlab_plan"]
-    k_cache, v_cache = plan.cache.k[module.layer_idx], plan.cache.v[module.layer_idx]
-    k_cache[plan.write_slot, :, plan.write_pos] = key[0].transpose(0, 1)
-    v_cache[plan.write_slot, :, plan.write_pos] = value[0].transpose(0, 1)
-    q = query[0].transpose(0, 1)                            # [T, H, D]
-    _, heads, dim = q.shape
-    kv_heads = k_cache.shape[1]
-    outs = []
-    if plan.single_slots is not None:
-        mask = plan.single_mask
-        S, L = mask.shape[0], mask.shape[-1]
-        rows = len(plan.single_slots)
-        if plan.single_dense:                  # common case: every slot decodes, in slot order
-            q_all = q[:rows]
-        else:                                  # other slots get a dummy query, dropped below
-            q_all = q.new_zeros(S, heads, dim).index_copy_(0, plan.single_slots, q[:rows])
-        o = F.scaled_dot_product_attention(q_all.reshape(S, kv_heads, -1, dim), k_cache[:S, :, :L],
-                                           v_cache[:S, :, :L], attn_mask=mask, scale=scaling)
-        o = o.reshape(S, heads, dim)
-        outs.append(o if plan.single_dense else o.index_select(0, plan.single_slots))
-    for slot, start, n, ctx, mask in plan.multi:
-        qm = q[start:start + n].permute(1, 0, 2).reshape(kv_heads, -1, dim)   # [Hkv, G*n, D]
-        o = F.scaled_dot_product_attention(qm, k_cache[slot, :, :ctx], v_cache[slot, :, :ctx],
-                                           attn_mask=mask, scale=scaling)
-        outs.append(o.reshape(heads, n, dim).transpose(0, 1))
-    return (outs[0] if len(outs) == 1 else torch.cat(outs, 0))[None], None
