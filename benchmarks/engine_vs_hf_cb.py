@@ -25,6 +25,7 @@ import torch
 from batchlab.backends import hf_common as hc
 from batchlab.backends.hf import HFBackend
 from batchlab.backends.hf_cb import HFCBBackend
+from batchlab.backends.hf_engine import backend_efficiency
 from batchlab.bench.runner import make_requests
 from batchlab.core.clock import RealClock
 from batchlab.core.config import BackendConfig, ContinuousConfig
@@ -59,7 +60,8 @@ async def ours(hf: HFBackend, trace, c: int, clock) -> dict:
     await drive(ContinuousScheduler(cont, kv_blocks(trace, c)), hf, clock, Inbox(reqs))
     out = result(reqs, t0)
     steps = engine.step_log[mark:]
-    out["efficiency"], out["occupancy"] = efficiency(steps, out["tok_s"])
+    eff = backend_efficiency(steps, out["tok_s"])
+    out["efficiency"], out["occupancy"] = eff["backend_eff"], eff["occupancy"]
     out["busy_frac"] = sum(s.duration for s in steps) / out["wall_s"]
     out["tokens"] = {r.index: r.output_token_ids for r in reqs}
     return out
@@ -98,18 +100,6 @@ def result(reqs: list[Request], t0: float) -> dict:
     s = summarize(reqs)
     return {"tok_s": s["throughput_tok_s"], "wall_s": max(r.completion_time for r in reqs) - t0,
             "ttft_p50": s["ttft_p50"], "tpot_p50": s["tpot_p50"]}
-
-
-def efficiency(steps, tok_s: float) -> tuple[float, float]:
-    """Achieved tok/s / (B / t_step(B)), B = duration-weighted mean rows of the run's steps and
-    t_step a least-squares line through its decode-only steps (duration vs rows)."""
-    dur = np.array([s.duration for s in steps])
-    occupancy = float(np.average([s.rows for s in steps], weights=dur))
-    dec = [(s.rows, s.duration) for s in steps if s.prefill_tokens == 0]
-    rows, t = np.array(dec, dtype=float).T
-    slope, icpt = np.polyfit(rows, t, 1) if len(set(rows)) > 1 else (0.0, float(np.median(t)))
-    allowed = occupancy / (icpt + slope * occupancy)
-    return tok_s / allowed, occupancy
 
 
 async def step_times(hf: HFBackend, c: int, clock, p: int = 64, o: int = 64) -> tuple[float, float]:

@@ -150,6 +150,22 @@ class StepEngine:
         plan.single_mask[plan.single_slots, 0, 0, plan.positions] = True
 
 
+def backend_efficiency(records: list[StepRecord], achieved_tok_s: float) -> dict[str, float]:
+    """Achieved tokens/s over what the measured step time allows at the run's occupancy:
+    B / t_step(B), with B the duration-weighted mean rows per pass and t_step a least-squares
+    line (duration vs rows) through the run's decode-only passes. Below 1: idle time, prefill
+    passes and per-step overhead. NaN without a decode-only pass to fit."""
+    import numpy as np
+    dec = [(s.rows, s.duration) for s in records if s.prefill_tokens == 0]
+    if not dec or not achieved_tok_s > 0:
+        return {"backend_eff": float("nan"), "occupancy": float("nan")}
+    occupancy = float(np.average([s.rows for s in records], weights=[s.duration for s in records]))
+    rows, t = np.array(dec, dtype=float).T
+    slope, icpt = np.polyfit(rows, t, 1) if len(set(rows)) > 1 else (0.0, float(np.median(t)))
+    allowed = occupancy / max(icpt + slope * occupancy, 1e-12)
+    return {"backend_eff": achieved_tok_s / allowed, "occupancy": occupancy}
+
+
 def _eos_ids(model, tokenizer) -> list[int]:
     """The EOS ids `generate()` would suppress: the tokenizer's, else the model's."""
     eos = getattr(tokenizer, "eos_token_id", None)

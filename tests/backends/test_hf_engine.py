@@ -7,6 +7,7 @@ float64 makes such differences ~1e-16, far below any gap between two logits, so 
 tests the engine's logic (positions, masks, cache slots), not the rounding of one kernel.
 """
 import asyncio
+import math
 
 import pytest
 
@@ -182,3 +183,16 @@ def test_a_request_without_token_ids_is_refused_clearly(lm):
     r = Request("x", 4, 2, 0.0)
     with pytest.raises(ValueError, match="prompt_token_ids"):
         RealClock().run(StepEngine(lm[0], lm[1]).step(Step([(r, 4)]), RealClock()))
+
+
+def test_backend_efficiency_compares_achieved_with_what_the_step_time_allows():
+    from batchlab.backends.hf_engine import StepRecord, backend_efficiency
+    t = lambda rows: 0.001 + 0.0005 * rows                   # measured decode step time
+    recs = [StepRecord(0.0, t(b), b, b, 0, b) for b in (4, 8, 10, 10, 10, 12)]
+    occupancy = sum(r.rows * r.duration for r in recs) / sum(r.duration for r in recs)
+    ideal = occupancy / t(occupancy)
+    assert backend_efficiency(recs, ideal)["backend_eff"] == pytest.approx(1.0)
+    assert backend_efficiency(recs, ideal / 2)["backend_eff"] == pytest.approx(0.5)
+    assert backend_efficiency(recs, ideal)["occupancy"] == pytest.approx(occupancy)
+    prefill_only = [StepRecord(0.0, 0.01, 2, 50, 50, 2)]
+    assert math.isnan(backend_efficiency(prefill_only, 100.0)["backend_eff"])    # nothing to fit
