@@ -44,8 +44,8 @@ class StepEngine:
 
     def __init__(self, model, tokenizer=None, device=None):
         cfg = model.config.get_text_config()
-        if getattr(cfg, "sliding_window", None) or "sliding_attention" in (getattr(cfg, "layer_types", None) or ()):
-            raise ValueError("the step engine supports full-attention models only (this one uses a sliding window)")
+        # NOTE: we always attend to the full prefix; within a sliding window that is the same thing.
+        self.window = getattr(cfg, "sliding_window", None) if getattr(cfg, "use_sliding_window", True) else None
         self.model, self.tokenizer = model, tokenizer
         self.suppress = _eos_ids(model, tokenizer)
         self.device = torch.device(device) if device is not None else model.device
@@ -83,7 +83,11 @@ class StepEngine:
 
     def _plan(self, chunks: list[tuple[Request, int]], extra: int = 0) -> StepPlan:
         cache = self.cache
-        cache.reserve(max(r.num_computed_tokens + n for r, n in chunks) + extra)
+        longest = max(r.num_computed_tokens + n for r, n in chunks) + extra
+        if self.window and longest > self.window:
+            raise ValueError(f"{longest} tokens exceed the model's sliding window ({self.window}): "
+                             "the step engine attends to the full prefix")
+        cache.reserve(longest)
         slot = {r: cache.slot(r) for r, _ in chunks}
         singles = sorted((c for c in chunks if c[1] == 1), key=lambda c: slot[c[0]])
         ids, pos, slots, keep, emit, multi = [], [], [], [], [], []

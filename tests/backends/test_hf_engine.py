@@ -196,3 +196,16 @@ def test_backend_efficiency_compares_achieved_with_what_the_step_time_allows():
     assert backend_efficiency(recs, ideal)["occupancy"] == pytest.approx(occupancy)
     prefill_only = [StepRecord(0.0, 0.01, 2, 50, 50, 2)]
     assert math.isnan(backend_efficiency(prefill_only, 100.0)["backend_eff"])    # nothing to fit
+
+
+def test_a_sequence_past_a_sliding_window_is_refused_not_silently_attended_in_full():
+    from transformers import MistralConfig, MistralForCausalLM
+    cfg = MistralConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                        num_attention_heads=2, num_key_value_heads=1, sliding_window=8)
+    engine = StepEngine(MistralForCausalLM(cfg).eval())
+    fits = Request("a", 8, 1, 0.0, prompt_token_ids=list(range(3, 11)))
+    RealClock().run(engine.step(Step([(fits, 8)]), RealClock()))
+    assert fits.output_len == 1
+    longer = Request("b", 12, 1, 0.0, prompt_token_ids=list(range(3, 15)))
+    with pytest.raises(ValueError, match="sliding window"):
+        RealClock().run(engine.step(Step([(longer, 12)]), RealClock()))
