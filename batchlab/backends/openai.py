@@ -46,6 +46,7 @@ class OpenAIBackend(Backend):
         self.max_connections = max_connections
         self.transport = transport               # tests inject httpx.MockTransport
         self.send_lags: list[float] = []         # seconds between planned and actual send, last run
+        self.server_timing: dict[str, dict] = {}  # request id -> batchlab serve's own stamps, if sent
 
     def describe(self) -> dict[str, Any]:
         return {"backend": "openai", "model": self.model, "base_url": self.base_url,
@@ -75,7 +76,7 @@ class OpenAIBackend(Backend):
                         prompt=item.prompt, index=i)
             self.prepare(r)
             requests.append(r)
-        self.send_lags = []
+        self.send_lags, self.server_timing = [], {}
         async with self.client(len(requests)) as client:
             t0 = clock.now() + LEAD_S            # NOTE: after building the client (its TLS setup takes ~30 ms)
             for r in requests:
@@ -104,6 +105,8 @@ class OpenAIBackend(Backend):
                     r.fail(f"HTTP {resp.status_code}: {error_message(resp)}")
                     return
                 usage = await read_stream(resp, clock, chunks)
+                if usage and "batchlab_timing" in usage:
+                    self.server_timing[r.request_id] = usage.pop("batchlab_timing")
         except httpx.TimeoutException as e:
             r.fail(f"timeout after {self.timeout_s:g} s ({type(e).__name__})")
             return
@@ -163,7 +166,10 @@ def read_chunk(chunk: dict, now: float, chunks: list[tuple[float, str]]) -> dict
     if choices:
         c = choices[0]
         chunks.append((now, c.get("text") or (c.get("delta") or {}).get("content") or ""))
-    return chunk.get("usage")
+    usage = chunk.get("usage")
+    if usage is not None and "batchlab_timing" in chunk:      # batchlab serve's own stamps
+        usage = usage | {"batchlab_timing": chunk["batchlab_timing"]}
+    return usage
 
 
 def settle(r: Request, chunks: list[tuple[float, str]], usage: dict | None) -> None:

@@ -162,7 +162,7 @@ class Server:
             if r.status is Status.FAILED:
                 yield s.chunks.error_event(r.error or "failed")
             elif include_usage:
-                yield s.chunks.usage_event(usage(r))
+                yield s.chunks.usage_event(usage(r), timing(r))
             yield DONE
         finally:
             self._forget(s)
@@ -193,7 +193,7 @@ class Server:
         if r.status is Status.FAILED:
             raise APIError(500, r.error or "failed")
         text = "".join(self.codec.delta(r, 0, r.output_len, {}))
-        return JSONResponse(s.chunks.full(text, usage(r)))
+        return JSONResponse(s.chunks.full(text, usage(r)) | {"batchlab_timing": timing(r)})
 
     def _forget(self, s: Stream) -> None:
         self.streams.pop(s.request, None)
@@ -215,6 +215,12 @@ async def _disconnected(http: HTTPRequest) -> None:
 def usage(r: Request) -> dict[str, int]:
     return {"prompt_tokens": r.prompt_len, "completion_tokens": r.output_len,
             "total_tokens": r.prompt_len + r.output_len}
+
+
+def timing(r: Request) -> dict[str, float]:
+    """The server's own stamps (perf_counter seconds: comparable with a client on the same machine
+    only), so a client can split its latency into HTTP transit and time inside the server."""
+    return {"arrival": r.arrival_time, "first_token": r.token_times[0], "last_token": r.token_times[-1]}
 
 
 def create_app(server: Server, keep_alive: bool = True) -> FastAPI:

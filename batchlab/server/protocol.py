@@ -104,9 +104,10 @@ class Chunks:
         self._first = False
         return sse(obj)
 
-    def usage_event(self, usage: dict[str, int]) -> str:
+    def usage_event(self, usage: dict[str, int], timing: dict[str, float] | None = None) -> str:
         obj = self._head("chat.completion.chunk" if self.chat else "text_completion")
-        return sse(obj | {"choices": [], "usage": usage})
+        extra = {"batchlab_timing": timing} if timing else {}    # ignored by other clients
+        return sse(obj | {"choices": [], "usage": usage} | extra)
 
     def error_event(self, message: str) -> str:
         return sse({"error": {"message": message, "type": "server_error", "param": None, "code": None}})
