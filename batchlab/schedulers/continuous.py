@@ -135,12 +135,12 @@ class ContinuousScheduler(Scheduler):
                 if chunks:
                     return                     # whole prompt does not fit this step's budget
                 n = need                       # alone in the step: let an over-long prompt run
+            if -(-(r.prompt_len + r.max_new_tokens) // self.block_size) > self.num_kv_blocks:
+                self.waiting.popleft()         # could never finish, even alone: fail it now
+                r.fail(f"needs more than {self.num_kv_blocks} KV blocks of {self.block_size} tokens")
+                self.rejected.append(r)
+                continue
             if not self._grow(r, r.num_computed_tokens + n):
-                if not self.running and self._blocks_for(r, r.prompt_len + r.max_new_tokens) > self.num_kv_blocks:
-                    self.waiting.popleft()     # could never fit, even alone: fail it, don't hang
-                    r.fail(f"needs more than {self.num_kv_blocks} KV blocks of {self.block_size} tokens")
-                    self.rejected.append(r)
-                    continue
                 return                         # hold admission until blocks free up
             self.waiting.popleft()
             self.running.append(r)

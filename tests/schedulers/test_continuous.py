@@ -44,17 +44,29 @@ def test_kv_exhaustion_preempts_the_newest_and_it_recomputes():
 
 
 def test_preempted_request_goes_back_to_the_front_with_no_computed_tokens():
-    cfg = ContinuousConfig(block_size=2)
-    s = ContinuousScheduler(cfg, num_kv_blocks=3)
+    # 5 blocks of 2 tokens; a and b each need 4 blocks to finish (2 + 5 tokens): together they
+    # outgrow the cache at their 5th token, and the newest (b) is preempted.
+    s = ContinuousScheduler(ContinuousConfig(block_size=2), num_kv_blocks=5)
     a, b = Request("a", 2, 5, 0.0), Request("b", 2, 5, 0.0)
     s.add(a), s.add(b)
-    step = s.schedule(0.0)                       # both prefill: 1 block each
-    for r, n in step.chunks:
-        r.stamp_token(1.0)
-    s.finish_step(step, 1.0)                     # each now needs a 2nd block: only 1 free
-    step = s.schedule(1.0)
+    for t in range(1, 10):
+        step = s.schedule(float(t))
+        if step.preempted:
+            break
+        for r, n in step.chunks:
+            if r.num_computed_tokens + n >= r.num_tokens:
+                r.stamp_token(float(t))
+        s.finish_step(step, float(t))
     assert [r.request_id for r, _ in step.chunks] == ["a"] and step.preempted == [b]
-    assert b.num_computed_tokens == 0 and s.waiting[0] is b
+    assert b.num_computed_tokens == 0 and s.waiting[0] is b and b.num_preemptions == 1
+    assert s.blocks[a] == 3 and s.free_blocks == 2
+
+
+def test_a_request_that_fits_its_prompt_but_not_its_output_fails_up_front():
+    s = ContinuousScheduler(ContinuousConfig(block_size=4), num_kv_blocks=12)
+    r = Request("long", 40, 20, 0.0)           # 60 tokens > 48: it could never finish
+    run(s, [r])
+    assert r.status.value == "failed" and "KV blocks" in r.error and not r.token_times
 
 
 def test_reserve_policy_books_the_whole_output_and_never_preempts():
