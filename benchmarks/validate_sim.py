@@ -56,6 +56,7 @@ def main() -> int:
     ap.add_argument("--traffic-repeats", type=int, default=3, help="runs of each point (medians on both sides)")
     ap.add_argument("--threads", type=int, default=1,
                     help="torch threads (OMP_NUM_THREADS); 1 keeps a shared machine's interference proportional")
+    ap.add_argument("--gap-ms", type=float, default=0.0, help="profile: idle time before each burst")
     ap.add_argument("--skip-profile", action="store_true", help="reuse the profiles already in --out")
     args = ap.parse_args()
     out = Path(args.out)
@@ -75,7 +76,7 @@ def main() -> int:
         if not args.skip_profile:
             sh(bl + ["profile", str(config), "--strategy", strategy, "--batch-sizes", "1,2,4,8,16,32",
                      "--contexts", "16,48,96", "--prompts", "16,32,64,128", "--new-tokens", "12",
-                     "--repeats", str(args.repeats), "--out", str(path)], env)
+                     "--repeats", str(args.repeats), "--gap-ms", str(args.gap_ms), "--out", str(path)], env)
     sh(bl + ["validate", str(config), *profiles, "--out", str(out / "validate")], env)
     table = pd.read_csv(out / "validate" / "validation.csv")
     worst = {m: float(table[f"{m}_err"].abs().max()) for m in ("ttft_p50", "tpot_p50", "throughput_tok_s", "ttft_p99")}

@@ -38,6 +38,7 @@ class Grid:
     new_tokens: int = 12                             # tokens per burst: one prefill step, the rest decode
     repeats: int = 3                                 # medians over this many passes over the grid
     warmup: int = 1                                  # unmeasured passes over the grid first
+    gap_s: float = 0.0                               # idle time before each burst (live traffic arrives after idle)
 
     def shapes(self) -> list[tuple[int, int, int]]:
         """(rows, prompt tokens, new tokens) of every burst, decode grid first."""
@@ -91,6 +92,7 @@ async def measure(backend: Backend, level: str, grid: Grid, clock: Clock, progre
     runs: dict[tuple, list[np.ndarray]] = {s: [] for s in shapes}
     for rep in range(grid.warmup + grid.repeats):
         for n, shape in enumerate(shapes):
+            await clock.sleep(grid.gap_s)
             d = await time_burst(backend, level, burst(*shape, clock.now(), rep * 1000 + n), clock)
             if rep >= grid.warmup:
                 runs[shape].append(d)
@@ -154,15 +156,18 @@ def _ints(text: str, flag: str) -> tuple[int, ...]:
 @click.option("--new-tokens", type=int, default=12, show_default=True, help="Tokens per burst.")
 @click.option("--repeats", type=int, default=3, show_default=True, help="Measured passes (medians).")
 @click.option("--warmup", type=int, default=1, show_default=True, help="Unmeasured passes over the grid.")
+@click.option("--gap-ms", type=float, default=0.0, show_default=True,
+              help="Idle time before each burst: requests of live traffic often arrive at an idle backend.")
 @click.option("--out", "out", required=True, type=click.Path(dir_okay=False), help="Profile JSON to write.")
-def profile_cmd(config, overrides, preset, strategy, batch_sizes, contexts, prompts, new_tokens, repeats, warmup, out):
+def profile_cmd(config, overrides, preset, strategy, batch_sizes, contexts, prompts, new_tokens, repeats, warmup, gap_ms, out):
     """Measure a backend's step times, fit the simulator's model, save it as a profile JSON."""
     from batchlab.cli import user_errors
     user_errors(_profile_main)(config, overrides, preset, strategy, batch_sizes, contexts, prompts,
-                               new_tokens, repeats, warmup, out)
+                               new_tokens, repeats, warmup, gap_ms, out)
 
 
-def _profile_main(config, overrides, preset, strategy, batch_sizes, contexts, prompts, new_tokens, repeats, warmup, out):
+def _profile_main(config, overrides, preset, strategy, batch_sizes, contexts, prompts, new_tokens, repeats, warmup,
+                  gap_ms, out):
     path = Path(out)
     if preset is not None:
         if config or overrides:
@@ -170,10 +175,10 @@ def _profile_main(config, overrides, preset, strategy, batch_sizes, contexts, pr
         load_cost(preset).to_json(path, level="any", source="preset")
         click.echo(f"wrote preset {preset!r} as a profile: {path}")
         return
-    if new_tokens < 2 or repeats < 1 or warmup < 0:
-        raise ConfigError("--new-tokens must be >= 2, --repeats >= 1, --warmup >= 0")
+    if new_tokens < 2 or repeats < 1 or warmup < 0 or gap_ms < 0:
+        raise ConfigError("--new-tokens must be >= 2, --repeats >= 1, --warmup >= 0, --gap-ms >= 0")
     grid = Grid(_ints(batch_sizes, "--batch-sizes"), _ints(contexts, "--contexts"), _ints(prompts, "--prompts"),
-                new_tokens, repeats, warmup)
+                new_tokens, repeats, warmup, gap_ms / 1e3)
     cfg = _load(config, overrides, strategy)
     from batchlab.bench.runner import make_backend
     backend = make_backend(cfg)
