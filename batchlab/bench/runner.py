@@ -102,8 +102,20 @@ def run_point(cfg: RunConfig, strategy: str, rate: float, repeat: int, backend: 
     wall = time.perf_counter() - wall
     _rebase(requests, t0)
     summary = summarize(measured(requests, cfg.traffic.warmup_s), cfg.slo)
-    meta = {"wall_s": wall, **backend.peak_memory(), **getattr(backend, "run_meta", dict)()}
+    meta = {"wall_s": wall, **backend.peak_memory(), **getattr(backend, "run_meta", dict)(),
+            **_efficiency(backend, strategy, t0 + cfg.traffic.warmup_s, summary)}
     return PointResult(strategy, rate, repeat, requests, summary, meta)
+
+
+def _efficiency(backend: Backend, strategy: str, measured_from: float, summary: dict) -> dict[str, float]:
+    """Continuous runs on a real step engine: achieved tok/s over what its own measured step
+    time allows at the run's occupancy (backend_eff, below 1 = idle time and overhead)."""
+    engine = getattr(backend, "engine", None)
+    if strategy != "continuous" or engine is None or not hasattr(engine, "step_log"):
+        return {}
+    from batchlab.backends.hf_engine import backend_efficiency
+    records = [s for s in engine.step_log if s.start >= measured_from]
+    return backend_efficiency(records, summary["throughput_tok_s"])
 
 
 def _rebase(requests: list[Request], t0: float) -> None:

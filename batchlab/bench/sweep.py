@@ -15,6 +15,7 @@ import math
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+import numpy as np
 import yaml
 
 from batchlab.core.config import ConfigError, RunConfig
@@ -52,8 +53,10 @@ def _fmt(v: Any) -> Any:
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return ""
     if isinstance(v, float):
-        return repr(v)
-    if isinstance(v, bool):
+        return repr(float(v))              # numpy floats repr as 'np.float64(...)'
+    if isinstance(v, (bool, np.bool_)):
+        return int(v)
+    if isinstance(v, np.integer):
         return int(v)
     return v
 

@@ -167,7 +167,10 @@ class RunConfig(_Model):
     def knobs(self, strategy: str) -> dict[str, Any]:
         """The settings that shape one strategy's run, flattened for CSV rows and reports."""
         if strategy == "server":
-            return {"backend.model": self.backend.model, "backend.base_url": self.backend.base_url}
+            knobs = {"backend.model": self.backend.model, "backend.base_url": self.backend.base_url}
+            if self.backend.kind == "hf-cb":   # transformers' manager runs under our budgets
+                knobs |= {f"continuous.{k}": v for k, v in self.continuous.model_dump().items()}
+            return knobs
         section = getattr(self, strategy).model_dump()
         return {f"{strategy}.{k}": v for k, v in section.items()}
 

@@ -67,3 +67,11 @@ def test_warmup_rows_are_flagged_and_excluded_from_the_summary(tmp_path):
     assert warm and all(float(r["arrival_time"]) < 2 for r in warm)
     summ = list(csv.DictReader((out / "summary.csv").open()))[0]
     assert int(summ["num_requests"]) == len(rows) - len(warm)
+
+
+def test_numpy_values_are_written_as_plain_numbers():
+    import numpy as np
+
+    from batchlab.bench.sweep import _fmt
+    assert _fmt(np.float64(0.5)) == "0.5" and _fmt(np.int64(3)) == 3 and _fmt(np.bool_(True)) == 1
+    assert _fmt(float("nan")) == "" and _fmt(None) == ""
