@@ -185,7 +185,7 @@ def overhead(args) -> dict:
                 try:
                     backend = OpenAIBackend(f"http://127.0.0.1:{PORT}/v1", "tiny")
                     s, reqs = open_loop(backend, cfg.traffic, args.overhead_rate)
-                    rows["http"].append(_lat(reqs) | _split(reqs, backend.server_timing) |
+                    rows["http"].append(_lat(reqs) | _split(reqs, backend.server_timing, s["t0"]) |
                                         {"send_lag_p50": s["send_lag_p50"], "health_rtt_p50": health_rtt()})
                 finally:
                     proc.terminate()
@@ -268,11 +268,12 @@ def start_batchlab_sim(strategy: str, sets: list[str]) -> subprocess.Popen:
     raise RuntimeError("batchlab serve (sim) did not come up")
 
 
-def _split(reqs, timing: dict) -> dict:
-    """Where an HTTP request's time goes, from batchlab serve's own stamps (same clock)."""
+def _split(reqs, timing: dict, t0: float) -> dict:
+    """Where an HTTP request's time goes, from batchlab serve's own stamps (same clock; the
+    client's stamps were rebased to the run's start t0)."""
     rows = [(r, timing[r.request_id]) for r in reqs if r.request_id in timing and r.token_times]
-    return {"to_server_p50": float(np.median([t["arrival"] - r.arrival_time for r, t in rows])),
-            "first_to_client_p50": float(np.median([r.token_times[0] - t["first_token"] for r, t in rows])),
+    return {"to_server_p50": float(np.median([t["arrival"] - t0 - r.arrival_time for r, t in rows])),
+            "first_to_client_p50": float(np.median([r.token_times[0] + t0 - t["first_token"] for r, t in rows])),
             "server_ttft_p50": float(np.median([t["first_token"] - t["arrival"] for r, t in rows]))}
 
 

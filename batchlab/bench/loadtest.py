@@ -68,7 +68,7 @@ def open_loop(backend: OpenAIBackend, traffic: TrafficConfig, rate: float,
         r.arrival_time -= t0
         r.token_times[:] = [t - t0 for t in r.token_times]
     s = summarize([r for r in requests if r.arrival_time >= traffic.warmup_s], slo)
-    return {"rate": rate, "arrival": traffic.arrival, **s, **backend.run_meta(),
+    return {"rate": rate, "arrival": traffic.arrival, "t0": t0, **s, **backend.run_meta(),
             "errors": sorted({r.error for r in requests if r.error})[:3]}, requests
 
 

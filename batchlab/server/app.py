@@ -89,7 +89,7 @@ class Server:
                 s.event.set()
 
     async def handle(self, body: CompletionBody | ChatBody, http: HTTPRequest) -> Response:
-        arrival = self.clock.now()
+        arrival = http.scope.get("batchlab_arrival") or self.clock.now()
         chat = isinstance(body, ChatBody)
         r = self._admit(body, chat, arrival)
         s = Stream(r, Chunks(r.request_id, body.model, chat), asyncio.Event(), text_state={})
@@ -231,6 +231,7 @@ def create_app(server: Server, keep_alive: bool = True) -> FastAPI:
         await server.engine.stop()
 
     app = FastAPI(title="batchlab serve", lifespan=lifespan)
+    app.add_middleware(StampArrival, clock=server.clock)
     if not keep_alive:
         app.add_middleware(CloseConnections)
 
@@ -273,6 +274,19 @@ def create_app(server: Server, keep_alive: bool = True) -> FastAPI:
         return Response(server.metrics.render(), media_type=server.metrics.content_type)
 
     return app
+
+
+class StampArrival:
+    """ASGI middleware, outermost: a request's arrival is when its HTTP message was received,
+    before routing, body parsing and validation, which are the server's work and count in TTFT."""
+
+    def __init__(self, app, clock):
+        self.app, self.clock = app, clock
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http":
+            scope["batchlab_arrival"] = self.clock.now()
+        await self.app(scope, receive, send)
 
 
 class CloseConnections:
