@@ -172,7 +172,10 @@ def alive(pid: int) -> bool:
 
 def kv_cache_usage(url: str) -> dict[str, float]:
     """vLLM's KV pool from its /metrics: fraction in use now, and the pool's size in blocks."""
-    text = httpx.get(url.removesuffix("/v1") + "/metrics", timeout=5).text
+    return parse_kv_metrics(httpx.get(url.removesuffix("/v1") + "/metrics", timeout=5).text)
+
+
+def parse_kv_metrics(text: str) -> dict[str, float]:
     out: dict[str, float] = {}
     for line in text.splitlines():
         if line.startswith(("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")):
