@@ -2,6 +2,7 @@
 
     t_step = overhead + weight_read + kv_read * context_tokens
              + prefill * prefill_tokens + decode * decode_rows
+             + prefill_step  (only in a step that computes prompt tokens)
 
 For a memory-bound decode this is the seed's t_step(B) ~ (W_bytes + B*T*c_kv) / BW: the weights
 are read once per step whatever the batch, every row's KV is read, prompt tokens cost compute.
@@ -32,10 +33,12 @@ class StepCost:
     kv_budget_bytes: int          # memory left for the KV cache after weights and reserve
     name: str = "custom"
     description: str = ""
+    prefill_step_s: float = 0.0   # per step with prompt tokens: a prefill pass's fixed setup (fitted by profiles)
 
     def step_time(self, context_tokens: float, prefill_tokens: float, decode_rows: float) -> float:
         return (self.overhead_s + self.weight_s + self.kv_s_per_token * context_tokens
-                + self.prefill_s_per_token * prefill_tokens + self.decode_s_per_row * decode_rows)
+                + self.prefill_s_per_token * prefill_tokens + self.decode_s_per_row * decode_rows
+                + (self.prefill_step_s if prefill_tokens else 0.0))
 
     def to_json(self, path: str | Path, **extra) -> None:
         Path(path).write_text(json.dumps(asdict(self) | extra, indent=2))

@@ -53,7 +53,7 @@ class SimulatedBackend(BatchBackend, StepBackend):
         c = self.cost
         k = np.arange(o, dtype=np.float64)
         t = c.overhead_s + c.weight_s + c.decode_s_per_row * b + c.kv_s_per_token * b * (p + k)
-        t[0] += c.prefill_s_per_token * b * p
+        t[0] += c.prefill_s_per_token * b * p + c.prefill_step_s
         return t
 
     async def run_batch(self, requests: list[Request], clock: Clock) -> None:
