@@ -1,12 +1,13 @@
 """Fit the simulator's step-time model to measured step times.
 
 Each measured step is a row (context tokens, prefill tokens, decode rows) -> seconds, and the
-model is linear in its coefficients: t = fixed + kv*context + prefill*prefill_tokens + decode*rows.
+model is linear in its coefficients: t = fixed + kv*context + prefill*prefill_tokens + decode*rows
++ prefill_step*[the step computes prompt tokens] (a prefill pass has its own setup cost).
 We solve non-negative least squares on *relative* residuals (each row divided by its time), so a
 2 ms decode step counts as much as a 300 ms prefill. The constant term is one number to the data:
 overhead and weight read cannot be told apart from step times, so it is reported as `overhead_s`.
-NOTE: with only four coefficients, exact NNLS is "best feasible unconstrained fit over every
-subset of columns" (16 small solves) - no scipy needed.
+NOTE: with only five coefficients, exact NNLS is "best feasible unconstrained fit over every
+subset of columns" (32 small solves) - no scipy needed.
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import numpy as np
 
 from batchlab.backends.presets import StepCost
 
-COEFFS = ("overhead_s", "kv_s_per_token", "prefill_s_per_token", "decode_s_per_row")
+COEFFS = ("overhead_s", "kv_s_per_token", "prefill_s_per_token", "decode_s_per_row", "prefill_step_s")
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +54,8 @@ class Fit:
 
 
 def design_matrix(samples: list[StepSample]) -> np.ndarray:
-    return np.array([[1.0, s.context_tokens, s.prefill_tokens, s.decode_rows] for s in samples],
+    return np.array([[1.0, s.context_tokens, s.prefill_tokens, s.decode_rows, float(s.prefill_tokens > 0)]
+                     for s in samples],
                     dtype=np.float64).reshape(len(samples), len(COEFFS))
 
 

@@ -121,9 +121,11 @@ class ClosedForm:
 
 def step_model(cost: StepCost, p: float, o: float) -> tuple[float, float]:
     """(fixed, per-sequence) seconds of a mean decode step: each running sequence reads its KV at
-    the mean context p + o/2, and pays its prompt's prefill once over o steps."""
+    the mean context p + o/2, and pays its prompt's prefill (and, at worst, a prefill pass of its
+    own) once over o steps."""
     fixed = cost.overhead_s + cost.weight_s
-    per_seq = cost.decode_s_per_row + cost.kv_s_per_token * (p + o / 2) + cost.prefill_s_per_token * p / o
+    per_seq = (cost.decode_s_per_row + cost.kv_s_per_token * (p + o / 2)
+               + (cost.prefill_s_per_token * p + cost.prefill_step_s) / o)
     return fixed, per_seq
 
 

@@ -4,7 +4,8 @@ import pytest
 from batchlab.backends.presets import StepCost, load_cost
 from batchlab.bench.fit import COEFFS, StepSample, fit_step_times, nnls
 
-TRUE = {"overhead_s": 3e-3, "kv_s_per_token": 2e-7, "prefill_s_per_token": 5e-5, "decode_s_per_row": 4e-4}
+TRUE = {"overhead_s": 3e-3, "kv_s_per_token": 2e-7, "prefill_s_per_token": 5e-5, "decode_s_per_row": 4e-4,
+        "prefill_step_s": 2e-3}
 
 
 def synthetic(coef, noise=0.0, seed=0):
@@ -19,7 +20,8 @@ def synthetic(coef, noise=0.0, seed=0):
             rows.append((b * p, b * p, b, "prefill"))
     out = []
     for c, p, d, kind in rows:
-        t = coef["overhead_s"] + coef["kv_s_per_token"] * c + coef["prefill_s_per_token"] * p + coef["decode_s_per_row"] * d
+        t = (coef["overhead_s"] + coef["kv_s_per_token"] * c + coef["prefill_s_per_token"] * p
+             + coef["decode_s_per_row"] * d + coef["prefill_step_s"] * (p > 0))
         out.append(StepSample(c, p, d, t * (1 + noise * rng.standard_normal()), kind))
     return out
 
@@ -36,6 +38,7 @@ def test_recovers_parameters_within_noise():
     assert fit.coefficients["overhead_s"] == pytest.approx(TRUE["overhead_s"], rel=0.05)
     assert fit.coefficients["decode_s_per_row"] == pytest.approx(TRUE["decode_s_per_row"], rel=0.1)
     assert fit.coefficients["prefill_s_per_token"] == pytest.approx(TRUE["prefill_s_per_token"], rel=0.1)
+    assert fit.coefficients["prefill_step_s"] == pytest.approx(TRUE["prefill_step_s"], rel=0.3)
     assert 0.005 < fit.rms_rel_error < 0.05
 
 
@@ -61,6 +64,7 @@ def test_fit_becomes_a_step_cost_and_round_trips(tmp_path):
     cost = fit.to_cost(load_cost("toy"))
     assert cost.weight_s == 0.0 and cost.kv_budget_bytes == load_cost("toy").kv_budget_bytes
     assert cost.step_time(100, 0, 4) == pytest.approx(TRUE["overhead_s"] + 100 * 2e-7 + 4 * 4e-4)
+    assert cost.step_time(100, 100, 0) == pytest.approx(TRUE["overhead_s"] + 100 * 2e-7 + 100 * 5e-5 + 2e-3)
     path = tmp_path / "p.json"
     cost.to_json(path, **fit.summary())
     assert StepCost.from_json(path) == cost
