@@ -329,7 +329,10 @@ def ratio_lines(report: dict) -> list[str]:
         if isinstance(o, dict):
             lines.append(f"batchlab serve overhead ({key}, sim, {report['overhead']['rate']:g} req/s, median of "
                          f"{report['overhead']['repeats']}): TTFT p50 +{o['added_ttft_p50_ms']:.2f} ms, "
-                         f"E2E p50 +{o['added_e2e_p50_ms']:.2f} ms (target <= 1 ms); /health round trip "
+                         f"E2E p50 +{o['added_e2e_p50_ms']:.2f} ms (target <= 1 ms). Split: TTFT inside the server "
+                         f"{o['http']['server_ttft_p50'] * 1e3:.2f} ms vs in-process {o['in_process']['ttft_p50'] * 1e3:.2f}; "
+                         f"HTTP to the server {o['http']['to_server_p50'] * 1e3:.2f} ms, first token back "
+                         f"{o['http']['first_to_client_p50'] * 1e3:.2f} ms; /health round trip "
                          f"{o['http']['health_rtt_p50'] * 1e3:.2f} ms")
     return lines
 
