@@ -35,11 +35,13 @@ from batchlab.bench.loadtest import closed_loop, open_loop  # noqa: E402
 from batchlab.core.config import RunConfig, load_config  # noqa: E402
 
 PORT = 8010
+SERVER_CPU, CLIENT_CPU = "1", 0   # --pin: every server on core 1, the load generator on core 0
+PIN_SERVER: list[str] = []        # set by --pin to a taskset prefix
 
 
 # --- servers ---------------------------------------------------------------------------------
 def start_batchlab(config: str, strategy: str, overrides: list[str]) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "batchlab.cli", "serve", config, "--strategy", strategy,
+    cmd = [*PIN_SERVER, sys.executable, "-m", "batchlab.cli", "serve", config, "--strategy", strategy,
            "--port", str(PORT), "--model-name", "tiny", "--max-queue", "100000"]
     for o in overrides:
         cmd += ["--set", o]
@@ -138,7 +140,8 @@ def run_batchlab(args, cfg: RunConfig) -> list[dict]:
 
 
 def run_external(server: str, args, cfg: RunConfig) -> dict:
-    running = servers.up(server, "tiny", servers.DEFAULT_PORTS[server], Path(args.venv), 1024, "float32", 400)
+    running = servers.up(server, "tiny", servers.DEFAULT_PORTS[server], Path(args.venv), 1024, "float32", 400,
+                         cpus=SERVER_CPU if PIN_SERVER else None)
     try:
         text = server == "transformers"     # transformers serve takes text prompts and no ignore_eos
         backend = OpenAIBackend(running.url, running.model, timeout_s=args.timeout,
@@ -253,7 +256,7 @@ def health_rtt(n: int = 30) -> float:
 
 
 def start_batchlab_sim(strategy: str, sets: list[str]) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "batchlab.cli", "serve", "--strategy", strategy, "--port", str(PORT),
+    cmd = [*PIN_SERVER, sys.executable, "-m", "batchlab.cli", "serve", "--strategy", strategy, "--port", str(PORT),
            "--model-name", "tiny"]
     for o in sets:
         cmd += ["--set", o]
@@ -361,13 +364,19 @@ def main() -> None:
     ap.add_argument("--overhead-rate", type=float, default=2.0, help="low: the overhead, not queueing, is measured")
     ap.add_argument("--repeats", type=int, default=3, help="repeats of the overhead measurement (median)")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--pin", action="store_true",
+                    help="servers on core 1, this load generator on core 0 (vLLM's engine busy-waits on a core)")
     args = ap.parse_args()
+    if args.pin:
+        PIN_SERVER[:] = ["taskset", "-c", SERVER_CPU]
+        os.sched_setaffinity(0, {CLIENT_CPU})
     cfg = load_config(args.config, args.set)
     out = Path(args.out or cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     (ROOT / ".data").mkdir(exist_ok=True)
     wanted = args.servers.split(",")
-    report = {"config": args.config, "slo_tpot_s": cfg.slo.tpot_s, "load_avg_start": os.getloadavg(), "servers": []}
+    report = {"config": args.config, "slo_tpot_s": cfg.slo.tpot_s, "load_avg_start": os.getloadavg(), "servers": [],
+              "pinned": bool(args.pin)}
     print(f"trace: Poisson, rates {cfg.traffic.rates}, {cfg.traffic.duration_s:g} s each, prompt "
           f"{cfg.traffic.prompt_len.value} / output {cfg.traffic.output_len.value} tokens", flush=True)
     if "batchlab" in wanted:

