@@ -193,7 +193,8 @@ def _profile_main(config, overrides, preset, strategy, batch_sizes, contexts, pr
     c, f = prof.cost, prof.fit
     click.echo(f"fit ({prof.level}-level, {f.num_samples} steps): overhead {1e3 * c.overhead_s:.3f} ms/step, "
                f"kv {1e6 * c.kv_s_per_token:.3f} us/context token, prefill {1e6 * c.prefill_s_per_token:.2f} us/token, "
-               f"decode {1e3 * c.decode_s_per_row:.3f} ms/row; error rms {100 * f.rms_rel_error:.1f}%, "
+               f"decode {1e3 * c.decode_s_per_row:.3f} ms/row, prefill pass {1e3 * c.prefill_step_s:.3f} ms; "
+               f"error rms {100 * f.rms_rel_error:.1f}%, "
                f"max {100 * f.max_rel_error:.1f}%")
     click.echo(f"wrote {path}")
 
