@@ -8,7 +8,7 @@
 Target (issue 7): simulated p50 TTFT, p50 TPOT and throughput within 10 % of the real run.
 Each step runs the CLI exactly as printed, so the figures can be reproduced by hand.
 Usage: python benchmarks/validate_sim.py [--out results/validate_sim] [--rates 3,10]
-       [--duration 15] [--strategies dynamic,continuous] [--repeats 5] [--traffic-repeats 3] [--threads 1] [--gap-ms 200]
+       [--duration 15] [--strategies dynamic,continuous] [--repeats 5] [--traffic-repeats 3] [--threads 1] [--gap-ms 200] [--new-tokens 40]
 """
 from __future__ import annotations
 
@@ -56,6 +56,8 @@ def main() -> int:
     ap.add_argument("--traffic-repeats", type=int, default=3, help="runs of each point (medians on both sides)")
     ap.add_argument("--threads", type=int, default=1,
                     help="torch threads (OMP_NUM_THREADS); 1 keeps a shared machine's interference proportional")
+    ap.add_argument("--new-tokens", type=int, default=40,
+                    help="profile burst length: the traffic's mean output (generate() speeds up over its first steps)")
     ap.add_argument("--gap-ms", type=float, default=200.0, help="profile: idle time before each burst (live requests often find the backend idle)")
     ap.add_argument("--skip-profile", action="store_true", help="reuse the profiles already in --out")
     args = ap.parse_args()
@@ -75,7 +77,7 @@ def main() -> int:
         profiles += ["--profile", str(path)]
         if not args.skip_profile:
             sh(bl + ["profile", str(config), "--strategy", strategy, "--batch-sizes", "1,2,4,8,16,32",
-                     "--contexts", "16,48,96", "--prompts", "16,32,64,128", "--new-tokens", "12",
+                     "--contexts", "16,48,96", "--prompts", "16,32,64,128", "--new-tokens", str(args.new_tokens),
                      "--repeats", str(args.repeats), "--gap-ms", str(args.gap_ms), "--out", str(path)], env)
     sh(bl + ["validate", str(config), *profiles, "--out", str(out / "validate")], env)
     table = pd.read_csv(out / "validate" / "validation.csv")
