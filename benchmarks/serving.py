@@ -2,12 +2,13 @@
 transformers serve, on the same local tiny model; plus what `batchlab serve` adds over calling
 the same scheduler in-process.
 
-    python benchmarks/serving.py configs/vs-vllm.yaml [--servers batchlab,vllm,transformers]
+    python benchmarks/serving.py configs/vs-vllm.yaml [--servers batchlab,vllm,transformers] [--no-pin]
 
 For each server, the config's rates are swept in ascending order through the OpenAI backend
-(open loop, Poisson, one seeded trace per rate, identical for every server); a server's sweep
-stops at its first rate whose p99 TPOT breaks the SLO (or that loses requests): the rate before
-it is the highest it sustains. Servers run one at a time (2 cores here). Memory: batchlab's peak
+(open loop, Poisson, one seeded trace per rate, identical for every server) until the server
+saturates; the highest rate whose p99 TTFT and TPOT meet the config's SLO is the rate it
+sustains. Servers run one at a time, pinned to core 1 while this load generator has core 0
+(2 cores here; vLLM's engine busy-waits). Memory: batchlab's peak
 RSS above its loaded baseline (from its /metrics) next to vLLM's KV pool (reserved up front) and
 its peak use of it (sampled from its /metrics), each labelled. Every figure is from this run.
 """
@@ -17,6 +18,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -364,9 +366,11 @@ def main() -> None:
     ap.add_argument("--overhead-rate", type=float, default=2.0, help="low: the overhead, not queueing, is measured")
     ap.add_argument("--repeats", type=int, default=3, help="repeats of the overhead measurement (median)")
     ap.add_argument("--out", default=None)
-    ap.add_argument("--pin", action="store_true",
-                    help="servers on core 1, this load generator on core 0 (vLLM's engine busy-waits on a core)")
+    ap.add_argument("--no-pin", dest="pin", action="store_false",
+                    help="do not pin (default: servers on core 1, this load generator on core 0, because vLLM's "
+                         "engine busy-waits on a core and starves a client beside it)")
     args = ap.parse_args()
+    args.pin = args.pin and len(os.sched_getaffinity(0)) >= 2 and shutil.which("taskset") is not None
     if args.pin:
         PIN_SERVER[:] = ["taskset", "-c", SERVER_CPU]
         os.sched_setaffinity(0, {CLIENT_CPU})
