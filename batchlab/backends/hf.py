@@ -126,14 +126,7 @@ class HFBackend(BatchBackend, StepBackend):
     # -- requests ------------------------------------------------------------------------
     def prepare(self, request: Request) -> None:
         """Tokenize once, at submission. A prompt must be non-empty and fit the context."""
-        lm = self._ensure_loaded()
-        if request.prompt_len <= 0:
-            raise ValueError(f"request {request.request_id}: empty prompt (prompt_len {request.prompt_len})")
-        ctx = hc.context_length(lm.model)
-        if request.prompt_len + request.max_new_tokens > ctx:
-            raise ValueError(f"request {request.request_id}: prompt ({request.prompt_len} tokens) + "
-                             f"output ({request.max_new_tokens}) exceed the model context ({ctx} tokens)")
-        request.prompt_token_ids = hc.prompt_ids(request, lm.tokenizer, len(lm.tokenizer))
+        hc.tokenize_checked(request, self._ensure_loaded())
 
     async def run_batch(self, requests: list[Request], clock: Clock) -> None:
         stamper = StampEveryToken(clock, self._ensure_loaded().device)

@@ -104,12 +104,7 @@ class HFCBBackend(Backend):
         return self.peak.read() if self.peak is not None else {}
 
     def prepare(self, request: Request) -> None:
-        lm = self._ensure_loaded()
-        ctx = hc.context_length(lm.model)
-        if request.prompt_len <= 0 or request.prompt_len + request.max_new_tokens > ctx:
-            raise ValueError(f"request {request.request_id}: prompt {request.prompt_len} + output "
-                             f"{request.max_new_tokens} tokens must be positive and fit the context ({ctx})")
-        request.prompt_token_ids = hc.prompt_ids(request, lm.tokenizer, len(lm.tokenizer))
+        hc.tokenize_checked(request, self._ensure_loaded())
 
     # -- the trace -----------------------------------------------------------------------
     async def run_trace(self, trace: list[TraceItem], clock: Clock) -> tuple[list[Request], float]:

@@ -211,3 +211,15 @@ def prompt_ids(request, tokenizer, vocab: int | None = None, seed: int = 0) -> l
     idx = request.index            # warm-up requests use negative indexes
     rng = np.random.default_rng([seed, 0, idx] if idx >= 0 else [seed, 1, -idx])
     return ordinary[rng.integers(0, len(ordinary), size=n)].tolist()
+
+
+def tokenize_checked(request, lm) -> None:
+    """Tokenize once, at submission (both HF backends). A prompt must be non-empty, and prompt
+    plus output must fit the model's context; otherwise ValueError with the numbers."""
+    if request.prompt_len <= 0:
+        raise ValueError(f"request {request.request_id}: empty prompt (prompt_len {request.prompt_len})")
+    ctx = context_length(lm.model)
+    if request.prompt_len + request.max_new_tokens > ctx:
+        raise ValueError(f"request {request.request_id}: prompt ({request.prompt_len} tokens) + "
+                         f"output ({request.max_new_tokens}) exceed the model context ({ctx} tokens)")
+    request.prompt_token_ids = prompt_ids(request, lm.tokenizer, len(lm.tokenizer))

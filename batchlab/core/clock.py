@@ -31,6 +31,19 @@ class Clock(Protocol):
         """Run `main` to completion on an event loop driven by this clock."""
 
 
+async def _wait(event: asyncio.Event, timeout: float | None) -> bool:
+    """asyncio's own wait: the loop's time (real or virtual) decides when the timeout fires."""
+    if event.is_set():
+        return True
+    if timeout is not None and timeout <= 0:
+        return False
+    try:
+        await asyncio.wait_for(event.wait(), timeout)
+        return True
+    except asyncio.TimeoutError:
+        return False
+
+
 class RealClock:
     """Wall-clock time: monotonic, high resolution."""
 
@@ -44,15 +57,7 @@ class RealClock:
         await asyncio.sleep(max(0.0, t - self.now()))
 
     async def wait(self, event: asyncio.Event, timeout: float | None) -> bool:
-        if event.is_set():
-            return True
-        if timeout is not None and timeout <= 0:
-            return False
-        try:
-            await asyncio.wait_for(event.wait(), timeout)
-            return True
-        except asyncio.TimeoutError:
-            return False
+        return await _wait(event, timeout)
 
     def run(self, main: Awaitable[T]) -> T:
         return asyncio.run(main)
@@ -119,15 +124,7 @@ class VirtualClock:
         await fut
 
     async def wait(self, event: asyncio.Event, timeout: float | None) -> bool:
-        if event.is_set():
-            return True
-        if timeout is not None and timeout <= 0:
-            return False
-        try:
-            await asyncio.wait_for(event.wait(), timeout)
-            return True
-        except asyncio.TimeoutError:
-            return False
+        return await _wait(event, timeout)
 
     def run(self, main: Awaitable[T]) -> T:
         loop = asyncio.SelectorEventLoop(_JumpingSelector(self))
