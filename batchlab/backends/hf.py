@@ -26,14 +26,22 @@ OomHook = Callable[[list[Request]], bool]
 
 
 class StampEveryToken(StoppingCriteria):
-    """Never stops generation; records when each new token exists (after prefill for the first)."""
+    """Never stops generation; records when each new token exists (after prefill for the first).
+    With `requests`, each row's new token and stamp go onto its request as they happen, so a
+    server can stream them while the batch still runs (the final record rewrites the same)."""
 
-    def __init__(self, clock: Clock, device: torch.device):
+    def __init__(self, clock: Clock, device: torch.device, requests: list[Request] = ()):
         self.clock, self.device, self.stamps = clock, device, []
+        self.requests = list(requests)
 
     def __call__(self, input_ids: torch.LongTensor, scores, **kwargs) -> torch.BoolTensor:
         hc.synchronize(self.device)
-        self.stamps.append(self.clock.now())
+        now = self.clock.now()
+        self.stamps.append(now)
+        if self.requests:
+            for r, tok in zip(self.requests, input_ids[:, -1].tolist()):
+                if len(r.token_times) < r.max_new_tokens:
+                    r.stamp_token(now, tok)
         return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
 
 
@@ -129,7 +137,7 @@ class HFBackend(BatchBackend, StepBackend):
         hc.tokenize_checked(request, self._ensure_loaded())
 
     async def run_batch(self, requests: list[Request], clock: Clock) -> None:
-        stamper = StampEveryToken(clock, self._ensure_loaded().device)
+        stamper = StampEveryToken(clock, self._ensure_loaded().device, requests)
         try:
             out, width = await asyncio.to_thread(self._generate, requests, stamper)
         except Exception as e:

@@ -197,3 +197,27 @@ def test_tiny_alias_and_threads_setting(tiny_model_dir):
         torch.set_num_threads(before)
     assert lm.name == "tiny" and lm.device.type == "cpu" and lm.dtype == torch.float32
     assert lm.model.name_or_path == str(tiny_model_dir)
+
+
+def test_tokens_reach_their_requests_while_the_batch_is_still_generating():
+    """Each stopping-criterion call puts every row's newest token on its request at once, so a
+    server streams request-level batches token by token instead of in one burst at the end."""
+    import torch
+
+    from batchlab.backends.hf import StampEveryToken
+    from batchlab.core.request import Request
+
+    class Tick:
+        t = 0.0
+
+        def now(self):
+            self.t += 1.0
+            return self.t
+
+    a, b = Request("a", 2, 2, 0.0), Request("b", 2, 1, 0.0)
+    stamper = StampEveryToken(Tick(), torch.device("cpu"), [a, b])
+    stamper(torch.tensor([[5, 6, 7], [8, 9, 10]]), None)
+    assert (a.output_token_ids, b.output_token_ids) == ([7], [10]) and a.token_times == [1.0]
+    stamper(torch.tensor([[5, 6, 7, 11], [8, 9, 10, 12]]), None)
+    assert a.output_token_ids == [7, 11] and a.token_times == [1.0, 2.0]
+    assert b.output_token_ids == [10] and b.token_times == [1.0]     # b reached its target
