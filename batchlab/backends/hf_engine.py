@@ -47,8 +47,8 @@ class StepEngine:
         # NOTE: we always attend to the full prefix; within a sliding window that is the same thing.
         self.window = getattr(cfg, "sliding_window", None) if getattr(cfg, "use_sliding_window", True) else None
         self.model, self.tokenizer = model, tokenizer
-        self.suppress = _eos_ids(model, tokenizer)
         self.device = torch.device(device) if device is not None else model.device
+        self.suppress = torch.tensor(_eos_ids(model, tokenizer), dtype=torch.long, device=self.device)
         self.heads = cfg.num_attention_heads
         kv_heads = getattr(cfg, "num_key_value_heads", None) or self.heads
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.heads
@@ -102,9 +102,10 @@ class StepEngine:
                 keep.append(len(pos) - 1)
                 emit.append(r)
         as_t = lambda xs: torch.tensor(xs, dtype=torch.long, device=self.device)
-        plan = StepPlan(cache, as_t(ids), as_t(pos), as_t(slots), as_t(pos), None, None, False,
+        positions = as_t(pos)
+        plan = StepPlan(cache, as_t(ids), positions, as_t(slots), positions, None, None, False,
                         [(s, st, n, ctx, self._causal_mask(c_end=ctx, n=n)) for s, st, n, ctx in multi],
-                        as_t(keep), emit)
+                        0 if len(keep) == len(pos) else as_t(keep), emit)   # 0: every token emits
         if singles:
             taken = [slot[r] for r, _ in singles]
             plan.single_slots = as_t(taken)
@@ -118,13 +119,17 @@ class StepEngine:
         lens = [ends.get(s, max(self.cache.lengths[s], 1)) for s in range(S)]
         L = max(lens)
         j = torch.arange(L, device=self.device)
-        return (j[None, :] < torch.tensor(lens, device=self.device)[:, None]).view(S, 1, 1, L)
+        return self._additive(j[None, :] < torch.tensor(lens, device=self.device)[:, None]).view(S, 1, 1, L)
 
     def _causal_mask(self, c_end: int, n: int) -> torch.Tensor:
         """[G*n, c_end]: query row g*n + t (token at position c_end-n+t) sees keys up to itself."""
         groups = self.heads // self.cache.shape[1]
         t = torch.arange(n, device=self.device).repeat(groups)
-        return torch.arange(c_end, device=self.device)[None, :] <= (c_end - n + t)[:, None]
+        return self._additive(torch.arange(c_end, device=self.device)[None, :] <= (c_end - n + t)[:, None])
+
+    def _additive(self, visible: torch.Tensor) -> torch.Tensor:
+        """0 where visible, -inf elsewhere: exactly what SDPA turns a bool mask into (per call)."""
+        return torch.zeros(visible.shape, dtype=self.cache.dtype, device=self.device).masked_fill_(~visible, float("-inf"))
 
     def _forward(self, plan: StepPlan, clock: Clock, repeat: int = 1,
                  until: float | None = None) -> list[tuple[list[int], float]]:
@@ -139,7 +144,7 @@ class StepEngine:
                 out = self.model(input_ids=plan.input_ids[None], position_ids=plan.positions[None],
                                  use_cache=False, logits_to_keep=plan.keep, batchlab_plan=plan)
                 logits = out.logits[0]
-                logits[:, self.suppress] = float("-inf")    # what min_new_tokens does in generate()
+                logits.index_fill_(1, self.suppress, float("-inf"))   # what min_new_tokens does in generate()
                 passes.append((logits.argmax(-1).tolist(), clock.now()))   # .tolist() syncs the device
                 if until is not None and passes[-1][1] >= until:
                     break
@@ -150,8 +155,8 @@ class StepEngine:
         plan.input_ids = torch.tensor(tokens, dtype=torch.long, device=self.device)
         plan.positions = plan.positions + 1
         plan.write_pos = plan.positions
-        plan.single_mask = F.pad(plan.single_mask, (0, 1))   # one more key column
-        plan.single_mask[plan.single_slots, 0, 0, plan.positions] = True
+        plan.single_mask = F.pad(plan.single_mask, (0, 1), value=float("-inf"))   # one more key column
+        plan.single_mask[plan.single_slots, 0, 0, plan.positions] = 0.0
 
 
 def backend_efficiency(records: list[StepRecord], achieved_tok_s: float) -> dict[str, float]:

@@ -83,10 +83,10 @@ class StepPlan:
     write_slot: torch.Tensor               # [T] where each token's K/V goes
     write_pos: torch.Tensor                # [T]
     single_slots: torch.Tensor | None      # [R1] slots of single-token rows, in packed order
-    single_mask: torch.Tensor | None       # [S, 1, 1, L] valid keys per slot in range 0..S-1
+    single_mask: torch.Tensor | None       # [S, 1, 1, L] additive (0 / -inf): valid keys per slot 0..S-1
     single_dense: bool                     # the single rows are exactly slots 0..S-1: no scatter
     multi: list[tuple[int, int, int, int, torch.Tensor]] = field(default_factory=list)  # slot, start, n, ctx, mask
-    keep: torch.Tensor | None = None       # packed indices whose logits make new tokens
+    keep: torch.Tensor | int = 0           # packed indices whose logits make new tokens; 0: all of them
     emit: list[Request] = field(default_factory=list)
 
 
@@ -111,7 +111,9 @@ def slot_attention(module, query, key, value, attention_mask, scaling=None, drop
 
     `query` is [1, H, T, D], `key`/`value` [1, Hkv, T, D] (RoPE applied at each token's own
     position). Grouped-query heads are folded into query rows ([Hkv, G * rows, D]), which is
-    exactly what repeating the K/V heads computes, without copying them."""
+    exactly what repeating the K/V heads computes, without copying them.
+    NOTE: masks are additive floats built once per pass (SDPA would convert a bool mask in every
+    layer), and every call is 4-D: a 3-D call falls back to torch's slower math kernel on CPU."""
     plan: StepPlan = kwargs["batchlab_plan"]
     k_cache, v_cache = plan.cache.k[module.layer_idx], plan.cache.v[module.layer_idx]
     k_cache[plan.write_slot, :, plan.write_pos] = key[0].transpose(0, 1)
@@ -133,8 +135,8 @@ def slot_attention(module, query, key, value, attention_mask, scaling=None, drop
         o = o.reshape(S, heads, dim)
         outs.append(o if plan.single_dense else o.index_select(0, plan.single_slots))
     for slot, start, n, ctx, mask in plan.multi:
-        qm = q[start:start + n].permute(1, 0, 2).reshape(kv_heads, -1, dim)   # [Hkv, G*n, D]
-        o = F.scaled_dot_product_attention(qm, k_cache[slot, :, :ctx], v_cache[slot, :, :ctx],
+        qm = q[start:start + n].permute(1, 0, 2).reshape(1, kv_heads, -1, dim)   # [1, Hkv, G*n, D]
+        o = F.scaled_dot_product_attention(qm, k_cache[slot:slot + 1, :, :ctx], v_cache[slot:slot + 1, :, :ctx],
                                            attn_mask=mask, scale=scaling)
         outs.append(o.reshape(heads, n, dim).transpose(0, 1))
     return (outs[0] if len(outs) == 1 else torch.cat(outs, 0))[None], None
