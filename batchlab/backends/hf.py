@@ -45,7 +45,7 @@ class StampEveryToken(StoppingCriteria):
         return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
 
 
-class HFBackend(BatchBackend, StepBackend):
+class HFBackend(hc.ModelBackend, BatchBackend, StepBackend):
     multi_step = True                        # continuous: hf_engine.StepEngine runs decode windows
 
     def __init__(self, backend_cfg, warmup_shape: tuple[int, int, int] = (4, 16, 8),
@@ -53,18 +53,10 @@ class HFBackend(BatchBackend, StepBackend):
         self.cfg = backend_cfg
         self.warmup_shape = warmup_shape     # (rows, prompt tokens, new tokens) of a warm-up batch
         self.oom_when = oom_when             # tests: a batch for which this is True raises OOM
-        self.loaded: hc.Loaded | None = None
         self.reserve_bytes = 0               # GPU activation reserve, measured by a test batch
-        self.peak = None
         self.engine = None                   # hf_engine.StepEngine, built on the first step
 
     # -- setup ---------------------------------------------------------------------------
-    def _ensure_loaded(self) -> hc.Loaded:
-        if self.loaded is None:
-            self.loaded = hc.load(self.cfg)
-            self.peak = hc.PeakMemory(self.loaded.device)
-        return self.loaded
-
     async def start(self, clock: Clock) -> None:
         """Load once; then run the warm-up batches (their requests belong to no trace)."""
         await asyncio.to_thread(self._ensure_loaded)
@@ -92,7 +84,7 @@ class HFBackend(BatchBackend, StepBackend):
     async def close(self) -> None:
         if self.loaded is not None:
             dev = self.loaded.device
-            self.loaded, self.engine = None, None
+            self.loaded, self.engine, self.peak = None, None, None
             hc.free_cached(dev)
 
     # -- facts ---------------------------------------------------------------------------
@@ -124,18 +116,7 @@ class HFBackend(BatchBackend, StepBackend):
         m = self.memory_budget()
         return max(1, m.budget_bytes // (block_size * m.kv_bytes_per_token))
 
-    def reset_peak_memory(self) -> None:
-        self._ensure_loaded()
-        self.peak.reset()
-
-    def peak_memory(self) -> dict[str, Any]:
-        return self.peak.read() if self.peak is not None else {}
-
-    # -- requests ------------------------------------------------------------------------
-    def prepare(self, request: Request) -> None:
-        """Tokenize once, at submission. A prompt must be non-empty and fit the context."""
-        hc.tokenize_checked(request, self._ensure_loaded())
-
+    # -- requests (prepare(): hf_common.ModelBackend) -------------------------------------
     async def run_batch(self, requests: list[Request], clock: Clock) -> None:
         stamper = StampEveryToken(clock, self._ensure_loaded().device, requests)
         try:

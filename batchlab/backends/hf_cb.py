@@ -17,7 +17,6 @@ from typing import Any
 import torch
 
 from batchlab.backends import hf_common as hc
-from batchlab.backends.base import Backend
 from batchlab.core.clock import Clock, RealClock
 from batchlab.core.config import ContinuousConfig
 from batchlab.core.request import Request, Status
@@ -26,13 +25,12 @@ from batchlab.core.traffic import TraceItem
 WARMUP = (8, 16, 8)                # warm-up round: requests, prompt tokens, new tokens
 
 
-class HFCBBackend(Backend):
+class HFCBBackend(hc.ModelBackend):
     def __init__(self, backend_cfg, cont: ContinuousConfig, loaded: hc.Loaded | None = None):
         self.cfg, self.cont = backend_cfg, cont
         self.loaded = loaded               # tests and benchmarks may hand in a loaded model
         self.manager = None
         self.num_blocks: int | None = None
-        self.peak = None
 
     # -- setup ---------------------------------------------------------------------------
     async def start(self, clock: Clock) -> None:
@@ -62,13 +60,6 @@ class HFCBBackend(Backend):
             self.manager = lm.model.init_continuous_batching(generation_config=gen, continuous_batching_config=cb)
             self.manager.start()
 
-    def _ensure_loaded(self) -> hc.Loaded:
-        if self.loaded is None:
-            self.loaded = hc.load(self.cfg)
-        if self.peak is None:
-            self.peak = hc.PeakMemory(self.loaded.device)
-        return self.loaded
-
     def _kv_tokens(self) -> int:
         """KV capacity in tokens: continuous.num_kv_blocks if set, else the memory budget."""
         if self.cont.num_kv_blocks is not None:
@@ -95,16 +86,6 @@ class HFCBBackend(Backend):
                 "max_batch_tokens": self.cont.max_num_batched_tokens,
                 "torch": torch.__version__, "transformers": transformers.__version__,
                 "torch_threads": torch.get_num_threads()}
-
-    def reset_peak_memory(self) -> None:
-        self._ensure_loaded()
-        self.peak.reset()
-
-    def peak_memory(self) -> dict[str, Any]:
-        return self.peak.read() if self.peak is not None else {}
-
-    def prepare(self, request: Request) -> None:
-        hc.tokenize_checked(request, self._ensure_loaded())
 
     # -- the trace -----------------------------------------------------------------------
     async def run_trace(self, trace: list[TraceItem], clock: Clock) -> tuple[list[Request], float]:

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from batchlab.backends.base import Backend
 from batchlab.backends.tiny import resolve_model
 
 # NOTE: a CPU has no "free device memory" worth trusting (the OS swaps, other processes grow),
@@ -223,3 +224,30 @@ def tokenize_checked(request, lm) -> None:
         raise ValueError(f"request {request.request_id}: prompt ({request.prompt_len} tokens) + "
                          f"output ({request.max_new_tokens}) exceed the model context ({ctx} tokens)")
     request.prompt_token_ids = prompt_ids(request, lm.tokenizer, len(lm.tokenizer))
+
+
+class ModelBackend(Backend):
+    """What both HF backends (`hf`, `hf-cb`) share: a model loaded once through
+    `from_pretrained`, its peak-memory window, and tokenizing each request at submission."""
+
+    cfg: Any                               # BackendConfig
+    loaded: Loaded | None = None           # may be handed in (tests, benchmarks)
+    peak: PeakMemory | None = None
+
+    def _ensure_loaded(self) -> Loaded:
+        if self.loaded is None:
+            self.loaded = load(self.cfg)
+        if self.peak is None:
+            self.peak = PeakMemory(self.loaded.device)
+        return self.loaded
+
+    def reset_peak_memory(self) -> None:
+        self._ensure_loaded()
+        self.peak.reset()
+
+    def peak_memory(self) -> dict[str, Any]:
+        return self.peak.read() if self.peak is not None else {}
+
+    def prepare(self, request) -> None:
+        """Tokenize once, at submission. A prompt must be non-empty and fit the context."""
+        tokenize_checked(request, self._ensure_loaded())
