@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from batchlab.bench.stats import medians
 from batchlab.bench.sweep import points, run_sweep
 from batchlab.core.config import RunConfig
 
@@ -48,7 +49,7 @@ def _todo(cfg: RunConfig, out: Path) -> int:
 
 
 def print_tables(summary: pd.DataFrame) -> None:
-    med = summary.groupby(["rate", "strategy"], sort=False).median(numeric_only=True).reset_index()
+    med = medians(summary)
     for rate, rows in med.groupby("rate"):
         t = Table(title=f"{rate:g} req/s (medians over repeats; latencies in seconds)")
         t.add_column("strategy")

@@ -19,6 +19,8 @@ import pandas as pd  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.ticker import FuncFormatter  # noqa: E402
 
+from batchlab.bench import stats  # noqa: E402
+
 COLORS = {"naive": "#d62728", "dynamic": "#ff7f0e", "continuous": "#1f77b4", "server": "#2ca02c"}
 PCT_STYLE = {50: "-", 90: "--", 99: ":"}
 STYLE = {"font.size": 11, "axes.titlesize": 12, "axes.labelsize": 11, "legend.fontsize": 10,
@@ -34,10 +36,6 @@ def save(fig, path: Path) -> Path:
     fig.savefig(path, dpi=100, bbox_inches="tight")
     plt.close(fig)
     return path
-
-
-def medians(summary: pd.DataFrame) -> pd.DataFrame:
-    return summary.groupby(["strategy", "rate"], sort=False).median(numeric_only=True).reset_index()
 
 
 def strategies(df: pd.DataFrame) -> list[str]:
@@ -64,7 +62,7 @@ def slo_line(ax, limit: float | None, vertical: bool = False) -> None:
 
 def plot_tradeoff(summary: pd.DataFrame, out: Path, slo: dict, knees: dict[str, float | None]) -> Path:
     """Throughput (x) against latency (y, log), one curve per strategy; stars mark each knee."""
-    med = medians(summary)
+    med = stats.medians(summary)
     with plt.rc_context(STYLE):
         fig, axes = plt.subplots(2, 2, figsize=(13, 9), sharex=True)
         for ax, (metric, name, limit) in zip(axes.flat, [
@@ -103,7 +101,7 @@ def _mark_knee(ax, d: pd.DataFrame, metric: str, knee: float | None, c: str) -> 
 
 def plot_latency_vs_rate(summary: pd.DataFrame, out: Path, slo: dict) -> Path:
     """p50 / p90 / p99 of TTFT, TPOT and E2E against the arrival rate, log latency axis."""
-    med = medians(summary)
+    med = stats.medians(summary)
     with plt.rc_context(STYLE):
         fig, axes = plt.subplots(1, 3, figsize=(16, 5.5))
         for ax, (key, name) in zip(axes, [("ttft", "TTFT"), ("tpot", "TPOT"), ("e2e", "E2E latency")]):

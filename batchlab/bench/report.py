@@ -172,7 +172,7 @@ def _plots(figures: dict[str, Path], rate: float) -> list[str]:
 
 
 def _tables(summary: pd.DataFrame) -> list[str]:
-    med = summary.groupby(["rate", "strategy"], sort=False).median(numeric_only=True).reset_index()
+    med = stats.medians(summary)
     reps = int(summary["repeat"].nunique())
     md = ["## Results per rate", "",
           f"Medians over {reps} repeat(s) after warm-up. Throughput in output tokens/s; SLO met is the share of "

@@ -175,6 +175,12 @@ def crossover_rates(rates, a_vals, b_vals, lower_is_better: bool = False, tie: f
     return out
 
 
+def medians(summary: pd.DataFrame) -> pd.DataFrame:
+    """One row per (strategy, rate): the median of every numeric column over repeats, in the
+    order points were run (rate-major), which every table and plot keeps."""
+    return summary.groupby(["strategy", "rate"], sort=False).median(numeric_only=True).reset_index()
+
+
 def crossovers(summary: pd.DataFrame, a: str, b: str, metrics=("throughput_tok_s", "goodput", "ttft_p99", "e2e_p50")) -> list[Crossover]:
     med = summary.groupby(["strategy", "rate"]).median(numeric_only=True)
     found = []
