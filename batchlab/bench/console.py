@@ -10,7 +10,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from batchlab.bench.stats import medians
-from batchlab.bench.sweep import points, run_sweep
+from batchlab.bench.sweep import ResultsDir, pending_points, points, run_sweep
 from batchlab.core.config import RunConfig
 
 # NOTE: piped output (CI logs, `| tee`) has no terminal width; rich would then squeeze the
@@ -30,7 +30,7 @@ def run_with_progress(cfg: RunConfig, out: Path, quiet: bool = False) -> None:
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=console, disable=quiet, transient=False) as bar:
         task = bar.add_task("sweep", total=total)
-        done_before = total - _todo(cfg, out)
+        done_before = total - len(pending_points(cfg, ResultsDir(out).done_points(), out))
         bar.update(task, completed=done_before)
         run_sweep(cfg, out, on_point=lambda s: bar.advance(task),
                   progress=lambda msg: bar.update(task, description=msg))
@@ -42,10 +42,6 @@ def run_with_progress(cfg: RunConfig, out: Path, quiet: bool = False) -> None:
     console.print(f"results: {out}/requests.csv, {out}/summary.csv" + (f", {out}/report.md" if cfg.report else ""))
 
 
-def _todo(cfg: RunConfig, out: Path) -> int:
-    from batchlab.bench.sweep import ResultsDir
-    done = ResultsDir(out).done_points()
-    return sum(1 for s, r, k in points(cfg) if (s, float(r) if r is not None else None, k) not in done)
 
 
 def print_tables(summary: pd.DataFrame) -> None:

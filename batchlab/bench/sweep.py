@@ -21,7 +21,7 @@ import yaml
 from batchlab.core.config import ConfigError, RunConfig
 from batchlab.core.metrics import per_request
 from batchlab.core.request import Request
-from batchlab.core.traffic import build_trace, trace_rate
+from batchlab.core.traffic import build_trace, read_trace_file, trace_rate
 
 REQUEST_COLUMNS = [
     "request_id", "strategy", "rate", "repeat", "seed", "backend", "model", "knobs", "point_hash",
@@ -41,12 +41,30 @@ def point_hash(cfg: RunConfig, strategy: str) -> str:
 
 
 def points(cfg: RunConfig) -> Iterator[tuple[str, float, int]]:
-    """Rate-major order: all strategies run back to back on each (rate, repeat) trace."""
-    rates = cfg.traffic.rates if cfg.traffic.arrival != "trace" else [None]
+    """Rate-major order: all strategies run back to back on each (rate, repeat) trace.
+    A replayed trace is one point per repeat, labelled with the trace's mean rate."""
+    if cfg.traffic.arrival == "trace":
+        rates = [round(trace_rate(read_trace_file(cfg.traffic.trace_file)), 6)]
+    else:
+        rates = cfg.traffic.rates
     for rate in rates:
         for repeat in range(cfg.traffic.repeats):
             for strategy in cfg.strategies:
-                yield strategy, rate, repeat
+                yield strategy, float(rate), repeat
+
+
+def pending_points(cfg: RunConfig, done: dict[tuple, str], where: Path) -> list[tuple[str, float, int]]:
+    """The points of the sweep not yet recorded in `done`; a point recorded with other
+    settings is refused rather than mixed."""
+    todo = []
+    for key in points(cfg):
+        strategy, rate, repeat = key
+        if key in done and done[key] != point_hash(cfg, strategy):
+            raise ConfigError(f"{where}: point {strategy} @ {rate:g} req/s (repeat {repeat}) was "
+                              "recorded with different settings; use another --out directory")
+        if key not in done:
+            todo.append(key)
+    return todo
 
 
 def _fmt(v: Any) -> Any:
@@ -154,15 +172,7 @@ def run_sweep(cfg: RunConfig, out: str | Path, on_point: Callable[[dict], None] 
 
     results = ResultsDir(out)
     done = results.done_points()
-    todo = []
-    for strategy, rate, repeat in points(cfg):
-        key = (strategy, float(rate) if rate is not None else None, repeat)
-        h = point_hash(cfg, strategy)
-        if key in done and done[key] != h:
-            raise ConfigError(f"{results.path}: point {strategy} @ {rate} req/s (repeat {repeat}) was "
-                              "recorded with different settings; use another --out directory")
-        if key not in done:
-            todo.append((strategy, rate, repeat))
+    todo = pending_points(cfg, done, results.path)
     results.path.mkdir(parents=True, exist_ok=True)
     results.drop_partial(done)
     (results.path / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
@@ -174,8 +184,7 @@ def run_sweep(cfg: RunConfig, out: str | Path, on_point: Callable[[dict], None] 
     (results.path / "setup.json").write_text(json.dumps(setup, indent=2, default=str))
     try:
         for strategy, rate, repeat in todo:
-            trace = build_trace(cfg.traffic, rate or 0.0, repeat)
-            rate = rate if rate is not None else round(trace_rate(trace), 6)
+            trace = build_trace(cfg.traffic, rate, repeat)
             if progress:
                 progress(f"{strategy} @ {rate:g} req/s (repeat {repeat}): {len(trace)} requests")
             res = run_point(cfg, strategy, rate, repeat, backend, trace)

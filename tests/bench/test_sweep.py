@@ -75,3 +75,17 @@ def test_numpy_values_are_written_as_plain_numbers():
     from batchlab.bench.sweep import _fmt
     assert _fmt(np.float64(0.5)) == "0.5" and _fmt(np.int64(3)) == 3 and _fmt(np.bool_(True)) == 1
     assert _fmt(float("nan")) == "" and _fmt(None) == ""
+
+
+def test_a_replayed_trace_resumes_too(tmp_path):
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrival_time,prompt_len,output_len\n0.0,10,3\n0.5,20,4\n1.0,30,5\n")
+    overrides = ["traffic.arrival=trace", f"traffic.trace_file={trace}", "traffic.warmup_s=0", "report=false"]
+    out = tmp_path / "r"
+    run_sweep(load_config(None, overrides), out)
+    before = (out / "requests.csv").read_bytes()
+    seen = []
+    run_sweep(load_config(None, overrides), out, on_point=seen.append)
+    assert seen == [] and (out / "requests.csv").read_bytes() == before
+    rates = {row["rate"] for row in csv.DictReader((out / "summary.csv").open())}
+    assert rates == {"3.0"}      # three requests over one second: the trace's mean rate
