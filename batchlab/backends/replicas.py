@@ -82,7 +82,7 @@ def make_replicas(cfg: RunConfig, strategy: str, backend: Backend, n: int) -> li
 async def route(requests: list[Request], replicas: list[Replica], router: Router, clock: Clock) -> None:
     """Release each request at its planned arrival time to the replica the router picks."""
     for r in sorted(requests, key=lambda r: (r.arrival_time, r.index)):
-        await clock.sleep(r.arrival_time - clock.now())
+        await clock.sleep_until(r.arrival_time)   # exactly the planned time, as the driver does
         router.pick(replicas).take(r)
     for rep in replicas:
         rep.inbox.close()
