@@ -37,11 +37,11 @@ def user_errors(fn):
 LAZY_COMMANDS = {
     "make-tiny-model": "batchlab.backends.tiny:make_tiny_model_cmd",
     "serve": "batchlab.server.app:serve_cmd",
-    "loadtest": "batchlab.bench.loadtest:loadtest_cmd",
-    "vllm": "batchlab.bench.vllm:vllm_cmd",
-    "profile": "batchlab.bench.profile:profile_cmd",
-    "validate": "batchlab.bench.validate:validate_cmd",
-    "tune": "batchlab.bench.tune:tune_cmd",
+    "loadtest": "batchlab.baselines.loadtest:loadtest_cmd",
+    "vllm": "batchlab.baselines.vllm:vllm_cmd",
+    "profile": "batchlab.calibrate.profile:profile_cmd",
+    "validate": "batchlab.calibrate.validate:validate_cmd",
+    "tune": "batchlab.tune.search:tune_cmd",
 }
 
 
@@ -85,7 +85,7 @@ def default_config_text() -> str:
 def run(config: str | None, out: str | None, overrides: tuple[str, ...], quiet: bool) -> None:
     """Run a sweep (default: the simulator, naive/dynamic/continuous at 5, 20, 50 req/s)."""
     import yaml
-    from batchlab.bench.console import run_with_progress
+    from batchlab.report.console import run_with_progress
 
     base = None if config else yaml.safe_load(default_config_text())
     cfg = load_config(config, list(overrides), base=base)
@@ -98,7 +98,7 @@ def run(config: str | None, out: str | None, overrides: tuple[str, ...], quiet: 
 @user_errors
 def report(results_dir: str) -> None:
     """Regenerate report.md and the plots from a results directory's CSV files."""
-    from batchlab.bench.console import write_report
+    from batchlab.report.console import write_report
     write_report(Path(results_dir))
 
 

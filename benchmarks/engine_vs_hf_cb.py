@@ -26,10 +26,10 @@ from batchlab.backends import hf_common as hc
 from batchlab.backends.hf import HFBackend
 from batchlab.backends.hf_cb import HFCBBackend
 from batchlab.backends.hf_engine import backend_efficiency
-from batchlab.bench.runner import make_requests
+from batchlab.run.point import make_requests
 from batchlab.core.clock import RealClock
 from batchlab.core.config import BackendConfig, ContinuousConfig
-from batchlab.core.driver import Inbox, drive
+from batchlab.run.driver import Inbox, drive
 from batchlab.core.metrics import summarize
 from batchlab.core.request import Request, Status
 from batchlab.core.traffic import TraceItem

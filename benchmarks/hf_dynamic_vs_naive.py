@@ -13,7 +13,7 @@ import argparse
 import statistics
 import time
 
-from batchlab.bench.runner import make_backend, run_point
+from batchlab.run.point import make_backend, run_point
 from batchlab.core.config import load_config
 from batchlab.core.traffic import build_trace
 

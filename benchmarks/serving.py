@@ -33,8 +33,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from batchlab.backends.openai import OpenAIBackend  # noqa: E402
-from batchlab.bench import vllm as servers  # noqa: E402
-from batchlab.bench.loadtest import closed_loop, open_loop  # noqa: E402
+from batchlab.baselines import vllm as servers  # noqa: E402
+from batchlab.baselines.loadtest import closed_loop, open_loop  # noqa: E402
 from batchlab.core.config import RunConfig, load_config  # noqa: E402
 
 PORT = 8010
@@ -169,7 +169,7 @@ def overhead(args) -> dict:
     sees it (httpx's own work before a request leaves included), and from the moment httpx writes
     the request to the socket (what the server and loopback add; the target's measure). The
     in-process side runs on the server's event loop (uvloop when installed)."""
-    from batchlab.bench.runner import make_backend, run_trace
+    from batchlab.run.point import make_backend, run_trace
     from batchlab.core.clock import RealClock
     from batchlab.core.traffic import build_trace
 

@@ -23,11 +23,11 @@ import yaml
 
 from batchlab.backends.presets import load_cost
 from batchlab.backends.simulated import SimulatedBackend
-from batchlab.bench.runner import run_point
+from batchlab.run.point import run_point
 from batchlab.cli import default_config_text
 from batchlab.core.clock import VirtualClock
 from batchlab.core.config import ContinuousConfig, load_config
-from batchlab.core.driver import Inbox, drive
+from batchlab.run.driver import Inbox, drive
 from batchlab.core.request import Request
 from batchlab.schedulers import ContinuousScheduler
 

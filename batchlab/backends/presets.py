@@ -8,7 +8,7 @@ For a memory-bound decode this is the seed's t_step(B) ~ (W_bytes + B*T*c_kv) / 
 are read once per step whatever the batch, every row's KV is read, prompt tokens cost compute.
 Presets derive the coefficients from a model shape and a device with stated efficiencies; the
 `linear` kind sets them directly (the toy simulator's constants are one such preset).
-A measured profile (bench/profile.py) is the same `StepCost`, saved as JSON.
+A measured profile (calibrate/profile.py) is the same `StepCost`, saved as JSON.
 """
 from __future__ import annotations
 

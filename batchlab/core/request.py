@@ -36,7 +36,7 @@ class Request:
     error: str | None = None
     num_computed_tokens: int = 0     # tokens whose KV is cached (prompt + generated)
     num_preemptions: int = 0
-    # Seconds spent in each phase, filled by the scheduler/driver (see bench/report.py).
+    # Seconds spent in each phase, filled by the scheduler/driver (see core/breakdown.py).
     breakdown: dict[str, float] = field(default_factory=dict)
     trigger: str = ""                # what launched this request's batch (size / age / memory / drain)
 

@@ -84,7 +84,7 @@ def build_server(cfg: RunConfig, strategy: str, names: tuple[str, ...] = (), max
                  max_model_len: int | None = None, default_max_tokens: int = 16,
                  engine_thread: bool = False, flush_idle_s: float | None = 1.0) -> Server:
     """The scheduler, backend and engine for `strategy` under `cfg`, not yet started."""
-    from batchlab.bench.runner import make_backend
+    from batchlab.run.point import make_backend
     from batchlab.schedulers import make_scheduler
 
     if strategy == "server" or strategy not in ("naive", "dynamic", "continuous"):

@@ -15,7 +15,7 @@ import threading
 from typing import Any, Callable
 
 from batchlab.core.clock import Clock, RealClock
-from batchlab.core.driver import Inbox, drive
+from batchlab.run.driver import Inbox, drive
 from batchlab.core.request import Request, Status
 from batchlab.schedulers.base import Idle, Scheduler, Step
 

@@ -8,10 +8,10 @@ import torch  # noqa: E402
 
 from batchlab.backends import hf_common as hc  # noqa: E402
 from batchlab.backends.hf import HFBackend  # noqa: E402
-from batchlab.bench.runner import make_requests, run_point  # noqa: E402
+from batchlab.run.point import make_requests, run_point  # noqa: E402
 from batchlab.core.clock import RealClock  # noqa: E402
 from batchlab.core.config import RunConfig  # noqa: E402
-from batchlab.core.driver import Inbox, drive  # noqa: E402
+from batchlab.run.driver import Inbox, drive  # noqa: E402
 from batchlab.core.request import Request, Status  # noqa: E402
 from batchlab.core.traffic import TraceItem  # noqa: E402
 from batchlab.schedulers import make_scheduler  # noqa: E402

@@ -9,7 +9,7 @@ pytestmark = pytest.mark.hf
 
 from batchlab.backends import hf_common as hc  # noqa: E402
 from batchlab.backends.hf_cb import HFCBBackend, _Tracker, from_config  # noqa: E402
-from batchlab.bench.runner import make_backend  # noqa: E402
+from batchlab.run.point import make_backend  # noqa: E402
 from batchlab.core.clock import RealClock  # noqa: E402
 from batchlab.core.config import ConfigError, load_config  # noqa: E402
 from batchlab.core.request import Request, Status  # noqa: E402

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.hf
 from batchlab.backends.hf_engine import StepEngine  # noqa: E402
 from batchlab.core.clock import RealClock  # noqa: E402
 from batchlab.core.config import ContinuousConfig  # noqa: E402
-from batchlab.core.driver import Inbox, drive  # noqa: E402
+from batchlab.run.driver import Inbox, drive  # noqa: E402
 from batchlab.core.request import Request, Status  # noqa: E402
 from batchlab.schedulers.base import Step  # noqa: E402
 from batchlab.schedulers.continuous import ContinuousScheduler  # noqa: E402

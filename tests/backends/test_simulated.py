@@ -2,7 +2,7 @@ import pytest
 
 from batchlab.backends.presets import PRESETS, StepCost, load_cost
 from batchlab.backends.simulated import SimulatedBackend
-from batchlab.bench.runner import run_point
+from batchlab.run.point import run_point
 from batchlab.core.config import ConfigError, load_config
 
 

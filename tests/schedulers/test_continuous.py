@@ -1,6 +1,6 @@
 from batchlab.core.clock import VirtualClock
 from batchlab.core.config import ContinuousConfig
-from batchlab.core.driver import Inbox, drive
+from batchlab.run.driver import Inbox, drive
 from batchlab.core.request import Request
 from batchlab.schedulers import ContinuousScheduler
 from batchlab.schedulers.base import Step

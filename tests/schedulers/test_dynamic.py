@@ -1,6 +1,6 @@
 from batchlab.core.clock import VirtualClock
 from batchlab.core.config import DynamicConfig
-from batchlab.core.driver import Inbox, drive
+from batchlab.run.driver import Inbox, drive
 from batchlab.core.request import Request
 from batchlab.schedulers import DynamicScheduler, MemoryBudget
 from batchlab.schedulers.base import Batch, Idle

@@ -4,7 +4,7 @@ import pytest
 
 from batchlab.core.clock import VirtualClock
 from batchlab.core.config import ContinuousConfig, DynamicConfig, NaiveConfig
-from batchlab.core.driver import Inbox, drive
+from batchlab.run.driver import Inbox, drive
 from batchlab.schedulers import ContinuousScheduler, DynamicScheduler, NaiveScheduler
 from tests.fakes import UnitStepBackend, make_requests
 

@@ -1,0 +1,217 @@
+"""Profile a backend's step time and fit the simulator's step-time model to it.
+
+A burst of b identical requests (prompt p, o new tokens) arrives at once and runs down the path a
+strategy uses: request-level (`run_batch`, e.g. HF `generate()`), or iteration-level (the
+continuous scheduler, the driver and `step`, e.g. our step engine). Every token stamp ends a step,
+so one burst gives its prefill step and o - 1 decode steps at contexts p+1 .. p+o-1. The grid is
+batch sizes x contexts (decode) plus prompt lengths at batch 1 (prefill); each burst is repeated
+after warm-up and each step's median kept. calibrate/fit.py turns the medians into a `StepCost`, saved
+as JSON with the fit's error: `backend.kind: sim` + `backend.profile: FILE` then simulates it.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import click
+import numpy as np
+
+from batchlab.backends.base import Backend
+from batchlab.backends.presets import StepCost, load_cost
+from batchlab.calibrate.fit import Fit, StepSample, fit_step_times
+from batchlab.core.clock import Clock, RealClock, VirtualClock
+from batchlab.core.config import ConfigError, ContinuousConfig
+from batchlab.run.driver import Inbox, drive
+from batchlab.core.request import Request
+
+LEVELS = {"naive": "request", "dynamic": "request", "continuous": "iteration"}
+
+
+@dataclass(frozen=True)
+class Grid:
+    batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
+    contexts: tuple[int, ...] = (16, 64, 128, 256)   # decode: prompt lengths the decode steps start from
+    prompts: tuple[int, ...] = (16, 64, 256, 512)    # prefill, at batch 1
+    new_tokens: int = 12                             # tokens per burst: one prefill step, the rest decode
+    repeats: int = 3                                 # medians over this many passes over the grid
+    warmup: int = 1                                  # unmeasured passes over the grid first
+    gap_s: float = 0.0                               # idle time before each burst (live traffic arrives after idle)
+
+    def shapes(self) -> list[tuple[int, int, int]]:
+        """(rows, prompt tokens, new tokens) of every burst, decode grid first."""
+        out = [(b, p, self.new_tokens) for b in self.batch_sizes for p in self.contexts]
+        return out + [(1, p, 2) for p in self.prompts if (1, p, self.new_tokens) not in out]
+
+
+@dataclass
+class Profile:
+    level: str                       # request | iteration
+    samples: list[StepSample]
+    fit: Fit
+    cost: StepCost
+
+
+def burst(rows: int, prompt: int, new: int, t0: float, tag: int) -> list[Request]:
+    return [Request(f"profile{tag}-{i}", prompt, new, t0, index=tag * 1000 + i) for i in range(rows)]
+
+
+async def time_burst(backend: Backend, level: str, reqs: list[Request], clock: Clock) -> np.ndarray:
+    """Durations of the burst's steps, from the token stamps (step 0 is the prefill step)."""
+    for r in reqs:
+        backend.prepare(r)
+    t0 = clock.now()
+    if level == "request":
+        await backend.run_batch(reqs, clock)
+    else:
+        from batchlab.schedulers import ContinuousScheduler
+        tokens = sum(r.prompt_len for r in reqs)
+        cfg = ContinuousConfig(max_num_seqs=len(reqs), max_num_batched_tokens=max(tokens, 1))
+        await drive(ContinuousScheduler(cfg, num_kv_blocks=1 << 40), backend, clock, Inbox(reqs))
+    stamps = reqs[0].token_times
+    if len(stamps) != reqs[0].max_new_tokens or any(r.token_times != stamps for r in reqs):
+        raise RuntimeError("profile burst: rows did not step together; cannot read step times")
+    return np.diff(np.asarray([t0] + stamps))
+
+
+def step_features(level: str, rows: int, prompt: int, k: int) -> tuple[int, int, int]:
+    """(context, prefill tokens, decode rows) of step k, as the simulator charges it."""
+    if k == 0:
+        return rows * prompt, rows * prompt, rows if level == "request" else 0
+    return rows * (prompt + k), 0, rows
+
+
+async def measure(backend: Backend, level: str, grid: Grid, clock: Clock, progress=None) -> list[StepSample]:
+    """Warm-up passes, then `repeats` passes over the grid; each step's median over the passes.
+    NOTE: passes go round the whole grid rather than repeating one shape back to back, so a burst
+    of noise from another process spreads over many shapes and the medians shrug it off."""
+    await backend.start(clock)
+    shapes = grid.shapes()
+    runs: dict[tuple, list[np.ndarray]] = {s: [] for s in shapes}
+    for rep in range(grid.warmup + grid.repeats):
+        for n, shape in enumerate(shapes):
+            await clock.sleep(grid.gap_s)
+            d = await time_burst(backend, level, burst(*shape, clock.now(), rep * 1000 + n), clock)
+            if rep >= grid.warmup:
+                runs[shape].append(d)
+    samples = []
+    for (rows, prompt, new), ds in runs.items():
+        med = np.median(np.stack(ds), axis=0)
+        for k, seconds in enumerate(med):
+            samples.append(StepSample(*step_features(level, rows, prompt, k), float(seconds),
+                                      "prefill" if k == 0 else "decode"))
+        if progress:
+            tail = f", decode {1e3 * np.median(med[1:]):.2f} ms" if len(med) > 1 else ""
+            progress(f"{rows} x {prompt} tokens: prefill {1e3 * med[0]:.1f} ms{tail}")
+    return samples
+
+
+def profile_backend(backend: Backend, strategy: str, grid: Grid = Grid(), progress=None) -> Profile:
+    """Measure `backend` on the path `strategy` uses, fit, and return the calibrated StepCost."""
+    level = LEVELS[strategy]
+    clock: Clock = VirtualClock() if backend.virtual_time else RealClock()
+    samples = clock.run(measure(backend, level, grid, clock, progress))
+    fit = fit_step_times(samples)
+    mem = backend.memory_budget()
+    base = StepCost(0, 0, 0, 0, 0, kv_bytes_per_token=mem.kv_bytes_per_token if mem else 1,
+                    kv_budget_bytes=mem.budget_bytes if mem else 1 << 50)
+    described = backend.describe()
+    name = f"{described.get('model', 'backend')}-{level}"
+    cost = fit.to_cost(base)
+    cost = type(cost)(**{**asdict(cost), "name": name,
+                         "description": f"profile of {described.get('model', '?')} on {described.get('device', '?')} "
+                                        f"({level}-level, fit rms error {100 * fit.rms_rel_error:.1f}%)"})
+    return Profile(level, samples, fit, cost)
+
+
+def save(profile: Profile, path: Path, setup: dict[str, Any], grid: Grid) -> None:
+    pred = profile.fit.predict(profile.samples)
+    rows = [asdict(s) | {"fit_seconds": float(p)} for s, p in zip(profile.samples, pred)]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    profile.cost.to_json(path, level=profile.level, **profile.fit.summary(), grid=asdict(grid),
+                         setup=setup, samples=rows)
+
+
+def _ints(text: str, flag: str) -> tuple[int, ...]:
+    try:
+        vals = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise ConfigError(f"{flag} {text!r}: expected comma-separated positive integers, e.g. 1,2,4,8") from None
+    if not vals or min(vals) < 1:
+        raise ConfigError(f"{flag} {text!r}: expected comma-separated positive integers, e.g. 1,2,4,8")
+    return vals
+
+
+@click.command("profile")
+@click.argument("config", required=False, type=click.Path(dir_okay=False))
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Override a config key (repeatable).")
+@click.option("--preset", default=None, help="Write a simulator preset as a profile (no measuring).")
+@click.option("--strategy", type=click.Choice(list(LEVELS)), default="continuous", show_default=True,
+              help="Which path to profile: naive/dynamic = request-level batches, continuous = steps.")
+@click.option("--batch-sizes", default="1,2,4,8,16,32", show_default=True)
+@click.option("--contexts", default="16,64,128,256", show_default=True, help="Decode: prompt lengths to decode from.")
+@click.option("--prompts", default="16,64,256,512", show_default=True, help="Prefill: prompt lengths at batch 1.")
+@click.option("--new-tokens", type=int, default=12, show_default=True, help="Tokens per burst.")
+@click.option("--repeats", type=int, default=3, show_default=True, help="Measured passes (medians).")
+@click.option("--warmup", type=int, default=1, show_default=True, help="Unmeasured passes over the grid.")
+@click.option("--gap-ms", type=float, default=0.0, show_default=True,
+              help="Idle time before each burst: requests of live traffic often arrive at an idle backend.")
+@click.option("--out", "out", required=True, type=click.Path(dir_okay=False), help="Profile JSON to write.")
+def profile_cmd(config, overrides, preset, strategy, batch_sizes, contexts, prompts, new_tokens, repeats, warmup, gap_ms, out):
+    """Measure a backend's step times, fit the simulator's model, save it as a profile JSON."""
+    from batchlab.cli import user_errors
+    user_errors(_profile_main)(config, overrides, preset, strategy, batch_sizes, contexts, prompts,
+                               new_tokens, repeats, warmup, gap_ms, out)
+
+
+def _profile_main(config, overrides, preset, strategy, batch_sizes, contexts, prompts, new_tokens, repeats, warmup,
+                  gap_ms, out):
+    path = Path(out)
+    if preset is not None:
+        if config or overrides:
+            raise ConfigError("--preset writes a preset as it is; do not give a config or --set with it")
+        load_cost(preset).to_json(path, level="any", source="preset")
+        click.echo(f"wrote preset {preset!r} as a profile: {path}")
+        return
+    if new_tokens < 2 or repeats < 1 or warmup < 0 or gap_ms < 0:
+        raise ConfigError("--new-tokens must be >= 2, --repeats >= 1, --warmup >= 0, --gap-ms >= 0")
+    grid = Grid(_ints(batch_sizes, "--batch-sizes"), _ints(contexts, "--contexts"), _ints(prompts, "--prompts"),
+                new_tokens, repeats, warmup, gap_ms / 1e3)
+    cfg = _load(config, overrides, strategy)
+    from batchlab.run.point import make_backend
+    backend = make_backend(cfg)
+    load_before = os.getloadavg()[0]
+    try:
+        prof = profile_backend(backend, strategy, grid, progress=lambda m: click.echo(f"  {m}"))
+        # NOTE: other processes' load is the main error source on a shared machine: keep it with the data.
+        setup = backend.describe() | {"load_avg_1min": [load_before, os.getloadavg()[0]], "cpu_count": os.cpu_count()}
+    finally:
+        _close(backend)
+    save(prof, path, setup, grid)
+    c, f = prof.cost, prof.fit
+    click.echo(f"fit ({prof.level}-level, {f.num_samples} steps): overhead {1e3 * c.overhead_s:.3f} ms/step, "
+               f"kv {1e6 * c.kv_s_per_token:.3f} us/context token, prefill {1e6 * c.prefill_s_per_token:.2f} us/token, "
+               f"decode {1e3 * c.decode_s_per_row:.3f} ms/row, prefill pass {1e3 * c.prefill_step_s:.3f} ms; "
+               f"error rms {100 * f.rms_rel_error:.1f}%, "
+               f"max {100 * f.max_rel_error:.1f}%")
+    click.echo(f"wrote {path}")
+
+
+def _load(config, overrides, strategy):
+    import yaml
+    from batchlab.cli import default_config_text
+    from batchlab.core.config import load_config
+    base = None if config else yaml.safe_load(default_config_text())
+    cfg = load_config(config, list(overrides), base=base)
+    if cfg.backend.kind in ("openai", "hf-cb"):
+        raise ConfigError(f"backend.kind '{cfg.backend.kind}' batches for itself: profile 'hf' or 'sim' backends")
+    return cfg.model_copy(update={"strategies": [strategy]})
+
+
+def _close(backend: Backend) -> None:
+    import asyncio
+    close = backend.close()
+    if asyncio.iscoroutine(close):
+        asyncio.run(close)

@@ -1,0 +1,153 @@
+"""Plots across the sweep, drawn from summary.csv and requests.csv only (PNG, matplotlib Agg).
+
+- tradeoff.png: throughput against p50/p99 TTFT and E2E, one curve per strategy through the
+  rates. Where a curve turns vertical the strategy has hit its knee: more load, no more tokens.
+- latency_vs_rate.png: TTFT / TPOT / E2E p50, p90, p99 against the arrival rate.
+- cdf.png: the whole latency distribution of each strategy at one rate.
+The plots inside one run (timeline, requests, useful work, breakdown, burst) are in run_plots.py.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+from matplotlib.lines import Line2D  # noqa: E402
+from matplotlib.ticker import FuncFormatter  # noqa: E402
+
+from batchlab.report import stats  # noqa: E402
+
+COLORS = {"naive": "#d62728", "dynamic": "#ff7f0e", "continuous": "#1f77b4", "server": "#2ca02c"}
+PCT_STYLE = {50: "-", 90: "--", 99: ":"}
+STYLE = {"font.size": 11, "axes.titlesize": 12, "axes.labelsize": 11, "legend.fontsize": 10,
+         "figure.titlesize": 14, "axes.grid": True, "grid.alpha": 0.3, "figure.dpi": 100}
+
+
+def color(strategy: str) -> str:
+    extra = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    return COLORS.get(strategy, extra[hash(strategy) % len(extra)])
+
+
+def save(fig, path: Path) -> Path:
+    fig.savefig(path, dpi=100, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def strategies(df: pd.DataFrame) -> list[str]:
+    return list(dict.fromkeys(df["strategy"]))
+
+
+def log_axis(ax, axis: str = "y") -> None:
+    """Log scale with plain numbers (0.02, 5, 300) instead of 2 x 10^-2."""
+    plain = FuncFormatter(lambda v, _: f"{v:g}")
+    getattr(ax, f"set_{axis}scale")("log")
+    target = ax.yaxis if axis == "y" else ax.xaxis
+    target.set_major_formatter(plain)
+    target.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:g}" if _leading_digit(v) in (2, 5) else ""))
+
+
+def _leading_digit(v: float) -> int:
+    return int(round(v / 10 ** np.floor(np.log10(v)))) if v > 0 else 0
+
+
+def slo_line(ax, limit: float | None, vertical: bool = False) -> None:
+    if limit:
+        (ax.axvline if vertical else ax.axhline)(limit, color="0.3", ls="-.", lw=1.2, label=f"SLO ({limit:g} s)")
+
+
+def plot_tradeoff(summary: pd.DataFrame, out: Path, slo: dict, knees: dict[str, float | None]) -> Path:
+    """Throughput (x) against latency (y, log), one curve per strategy; stars mark each knee."""
+    med = stats.medians(summary)
+    with plt.rc_context(STYLE):
+        fig, axes = plt.subplots(2, 2, figsize=(13, 9), sharex=True)
+        for ax, (metric, name, limit) in zip(axes.flat, [
+                ("ttft_p50", "p50 TTFT", slo.get("ttft_s")), ("ttft_p99", "p99 TTFT", slo.get("ttft_s")),
+                ("e2e_p50", "p50 E2E latency", slo.get("e2e_s")), ("e2e_p99", "p99 E2E latency", slo.get("e2e_s"))]):
+            for s in strategies(med):
+                d = med[med["strategy"] == s].sort_values("rate")
+                ax.plot(d["throughput_tok_s"], d[metric], "o-", color=color(s), label=s, lw=2, ms=6)
+                for _, row in d.iterrows():
+                    ax.annotate(f"{row['rate']:g}", (row["throughput_tok_s"], row[metric]), fontsize=9,
+                                textcoords="offset points", xytext=(6, -10), color=color(s))
+                _mark_knee(ax, d, metric, knees.get(s), color(s))
+            slo_line(ax, limit)
+            log_axis(ax)
+            ax.set_title(name)
+            ax.set_ylabel(f"{name} (s, log scale)")
+        for ax in axes[1]:
+            ax.set_xlabel("throughput (output tokens/s)")
+        handles, labels = axes[0, 0].get_legend_handles_labels()
+        handles.append(Line2D([], [], marker="*", ls="", color="k", ms=14, mfc="none"))
+        labels.append("knee: highest rate meeting the SLO")
+        fig.suptitle("Throughput vs latency across arrival rates (numbers on points: req/s)\n"
+                     "a curve that turns vertical has hit its capacity: more load, same tokens/s, longer waits")
+        fig.tight_layout(rect=(0, 0, 1, 0.9))
+        fig.legend(handles, labels, loc="upper center", ncol=len(labels), bbox_to_anchor=(0.5, 0.915), frameon=False)
+        return save(fig, out / "tradeoff.png")
+
+
+def _mark_knee(ax, d: pd.DataFrame, metric: str, knee: float | None, c: str) -> None:
+    if knee is None:
+        return
+    row = d[d["rate"] == knee]
+    if len(row):
+        ax.plot(row["throughput_tok_s"], row[metric], marker="*", ms=20, mfc="none", mec=c, mew=2, ls="")
+
+
+def plot_latency_vs_rate(summary: pd.DataFrame, out: Path, slo: dict) -> Path:
+    """p50 / p90 / p99 of TTFT, TPOT and E2E against the arrival rate, log latency axis."""
+    med = stats.medians(summary)
+    with plt.rc_context(STYLE):
+        fig, axes = plt.subplots(1, 3, figsize=(16, 5.5))
+        for ax, (key, name) in zip(axes, [("ttft", "TTFT"), ("tpot", "TPOT"), ("e2e", "E2E latency")]):
+            for s in strategies(med):
+                d = med[med["strategy"] == s].sort_values("rate")
+                for q, ls in PCT_STYLE.items():
+                    ax.plot(d["rate"], d[f"{key}_p{q}"], ls, marker="o", ms=4, color=color(s), lw=1.8)
+            slo_line(ax, slo.get(f"{key}_s"))
+            log_axis(ax)
+            ax.set_title(f"{name}: p50 / p90 / p99")
+            ax.set_xlabel("arrival rate (requests/s)")
+            ax.set_ylabel(f"{name} (s, log scale)")
+        handles = [Line2D([], [], color=color(s), lw=3, label=s) for s in strategies(med)]
+        handles += [Line2D([], [], color="0.2", ls=ls, label=f"p{q}") for q, ls in PCT_STYLE.items()]
+        if any(slo.get(k) for k in ("ttft_s", "tpot_s", "e2e_s")):
+            handles.append(Line2D([], [], color="0.3", ls="-.", label="SLO"))
+        fig.suptitle("Latency percentiles vs arrival rate (medians over repeats)")
+        fig.tight_layout(rect=(0, 0, 1, 0.88))
+        fig.legend(handles=handles, loc="upper center", ncol=len(handles), bbox_to_anchor=(0.5, 0.92), frameon=False)
+        return save(fig, out / "latency_vs_rate.png")
+
+
+def plot_cdf(requests: pd.DataFrame, out: Path, rate: float, slo: dict) -> Path:
+    """Empirical CDFs of TTFT, TPOT and E2E per strategy at one rate (repeat 0, after warm-up)."""
+    sel = requests[(requests["rate"] == rate) & (requests["repeat"] == 0) & (requests["warmup"] == 0)
+                   & (requests["status"] == "finished")]
+    with plt.rc_context(STYLE):
+        fig, axes = plt.subplots(1, 3, figsize=(16, 5.2))
+        for ax, (key, name) in zip(axes, [("ttft", "TTFT"), ("tpot", "TPOT"), ("e2e", "E2E latency")]):
+            for s in strategies(sel):
+                v = np.sort(sel.loc[sel["strategy"] == s, key].dropna().to_numpy())
+                if len(v):
+                    ax.step(v, np.arange(1, len(v) + 1) / len(v), where="post", color=color(s), lw=2,
+                            label=f"{s} (n={len(v)})")
+            slo_line(ax, slo.get(f"{key}_s"), vertical=True)
+            for q in (0.5, 0.99):
+                ax.axhline(q, color="0.6", lw=0.8, ls=":")
+            log_axis(ax, "x")
+            ax.set_ylim(0, 1.02)
+            ax.set_title(name)
+            ax.set_xlabel(f"{name} (s, log scale)")
+            ax.set_ylabel("fraction of requests ≤ x")
+        fig.suptitle(f"Latency distributions at {rate:g} req/s (dotted lines: p50 and p99)")
+        fig.tight_layout(rect=(0, 0, 1, 0.88))
+        handles = [h for h in axes[0].get_lines() if str(h.get_label()).startswith(tuple(strategies(sel)))]
+        if any(slo.get(k) for k in ("ttft_s", "tpot_s", "e2e_s")):
+            handles.append(Line2D([], [], color="0.3", ls="-.", lw=1.2, label="SLO threshold"))
+        fig.legend(handles=handles, loc="upper center", ncol=len(handles), bbox_to_anchor=(0.5, 0.93), frameon=False)
+        return save(fig, out / "cdf.png")

@@ -1,0 +1,302 @@
+"""report.md and its plots, from a results directory's files alone (never from in-memory state).
+
+Reads summary.csv, requests.csv, config.yaml and setup.json; writes report.md next to them with
+the verdict first, then the setup (machine, device, model, libraries, every knob, the seed), the
+plots, a table per rate, the paired comparisons with their intervals, the latency breakdown,
+useful work and, for a burst run, how each strategy absorbed it.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import yaml
+
+from batchlab.report import plots
+from batchlab.report import run_plots
+from batchlab.report import stats
+from batchlab.report import timeline as tl
+from batchlab.report.verdict import headline_rate, pairs, pct, verdict_lines
+from batchlab.core.config import ConfigError
+
+COLUMNS = [("strategy", "strategy"), ("throughput_tok_s", "tok/s"), ("requests_per_s", "req/s"),
+           ("ttft_p50", "TTFT p50 (s)"), ("ttft_p99", "TTFT p99 (s)"), ("tpot_p50", "TPOT p50 (s)"),
+           ("tpot_p99", "TPOT p99 (s)"), ("e2e_p50", "E2E p50 (s)"), ("e2e_p99", "E2E p99 (s)"),
+           ("queue_wait_p50", "queue p50 (s)"), ("goodput", "goodput (req/s)"),
+           ("slo_attainment", "SLO met"), ("failed", "failed")]
+METRIC_NAMES = {"ttft_p50": "p50 TTFT (s)", "ttft_p99": "p99 TTFT (s)", "e2e_p50": "p50 E2E (s)",
+                "e2e_p99": "p99 E2E (s)", "throughput_tok_s": "throughput (tok/s)", "goodput": "goodput (req/s)"}
+
+
+def load_results(results_dir: Path) -> tuple[pd.DataFrame, dict, dict]:
+    summary_csv = results_dir / "summary.csv"
+    if not summary_csv.is_file():
+        raise ConfigError(f"{results_dir}: no summary.csv (run `batchlab run --out {results_dir}` first)")
+    summary = pd.read_csv(summary_csv)
+    setup_path = results_dir / "setup.json"
+    setup = json.loads(setup_path.read_text()) if setup_path.is_file() else {}
+    cfg_path = results_dir / "config.yaml"
+    config = yaml.safe_load(cfg_path.read_text()) if cfg_path.is_file() else {}
+    return summary, setup, config
+
+
+def load_requests(results_dir: Path) -> pd.DataFrame | None:
+    path = results_dir / "requests.csv"
+    if not path.is_file():
+        return None
+    return pd.read_csv(path, dtype={"request_id": str, "trigger": str, "error": str}, keep_default_na=True)
+
+
+def build_report(results_dir: Path) -> tuple[Path, list[str]]:
+    """Write report.md and the PNGs into results_dir; return the report's path and the verdict."""
+    results_dir = Path(results_dir)
+    summary, setup, config = load_results(results_dir)
+    requests = load_requests(results_dir)
+    slo = {k: v for k, v in (config.get("slo") or {}).items() if v}
+    comparisons = {p: stats.compare(summary, requests, *p, seed=int(summary["seed"].iloc[0]))
+                   for p in pairs(list(dict.fromkeys(summary["strategy"])))}
+    lines = verdict_lines(summary, setup, comparisons, slo, stats.past_capacity(summary, requests))
+    rate = _focus_rate(summary, comparisons)
+    figures, burst = _figures(results_dir, summary, requests, config, slo, rate)
+    md = _title(config, lines) + _setup(setup, config) + _plots(figures, rate)
+    md += _tables(summary) + _comparisons(comparisons) + _knees_crossovers(summary, list(comparisons), slo)
+    md += _burst(burst, config)
+    md += _breakdown(requests) + _useful(requests) + _method()
+    path = results_dir / "report.md"
+    path.write_text("\n".join(md) + "\n")
+    return path, lines
+
+
+def _focus_rate(summary: pd.DataFrame, comparisons: dict) -> float:
+    """The rate the single-run plots show: the headline pair's rate."""
+    for cmp in comparisons.values():
+        if not cmp.empty:
+            return headline_rate(cmp)
+    return float(sorted(summary["rate"].unique())[0])
+
+
+def _burst_window(config: dict) -> tuple[float, float] | None:
+    step = (config.get("traffic") or {}).get("rate_step")
+    if not step:
+        return None
+    end = step.get("until_s") or _horizon(config)
+    return float(step["at_s"]), float(end)
+
+
+def _horizon(config: dict) -> float:
+    t = config.get("traffic") or {}
+    return float(t.get("warmup_s", 0)) + float(t.get("duration_s", 0))
+
+
+def _figures(out: Path, summary, requests, config, slo, rate) -> tuple[dict[str, Path], list]:
+    """Every plot, and the burst rows when the traffic has a burst (a rate step or gamma arrivals)."""
+    knees = {s: stats.knee(summary, s) for s in dict.fromkeys(summary["strategy"])} if slo else {}
+    figs = {"tradeoff": plots.plot_tradeoff(summary, out, slo, knees),
+            "latency_vs_rate": plots.plot_latency_vs_rate(summary, out, slo)}
+    if requests is None:
+        return figs, []
+    traffic = config.get("traffic") or {}
+    warmup, window = float(traffic.get("warmup_s", 0)), _burst_window(config)
+    figs |= _run_figures(out, summary, requests, config, slo, rate, warmup, window)
+    if not window and traffic.get("arrival") != "gamma":
+        return figs, []
+    burst_rows = _burst_rows(requests, config, warmup, window, slo)
+    if window:
+        base = {b.strategy: b.baseline_p99_ttft for b in burst_rows if b.rate == rate}
+        figs["burst"] = run_plots.plot_burst(requests, out, rate, warmup, window, base, tl.window_for(rate),
+                                             (traffic.get("rate_step") or {}).get("to_rate"))
+    return figs, burst_rows
+
+
+def _run_figures(out, summary, requests, config, slo, rate, warmup, window) -> dict[str, Path]:
+    caps = {"naive": (config.get("naive") or {}).get("batch_size"),
+            "dynamic": (config.get("dynamic") or {}).get("max_batch_size")}
+    figs = {"cdf": plots.plot_cdf(requests, out, rate, slo),
+            "timeline": run_plots.plot_timeline(requests, out, rate, warmup, window),
+            "requests": run_plots.plot_requests(requests, out, float(summary["rate"].min()), warmup)}
+    if _has_breakdown(requests):
+        figs["breakdown"] = run_plots.plot_breakdown(requests, out)
+    useful = run_plots.plot_useful_work(requests, out, rate, {k: v for k, v in caps.items() if v})
+    return figs | ({"useful_work": useful} if useful else {})
+
+
+def _burst_rows(requests, config, warmup, window, slo) -> list[tl.BurstResult]:
+    step = (config.get("traffic") or {}).get("rate_step") or {}
+    at = window[0] if window else _horizon(config)      # no step: the whole measured run is the baseline
+    out = []
+    for (s, rate), rows in requests[requests["repeat"] == 0].groupby(["strategy", "rate"], sort=False):
+        out.append(tl.burst(rows, warmup, at, step.get("until_s") if window else None,
+                            float(rows["arrival_time"].max()), slo or None, step.get("to_rate")))
+    return out
+
+
+def _title(config: dict, lines: list[str]) -> list[str]:
+    md = [f"# batchlab report: {config.get('name', 'run')}", ""]
+    md += [f"- **{line}**" if i == 0 else f"- {line}" for i, line in enumerate(lines)]
+    return md + [""]
+
+
+def _setup(setup: dict, config: dict) -> list[str]:
+    t = config.get("traffic") or {}
+    md = ["## Setup", "", "| | |", "|---|---|"]
+    for k, v in setup.items():
+        text = ", ".join(f"{n} {x}" for n, x in v.items()) if isinstance(v, dict) else v
+        md.append(f"| {k} | {text} |")
+    md.append(f"| seed | {t.get('seed')} ({t.get('repeats', 1)} repeat(s); repeat r uses seed sequence [seed, r]) |")
+    md += ["", "Every knob of the run (config.yaml):", "", "```yaml",
+           yaml.safe_dump(config, sort_keys=False).strip(), "```", ""]
+    return md
+
+
+CAPTIONS = {
+    "tradeoff": "Throughput against latency, one curve per strategy through the arrival rates. A curve that "
+                "turns vertical has reached its capacity (its knee): more load buys no more tokens/s, only waiting.",
+    "latency_vs_rate": "TTFT, TPOT and E2E percentiles against the arrival rate.",
+    "cdf": "The full latency distributions at {rate:g} req/s: the further left and the steeper, the better.",
+    "timeline": "One run at {rate:g} req/s: arrivals, queue depth and the running batch over time.",
+    "requests": "The same consecutive requests under each strategy at the lowest rate: grey is waiting, "
+                "orange prefill (to the first token), blue decode.",
+    "breakdown": "Where the time goes: each bar splits the mean E2E latency into queueing, prefill, decode and "
+                 "stalls caused by other requests.",
+    "useful_work": "Lockstep batches decode until their longest row finishes: the hatched area is slots held by rows "
+                   "already done. Bottom: useful decode work Σo / (B × max o) and the share of prompt slots that "
+                   "are not padding; batch size at launch against each strategy's cap.",
+    "burst": "The burst (orange band): queue depth, and the p99 TTFT of requests arriving in each window.",
+}
+
+
+def _plots(figures: dict[str, Path], rate: float) -> list[str]:
+    md = ["## Plots", ""]
+    for name, path in figures.items():
+        md += [CAPTIONS[name].format(rate=rate), "", f"![{name}]({path.name})", ""]
+    return md
+
+
+def _tables(summary: pd.DataFrame) -> list[str]:
+    med = stats.medians(summary)
+    reps = int(summary["repeat"].nunique())
+    md = ["## Results per rate", "",
+          f"Medians over {reps} repeat(s) after warm-up. Throughput in output tokens/s; SLO met is the share of "
+          "requests meeting every SLO threshold.", ""]
+    for rate, rows in med.groupby("rate"):
+        md += [f"### {rate:g} req/s", "", _row([label for _, label in COLUMNS]), "|" + "---|" * len(COLUMNS)]
+        md += [_row([_cell(row.get(k)) for k, _ in COLUMNS]) for _, row in rows.iterrows()] + [""]
+    return md
+
+
+def _comparisons(comparisons: dict) -> list[str]:
+    md = ["## Paired comparisons", "",
+          "Every strategy ran on the same trace at each (rate, repeat), so each difference is paired. "
+          "'a − b' is the first strategy minus the second; a change counts only when its 95% interval "
+          "excludes zero (✓).", ""]
+    for (a, b), cmp in comparisons.items():
+        if cmp.empty:
+            continue
+        md += [f"### {a} vs {b}", "", _row(["rate", "metric", a, b, "a − b", "change", "95% CI of change", "✓", "interval from"]),
+               "|" + "---|" * 9]
+        for _, r in cmp.iterrows():
+            ci = f"{pct(r['rel_low'])} to {pct(r['rel_high'])}" if pd.notna(r["rel_low"]) else "—"
+            md.append(_row([f"{r['rate']:g}", METRIC_NAMES.get(r["metric"], r["metric"]), _cell(r["a_value"]),
+                            _cell(r["b_value"]), _cell(r["estimate"]), pct(r["rel"]) if pd.notna(r["rel"]) else "—",
+                            ci, "✓" if r["supported"] else "", r["method"]]))
+        md.append("")
+    return md
+
+
+def _knees_crossovers(summary: pd.DataFrame, pairs_: list[tuple[str, str]], slo: dict) -> list[str]:
+    md = ["## Knees and crossovers", ""]
+    if slo:
+        md.append(f"Knee: the highest tested rate where ≥ {100 * stats.ATTAINMENT:.0f}% of requests meet the SLO.")
+        md += [""] + [f"- {s}: " + (f"{k:g} req/s" if (k := stats.knee(summary, s)) is not None else "none of the tested rates")
+                      for s in dict.fromkeys(summary["strategy"])]
+    else:
+        md.append("No SLO in the config, so no knee.")
+    rates = sorted(summary["rate"].unique())
+    md += ["", f"Crossovers between {rates[0]:g} and {rates[-1]:g} req/s (medians over repeats):", ""]
+    for a, b in pairs_:
+        found = stats.crossovers(summary, a, b)
+        text = "; ".join(f"{c.leader_after} overtakes {c.leader_before} on {c.metric} at about {c.rate:.3g} req/s"
+                         for c in found)
+        md.append(f"- {a} vs {b}: {text or 'none (the same one leads, or they tie within 2%, at every tested rate)'}")
+    return md + [""]
+
+
+def _burst(rows: list, config: dict) -> list[str]:
+    if not rows:
+        return []
+    step = (config.get("traffic") or {}).get("rate_step")
+    what = (f"rate {rows[0].rate:g} → {step['to_rate']:g} req/s at {step['at_s']:g} s"
+            + (f", back at {step['until_s']:g} s" if step.get("until_s") else "")) if step else "gamma arrivals"
+    whole = "" if step else " Without a rate step the whole measured run is the baseline ('before')."
+    md = ["## Burst", "", f"Traffic: {what}.{whole} Recovery: seconds after the burst until the p99 TTFT of the requests "
+          f"arriving in each window stays within {tl.RECOVERY_SLACK:g} × the pre-burst p99 for {tl.SUSTAIN} windows "
+          "in a row. SLO violation: windows whose SLO attainment is below "
+          f"{100 * stats.ATTAINMENT:.0f}%, in seconds.", "",
+          _row(["strategy", "rate", "window (s)", "pre-burst p99 TTFT (s)", "peak queue before", "peak queue during/after",
+                "recovery (s)", "seconds violating SLO"]), "|" + "---|" * 8]
+    for b in rows:
+        rec = "—" if not step else (f"{b.recovery_s:g}" if b.recovery_s is not None else "not within the run")
+        md.append(_row([b.strategy, f"{b.rate:g}", f"{b.window_s:g}", _cell(b.baseline_p99_ttft), str(b.peak_queue_before),
+                        str(b.peak_queue) if step else "—", rec, "—" if b.violating_s is None else f"{b.violating_s:g}"]))
+    return md + [""]
+
+
+def _has_breakdown(requests: pd.DataFrame) -> bool:
+    """Backends that batch for themselves (servers) cannot say where a request's time went."""
+    return bool(requests[[p for p, _, _ in run_plots.PHASES]].notna().any().any())
+
+
+def _breakdown(requests: pd.DataFrame | None) -> list[str]:
+    if requests is None or not _has_breakdown(requests):
+        return []
+    ok = requests[(requests["status"] == "finished") & (requests["warmup"] == 0)]
+    cols = [p for p, _, _ in run_plots.PHASES]
+    mean = ok.groupby(["rate", "strategy"], sort=False)[cols + ["e2e"]].mean().reset_index()
+    md = ["## Latency breakdown", "", "Mean seconds per request; the phases add up to E2E. Stalls: step time spent on "
+          "other requests' prompt tokens, and gaps after a preemption.", "",
+          _row(["rate", "strategy"] + [label for _, label, _ in run_plots.PHASES] + ["E2E"]), "|" + "---|" * (len(cols) + 3)]
+    md += [_row([f"{r['rate']:g}", r["strategy"]] + [_cell(r[c]) for c in cols + ["e2e"]]) for _, r in mean.iterrows()]
+    return md + [""]
+
+
+def _useful(requests: pd.DataFrame | None) -> list[str]:
+    b = tl.batches(requests) if requests is not None else pd.DataFrame()
+    if b.empty:
+        return []
+    w = tl.useful_work(b)
+    order = {s: i for i, s in enumerate(dict.fromkeys(requests["strategy"]))}
+    w = w.sort_values(["strategy", "rate"], key=lambda c: c.map(order) if c.name == "strategy" else c)
+    md = ["## Useful work in lockstep batches", "", "Useful decode work Σo / (B × max o) over all batches (slot-weighted); "
+          "prompt fill Σp / (B × max p): the share of prefill tokens that are not padding.", "",
+          _row(["strategy", "rate", "batches", "mean batch", "useful decode work", "prompt fill"]), "|---|---|---|---|---|---|"]
+    md += [_row([r["strategy"], f"{r['rate']:g}", str(int(r["batches"])), f"{r['mean_batch']:.1f}",
+                 f"{100 * r['useful_decode']:.0f}%", f"{100 * r['prompt_fill']:.0f}%"]) for _, r in w.iterrows()]
+    return md + [""]
+
+
+def _method() -> list[str]:
+    return ["## How the intervals are made", "",
+            f"- With ≥ {stats.MIN_REPEATS} repeats: a percentile bootstrap ({stats.N_BOOT} replicates) of the mean paired "
+            "difference over repeats (each repeat is a different seeded trace). With only a few repeats this "
+            "interval is too narrow; it becomes trustworthy as repeats grow.",
+            f"- With fewer: latency percentiles use a paired circular block bootstrap over the requests of the trace "
+            "(blocks of √n consecutive arrivals, the same blocks for both strategies), which keeps the correlation "
+            "between neighbours in a queue. It covers request-to-request variation within this trace, not trace-to-"
+            "trace variation; past a strategy's knee its latencies grow with the run's length and no interval makes "
+            "them a property of the rate. Throughput and goodput are whole-run numbers: one run gives no interval.",
+            f"- Knee: the highest tested rate where ≥ {100 * stats.ATTAINMENT:.0f}% of requests meet every SLO threshold.",
+            f"- Crossover: where the sign of a − b changes between two tested rates (ties within "
+            f"{100 * stats.TIE:.0f}% ignored), interpolated linearly.", ""]
+
+
+def _row(cells: list[str]) -> str:
+    return "| " + " | ".join(str(c) for c in cells) + " |"
+
+
+def _cell(v) -> str:
+    if v is None or (isinstance(v, float) and pd.isna(v)):
+        return "—"
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v)

@@ -1,0 +1,73 @@
+"""The seed's closed form: batch cap and replica count by arithmetic, before any simulation.
+
+With b sequences running, one decode step costs t(b) = fixed + b x per-sequence cost (the step-time
+model at the traffic's mean lengths). The largest cap under a TPOT budget is the largest b with
+t(b) <= budget, also bounded by the KV memory a batch of mean-length sequences needs; one replica
+then sustains b / t(b) tokens/s, and the traffic needs ceil(qps x output / that) replicas.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from batchlab.backends.presets import StepCost
+from batchlab.tune.target import BATCH_BOUND, Target, mean_length
+
+
+@dataclass(frozen=True)
+class ClosedForm:
+    fixed_ms: float                  # per step, whatever the batch
+    per_seq_ms: float                # per running sequence, at the traffic's mean lengths
+    budget_ms: float | None          # the TPOT-like budget the cap is sized for
+    cap: int                         # largest batch whose step fits the budget (and memory)
+    limited_by: str                  # "slo", "memory", "max_cap", or "infeasible"
+    step_ms: float                   # t(cap)
+    tok_s_per_replica: float         # cap / t(cap)
+    need_tok_s: float                # qps x mean output
+    replicas: int
+
+    def step(self, b: float) -> float:
+        return self.fixed_ms + b * self.per_seq_ms
+
+
+def step_model(cost: StepCost, p: float, o: float) -> tuple[float, float]:
+    """(fixed, per-sequence) seconds of a mean decode step: each running sequence reads its KV at
+    the mean context p + o/2, and pays its prompt's prefill (and, at worst, a prefill pass of its
+    own) once over o steps."""
+    fixed = cost.overhead_s + cost.weight_s
+    per_seq = (cost.decode_s_per_row + cost.kv_s_per_token * (p + o / 2)
+               + (cost.prefill_s_per_token * p + cost.prefill_step_s) / o)
+    return fixed, per_seq
+
+
+def closed_form(cost: StepCost, target: Target) -> ClosedForm:
+    p, o = mean_length(target.prompt_len), mean_length(target.output_len)
+    fixed, per_seq = (1e3 * x for x in step_model(cost, p, o))
+    budgets = [v * 1e3 for k, v in target.slos.items() if k.split("_")[0] in BATCH_BOUND]
+    budget = min(budgets) if budgets else None
+    mem_cap = max(1, int(cost.kv_budget_bytes // (cost.kv_bytes_per_token * (p + o))))
+    cap, why = max_batch_under(lambda b: fixed + b * per_seq, budget, min(mem_cap, target.max_cap))
+    if why == "limit":
+        why = "memory" if mem_cap <= target.max_cap else "max_cap"
+    step = fixed + cap * per_seq
+    thru = cap / (step / 1e3)
+    need = target.qps * o
+    replicas = max(1, -(-int(need) // int(thru))) if thru >= 1 else math.ceil(need / thru)  # the seed's arithmetic
+    return ClosedForm(fixed, per_seq, budget, cap, why, step, thru, need, replicas)
+
+
+def max_batch_under(step_ms, budget_ms: float | None, limit: int) -> tuple[int, str]:
+    """The seed's max_batch_under: grow b while t(b + 1) fits the budget."""
+    if budget_ms is not None and step_ms(1) > budget_ms:
+        return 1, "infeasible"
+    if budget_ms is None:
+        return limit, "limit"
+    b = 1
+    while b < limit and step_ms(b + 1) <= budget_ms:
+        b += 1
+    return b, "slo" if b < limit else "limit"
+
+
+def replicas_for(cf: ClosedForm, cap: int) -> int:
+    thru = cap / (cf.step(cap) / 1e3)
+    return max(1, -(-int(cf.need_tok_s) // max(1, int(thru))))

@@ -1,0 +1,72 @@
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from batchlab.backends.presets import StepCost, load_cost
+from batchlab.backends.simulated import SimulatedBackend
+from batchlab.calibrate.profile import Grid, profile_backend, profile_cmd, step_features
+
+SMALL = Grid(batch_sizes=(1, 4, 16), contexts=(16, 128), prompts=(16, 256), new_tokens=6, repeats=1, warmup=1)
+
+
+@pytest.mark.parametrize("strategy", ["dynamic", "continuous"])
+def test_profiling_the_simulator_recovers_its_preset(strategy):
+    truth = load_cost("llama2-7b-a100")
+    prof = profile_backend(SimulatedBackend(truth), strategy, SMALL)
+    c = prof.cost
+    assert c.overhead_s + c.weight_s == pytest.approx(truth.overhead_s + truth.weight_s, rel=1e-6)
+    for k in ("kv_s_per_token", "prefill_s_per_token", "decode_s_per_row"):
+        assert getattr(c, k) == pytest.approx(getattr(truth, k), rel=1e-6), k
+    assert prof.fit.rms_rel_error < 1e-6
+    assert c.kv_bytes_per_token == truth.kv_bytes_per_token and c.kv_budget_bytes == truth.kv_budget_bytes
+
+
+def test_step_features_follow_each_path():
+    assert step_features("request", 4, 10, 0) == (40, 40, 4)       # generate(): prefill + first token
+    assert step_features("iteration", 4, 10, 0) == (40, 40, 0)     # engine: a prefill chunk
+    assert step_features("request", 4, 10, 3) == (52, 0, 4)        # decode at context 13 per row
+
+
+def test_preset_is_written_as_a_profile(tmp_path):
+    out = tmp_path / "toy.json"
+    res = CliRunner().invoke(profile_cmd, ["--preset", "toy", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    assert StepCost.from_json(out) == load_cost("toy")
+
+
+def test_cli_profiles_a_sim_backend_and_the_profile_drives_the_simulator(tmp_path):
+    out = tmp_path / "p.json"
+    res = CliRunner().invoke(profile_cmd, ["--set", "backend.preset=toy", "--strategy", "dynamic", "--batch-sizes", "1,8",
+                                           "--contexts", "16,64", "--prompts", "32", "--new-tokens", "4",
+                                           "--repeats", "1", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    data = json.loads(out.read_text())
+    assert data["level"] == "request" and data["fit_rms_rel_error"] < 1e-6 and len(data["samples"]) == data["fit_samples"]
+    from batchlab.backends.presets import load_cost as lc
+    assert lc("ignored", str(out)).decode_s_per_row == pytest.approx(load_cost("toy").decode_s_per_row)
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--batch-sizes", "1,x", "--out", "p.json"], "--batch-sizes"),
+    (["missing.yaml", "--out", "p.json"], "config file not found"),
+    (["--new-tokens", "1", "--out", "p.json"], "--new-tokens"),
+])
+def test_cli_bad_input_is_one_line_and_exit_2(args, needle, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    res = CliRunner().invoke(profile_cmd, args)
+    assert res.exit_code == 2 and needle in res.output and len(res.output.strip().splitlines()) == 1
+
+
+@pytest.mark.hf
+@pytest.mark.parametrize("strategy", ["dynamic", "continuous"])
+def test_profiles_the_tiny_hf_model_on_both_paths(strategy, tiny_model_dir):
+    from batchlab.backends.hf import HFBackend
+    from batchlab.core.config import BackendConfig
+    backend = HFBackend(BackendConfig(kind="hf", model=str(tiny_model_dir), device="cpu", dtype="float32",
+                                      memory_budget_bytes=1 << 26, warmup_batches=0))
+    grid = Grid(batch_sizes=(1, 2), contexts=(8,), prompts=(16,), new_tokens=3, repeats=1, warmup=0)
+    prof = profile_backend(backend, strategy, grid)
+    assert len(prof.samples) == 2 * 3 + 2 and all(s.seconds > 0 for s in prof.samples)
+    assert prof.cost.kv_budget_bytes == 1 << 26 and prof.cost.kv_bytes_per_token > 0
+    assert all(v >= 0 for v in prof.fit.coefficients.values())

@@ -1,0 +1,79 @@
+import re
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from batchlab.report.report import build_report
+from batchlab.run.sweep import run_sweep
+from batchlab.cli import default_config_text, main
+from batchlab.core.config import ConfigError, load_config
+
+TINY = ["traffic.rates=[5, 20]", "traffic.duration_s=15", "traffic.warmup_s=3", "report=false"]
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def tiny_sweep(out, extra=()):
+    cfg = load_config(None, TINY + list(extra), base=yaml.safe_load(default_config_text()))
+    return run_sweep(cfg, out)
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """A tiny sweep and its report, built once for this module."""
+    results = tiny_sweep(tmp_path_factory.mktemp("tiny"))
+    path, lines = build_report(results)
+    return results, path.read_text(), lines
+
+
+def test_report_has_verdict_setup_tables_comparisons_and_every_plot_it_links(built):
+    results, md, lines = built
+    assert lines[0].startswith("Dynamic batching") and "compared to naive batching at" in lines[0]
+    assert re.search(r"at (5|20) req/s in simulation \(llama2-7b-a100", lines[0])
+    assert md.startswith("# batchlab report") and lines[0] in md
+    for heading in ("## Setup", "## Plots", "### 5 req/s", "### 20 req/s", "## Paired comparisons",
+                    "### dynamic vs naive", "## Knees and crossovers", "## Latency breakdown",
+                    "## Useful work in lockstep batches"):
+        assert heading in md
+    assert "| python |" in md and "| seed | 0" in md and "max_wait_ms: 50" in md
+    images = re.findall(r"!\[[^]]*\]\(([^)]+)\)", md)
+    assert {"tradeoff.png", "latency_vs_rate.png", "cdf.png", "timeline.png", "requests.png",
+            "breakdown.png", "useful_work.png"} <= set(images)
+    for name in images:
+        assert (results / name).read_bytes().startswith(PNG)
+
+
+def test_report_regenerates_identically_from_the_csv_files_alone(built):
+    results, md, _ = built
+    for p in results.glob("*.png"):
+        p.unlink()
+    (results / "report.md").unlink()
+    assert build_report(results)[0].read_text() == md
+    assert (results / "tradeoff.png").read_bytes().startswith(PNG)
+
+
+def test_report_without_request_rows_still_gives_the_sweep_plots(tmp_path, built):
+    results = built[0]
+    for name in ("summary.csv", "config.yaml", "setup.json"):
+        (tmp_path / name).write_bytes((results / name).read_bytes())
+    path, lines = build_report(tmp_path)
+    assert lines and (tmp_path / "tradeoff.png").is_file() and not (tmp_path / "timeline.png").exists()
+    assert "one run per strategy" in path.read_text()
+
+
+def test_burst_run_reports_peak_queue_recovery_and_slo_seconds(tmp_path):
+    out = tiny_sweep(tmp_path / "b", ["traffic.rates=[5]", "traffic.duration_s=40",
+                                      "traffic.rate_step={at_s: 10, to_rate: 25, until_s: 15}"])
+    md = build_report(out)[0].read_text()
+    section = md.split("## Burst")[1].split("##")[0]
+    assert "peak queue during/after" in section and "recovery (s)" in section
+    rows = [r for r in section.splitlines() if r.startswith("| naive") or r.startswith("| continuous")]
+    assert len(rows) == 2
+    assert (out / "burst.png").read_bytes().startswith(PNG)
+
+
+def test_missing_results_is_one_clear_error(tmp_path):
+    with pytest.raises(ConfigError, match="no summary.csv"):
+        build_report(tmp_path)
+    res = CliRunner().invoke(main, ["report", str(tmp_path)])
+    assert res.exit_code == 2 and res.output.count("\n") == 1 and "no summary.csv" in res.output

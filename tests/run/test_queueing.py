@@ -1,0 +1,56 @@
+"""The simulator against queueing results from the seed, on long runs (virtual time: seconds)."""
+import numpy as np
+import pytest
+
+from batchlab.backends.presets import StepCost
+from batchlab.backends.simulated import SimulatedBackend
+from batchlab.run.point import run_point
+from batchlab.core.config import load_config
+from batchlab.core.metrics import batch_sizes, measured
+
+FAST = StepCost(overhead_s=1e-4, weight_s=0.0, kv_s_per_token=0.0, prefill_s_per_token=0.0,
+                decode_s_per_row=0.0, kv_bytes_per_token=1, kv_budget_bytes=10**9)
+
+
+def run(strategy, rate, *overrides, duration=2000):
+    cfg = load_config(None, ["traffic.prompt_len=1", "traffic.output_len=1", f"traffic.duration_s={duration}",
+                             "traffic.warmup_s=0", "traffic.seed=11", *overrides])
+    return run_point(cfg, strategy, rate, 0, SimulatedBackend(FAST))
+
+
+@pytest.mark.parametrize("n,lam", [(8, 10.0), (16, 20.0)])
+def test_naive_mean_wait_is_n_minus_1_over_2_lambda(n, lam):
+    res = run("naive", lam, f"naive.batch_size={n}")
+    waits = [r.scheduled_time - r.arrival_time for r in res.requests]
+    expected = (n - 1) / (2 * lam)
+    assert abs(np.mean(waits) / expected - 1) < 0.03
+
+
+def expected_batch(lam, wait_s, cap):
+    """E[min(1 + K, cap)] with K ~ Poisson(lam * wait): the first request plus whoever arrives
+    before its deadline. Far from the cap this is the seed's 1 + lam * max_wait."""
+    k = np.arange(0, 200)
+    logp = -lam * wait_s + k * np.log(lam * wait_s) - np.cumsum(np.log(np.maximum(k, 1)))
+    return float(np.sum(np.minimum(1 + k, cap) * np.exp(logp)))
+
+
+@pytest.mark.parametrize("lam,wait_ms,cap", [(5.0, 50, 16), (50.0, 50, 16), (400.0, 50, 16), (20.0, 100, 2)])
+def test_dynamic_batch_size_at_light_load(lam, wait_ms, cap):
+    res = run("dynamic", lam, f"dynamic.max_wait_ms={wait_ms}", f"dynamic.max_batch_size={cap}",
+              duration=min(1000, 20000 / lam))
+    sizes = batch_sizes(res.requests)
+    assert abs(sizes.mean() / expected_batch(lam, wait_ms / 1000, cap) - 1) < 0.03
+    if 1 + lam * wait_ms / 1000 < cap / 2:   # the seed's closed form, far from the cap
+        assert abs(sizes.mean() / (1 + lam * wait_ms / 1000) - 1) < 0.03
+
+
+@pytest.mark.parametrize("strategy", ["naive", "dynamic", "continuous"])
+def test_littles_law_holds_on_the_stamps(strategy):
+    cfg = ["traffic.prompt_len={dist: uniform, low: 10, high: 200}",
+           "traffic.output_len={dist: uniform, low: 10, high: 200}", "traffic.duration_s=600", "traffic.warmup_s=0"]
+    c = load_config(None, cfg)
+    from batchlab.backends.presets import load_cost
+    res = run_point(c, strategy, 5.0, 0, SimulatedBackend(load_cost("llama2-7b-a100")))
+    s = res.summary
+    assert s["failed"] == 0
+    assert abs(s["little_L"] / s["little_lambda_W"] - 1) < 0.02
