@@ -6,42 +6,24 @@ server import them only when invoked, so the simulator path stays light.
 """
 from __future__ import annotations
 
-import functools
 import importlib
 import sys
-from importlib import resources
 from pathlib import Path
 
 import click
 
-from batchlab.core.config import ConfigError, load_config
-
-
-def user_errors(fn):
-    """Turn user mistakes into one clear line and exit status 2."""
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except (ConfigError, FileNotFoundError) as e:
-            click.echo(f"error: {e}", err=True)
-            sys.exit(2)
-        except KeyboardInterrupt:
-            click.echo("interrupted: finished points are saved; rerun the same command to resume", err=True)
-            sys.exit(130)
-    return wrapper
-
+from batchlab.core.config import load_user_config
+from batchlab.errors import ConfigError, user_errors
 
 # Commands defined in other modules, imported only when invoked (they may need torch or a
 # web stack). name -> "module:attribute" of a click command.
 LAZY_COMMANDS = {
-    "make-tiny-model": "batchlab.backends.tiny:make_tiny_model_cmd",
     "serve": "batchlab.server.app:serve_cmd",
     "loadtest": "batchlab.baselines.loadtest:loadtest_cmd",
     "vllm": "batchlab.baselines.vllm:vllm_cmd",
     "profile": "batchlab.calibrate.profile:profile_cmd",
     "validate": "batchlab.calibrate.validate:validate_cmd",
-    "tune": "batchlab.tune.search:tune_cmd",
+    "tune": "batchlab.tune.command:tune_cmd",
 }
 
 
@@ -71,10 +53,6 @@ def main() -> None:
     """batchlab: which batching policy holds my latency target at my traffic?"""
 
 
-def default_config_text() -> str:
-    return resources.files("batchlab").joinpath("data/default.yaml").read_text()
-
-
 @main.command()
 @click.argument("config", required=False, type=click.Path(dir_okay=False))
 @click.option("--out", "out", default=None, help="Output directory (default: the config's `out`).")
@@ -84,11 +62,9 @@ def default_config_text() -> str:
 @user_errors
 def run(config: str | None, out: str | None, overrides: tuple[str, ...], quiet: bool) -> None:
     """Run a sweep (default: the simulator, naive/dynamic/continuous at 5, 20, 50 req/s)."""
-    import yaml
     from batchlab.report.console import run_with_progress
 
-    base = None if config else yaml.safe_load(default_config_text())
-    cfg = load_config(config, list(overrides), base=base)
+    cfg = load_user_config(config, overrides)
     out_dir = Path(out or cfg.out)
     run_with_progress(cfg, out_dir, quiet=quiet)
 
@@ -100,6 +76,25 @@ def report(results_dir: str) -> None:
     """Regenerate report.md and the plots from a results directory's CSV files."""
     from batchlab.report.console import write_report
     write_report(Path(results_dir))
+
+
+@main.command("make-tiny-model")
+@click.argument("directory", type=click.Path(file_okay=False))
+@click.option("--seed", default=0, show_default=True, help="Seed for the corpus and the weights.")
+@click.option("--vocab-size", default=3000, show_default=True, help="BPE vocabulary size.")
+@user_errors
+def make_tiny_model(directory: str, seed: int, vocab_size: int) -> None:
+    """Build a tiny random Llama + byte-level BPE tokenizer in DIRECTORY (offline, seconds)."""
+    if vocab_size < 300:
+        raise ConfigError(f"--vocab-size must be at least 300 (got {vocab_size})")
+    try:
+        from batchlab.backends.tiny import TinySpec
+        from batchlab.backends.tiny import make_tiny_model as build
+    except ImportError as e:
+        raise ConfigError(f"make-tiny-model needs the 'hf' extra (pip install 'batchlab[hf]'): {e}") from None
+    out = build(directory, TinySpec(vocab_size=vocab_size, seed=seed))
+    n = sum(f.stat().st_size for f in out.iterdir())
+    click.echo(f"tiny model written to {out} ({n / 1e6:.1f} MB); use it with backend.model: {out}")
 
 
 if __name__ == "__main__":

@@ -26,13 +26,12 @@ from batchlab.backends import hf_common as hc
 from batchlab.backends.hf import HFBackend
 from batchlab.backends.hf_cb import HFCBBackend
 from batchlab.backends.hf_engine import backend_efficiency
-from batchlab.run.point import make_requests
 from batchlab.core.clock import RealClock
 from batchlab.core.config import BackendConfig, ContinuousConfig
-from batchlab.run.driver import Inbox, drive
 from batchlab.core.metrics import summarize
 from batchlab.core.request import Request, Status
-from batchlab.core.traffic import TraceItem
+from batchlab.core.traffic import TraceItem, make_requests
+from batchlab.run.driver import Inbox, drive
 from batchlab.schedulers.continuous import ContinuousScheduler
 
 BLOCK = 16
@@ -56,7 +55,7 @@ async def ours(hf: HFBackend, trace, c: int, clock) -> dict:
     engine = hf._engine()
     mark = len(engine.step_log)
     t0 = clock.now()
-    reqs = make_requests(trace, t0, hf)
+    reqs = make_requests(trace, t0, hf.prepare)
     await drive(ContinuousScheduler(cont, kv_blocks(trace, c)), hf, clock, Inbox(reqs))
     out = result(reqs, t0)
     steps = engine.step_log[mark:]
@@ -80,7 +79,7 @@ async def hf_cb(lm: hc.Loaded, trace, c: int, clock) -> dict:
 
 async def generate(hf: HFBackend, trace, c: int, clock) -> dict:
     t0 = clock.now()
-    reqs = make_requests(trace, t0, hf)
+    reqs = make_requests(trace, t0, hf.prepare)
     for i in range(0, len(reqs), c):
         batch = reqs[i:i + c]
         for r in batch:
@@ -108,9 +107,9 @@ async def step_times(hf: HFBackend, c: int, clock, p: int = 64, o: int = 64) -> 
     engine = hf._engine()
     mark = len(engine.step_log)
     await drive(ContinuousScheduler(ContinuousConfig(max_num_seqs=c, block_size=BLOCK), kv_blocks(trace, c)),
-                hf, clock, Inbox(make_requests(trace, clock.now(), hf)))
+                hf, clock, Inbox(make_requests(trace, clock.now(), hf.prepare)))
     ours = [s.duration for s in engine.step_log[mark:] if s.prefill_tokens == 0 and s.rows == c]
-    reqs = make_requests(trace, clock.now(), hf)
+    reqs = make_requests(trace, clock.now(), hf.prepare)
     await hf.run_batch(reqs, clock)
     gaps = np.diff(reqs[0].token_times)
     return statistics.median(ours), float(np.median(gaps))

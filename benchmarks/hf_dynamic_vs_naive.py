@@ -13,9 +13,10 @@ import argparse
 import statistics
 import time
 
-from batchlab.run.point import make_backend, run_point
+from batchlab.backends import make_backend
 from batchlab.core.config import load_config
 from batchlab.core.traffic import build_trace
+from batchlab.run.point import run_point
 
 TTFT_TARGET = 5.0        # naive p50 TTFT / dynamic p50 TTFT at the lowest rate
 THROUGHPUT_TARGET = 1.0  # dynamic throughput / naive throughput at the highest rate

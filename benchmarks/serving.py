@@ -169,9 +169,10 @@ def overhead(args) -> dict:
     sees it (httpx's own work before a request leaves included), and from the moment httpx writes
     the request to the socket (what the server and loopback add; the target's measure). The
     in-process side runs on the server's event loop (uvloop when installed)."""
-    from batchlab.run.point import make_backend, run_trace
+    from batchlab.backends import make_backend
     from batchlab.core.clock import RealClock
     from batchlab.core.traffic import build_trace
+    from batchlab.run.point import run_trace
 
     result = {"rate": args.overhead_rate, "repeats": args.repeats}
     for preset in ("toy", "llama2-7b-a100"):

@@ -19,16 +19,13 @@ import sys
 import time
 from pathlib import Path
 
-import yaml
-
 from batchlab.backends.presets import load_cost
 from batchlab.backends.simulated import SimulatedBackend
-from batchlab.run.point import run_point
-from batchlab.cli import default_config_text
 from batchlab.core.clock import VirtualClock
-from batchlab.core.config import ContinuousConfig, load_config
-from batchlab.run.driver import Inbox, drive
+from batchlab.core.config import ContinuousConfig, load_user_config
 from batchlab.core.request import Request
+from batchlab.run.driver import Inbox, drive
+from batchlab.run.point import run_point
 from batchlab.schedulers import ContinuousScheduler
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -70,8 +67,7 @@ def batchlab_run(toy, n: int, seed: int) -> tuple[float, float]:
 
 
 def hour_at_50(*overrides: str) -> tuple[float, int, dict]:
-    base = yaml.safe_load(default_config_text())
-    cfg = load_config(None, ["traffic.duration_s=3600", "traffic.warmup_s=0", *overrides], base=base)
+    cfg = load_user_config(None, ["traffic.duration_s=3600", "traffic.warmup_s=0", *overrides])
     res = run_point(cfg, "continuous", 50.0, 0, SimulatedBackend(load_cost(cfg.backend.preset)))
     return res.meta["wall_s"], len(res.requests), res.summary
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from batchlab.backends.base import BatchBackend, OutOfMemory, StepBackend
 from batchlab.core.request import Request
-from batchlab.schedulers.base import Step
+from batchlab.core.work import Step
 
 
 class UnitStepBackend(BatchBackend, StepBackend):

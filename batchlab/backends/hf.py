@@ -11,16 +11,18 @@ thread and the event loop stays free. Continuous batching delegates to backends/
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaList
 
 from batchlab.backends import hf_common as hc
-from batchlab.backends.base import BatchBackend, OutOfMemory, StepBackend
+from batchlab.backends.base import OutOfMemory
+from batchlab.backends.hf_engine import StepEngine, backend_efficiency
 from batchlab.core.clock import Clock
 from batchlab.core.request import Request
-from batchlab.schedulers.base import MemoryBudget, Step
+from batchlab.core.work import MemoryBudget, Step
 
 OomHook = Callable[[list[Request]], bool]
 
@@ -45,8 +47,9 @@ class StampEveryToken(StoppingCriteria):
         return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
 
 
-class HFBackend(hc.ModelBackend, BatchBackend, StepBackend):
-    multi_step = True                        # continuous: hf_engine.StepEngine runs decode windows
+class HFBackend(hc.ModelBackend):
+    levels = frozenset({"request", "iteration"})
+    runs_decode_windows = True               # continuous: hf_engine.StepEngine runs decode windows
 
     def __init__(self, backend_cfg, warmup_shape: tuple[int, int, int] = (4, 16, 8),
                  oom_when: OomHook | None = None):
@@ -164,13 +167,8 @@ class HFBackend(hc.ModelBackend, BatchBackend, StepBackend):
             r.output_text = tok.decode(r.output_token_ids, skip_special_tokens=True)
 
     # -- continuous batching (iteration level) ----------------------------------------------
-    def _engine(self):
+    def _engine(self) -> StepEngine:
         if self.engine is None:
-            try:
-                from batchlab.backends.hf_engine import StepEngine
-            except ImportError as e:
-                raise NotImplementedError("continuous batching on Hugging Face models needs "
-                                          f"batchlab/backends/hf_engine.py (StepEngine): {e}") from e
             lm = self._ensure_loaded()
             self.engine = StepEngine(lm.model, lm.tokenizer, lm.device)
         return self.engine
@@ -181,6 +179,12 @@ class HFBackend(hc.ModelBackend, BatchBackend, StepBackend):
     def release(self, request: Request) -> None:
         if self.engine is not None:
             self.engine.release(request)
+
+    def point_facts(self, measured_from: float, summary: dict[str, Any]) -> dict[str, Any]:
+        """Continuous points on the step engine: achieved tok/s over what its own measured step
+        time allows at the run's occupancy (backend_eff; below 1 = idle time and overhead)."""
+        records = [s for s in self.engine.step_log if s.start >= measured_from] if self.engine else []
+        return backend_efficiency(records, summary["throughput_tok_s"]) if records else {}
 
 
 def _typical_len(d, default: int) -> int:

@@ -1,8 +1,8 @@
 """transformers' own continuous batching as a peer backend (`backend.kind: hf-cb`, strategy `server`).
 
 The library batches for itself: its manager (`model.init_continuous_batching()`) runs a generation
-thread with a paged KV cache and its own FIFO scheduler. We only submit each request at its
-planned arrival time (`add_request`) and take tokens as they stream back. Stamps are the manager's
+thread with a paged KV cache and its own FIFO scheduler. ServerBackend's send loop submits each
+request at its planned arrival time (`add_request`); tokens stream back into result handlers. Stamps are the manager's
 own per-token timestamps (`record_timestamps`), read from `time.perf_counter` in its thread right
 after each token exists: the RealClock's time base, so they compare directly with our engine's.
 Same budgets as our continuous scheduler: `num_blocks` x `page_size` (= continuous.block_size)
@@ -12,21 +12,24 @@ tokens of KV, always set (on CPU transformers cannot size the cache), `max_num_s
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any
 
 import torch
 
 from batchlab.backends import hf_common as hc
+from batchlab.backends.base import ServerBackend
+from batchlab.core.breakdown import finish
 from batchlab.core.clock import Clock, RealClock
 from batchlab.core.config import ContinuousConfig
-from batchlab.core.request import Request, Status
-from batchlab.core.traffic import TraceItem
+from batchlab.core.request import Request
 
 WARMUP = (8, 16, 8)                # warm-up round: requests, prompt tokens, new tokens
 
 
-class HFCBBackend(hc.ModelBackend):
+class HFCBBackend(hc.ModelBackend, ServerBackend):
     def __init__(self, backend_cfg, cont: ContinuousConfig, loaded: hc.Loaded | None = None):
+        ServerBackend.__init__(self)
         self.cfg, self.cont = backend_cfg, cont
         self.loaded = loaded               # tests and benchmarks may hand in a loaded model
         self.manager = None
@@ -42,7 +45,11 @@ class HFCBBackend(hc.ModelBackend):
         for i in range(self.cfg.warmup_batches):
             n, p, o = WARMUP
             reqs = [Request(f"warmup{i}-{j}", p, o, clock.now(), index=-1 - j) for j in range(n)]
-            await self._run(reqs, clock)
+            async with self.session(n) as tracker:
+                for r in reqs:
+                    self.prepare(r)
+                    await self.send(r, tracker, clock)
+                await self.settle(tracker, clock)
 
     def _start_manager(self) -> None:
         from transformers import GenerationConfig
@@ -87,28 +94,12 @@ class HFCBBackend(hc.ModelBackend):
                 "torch": torch.__version__, "transformers": transformers.__version__,
                 "torch_threads": torch.get_num_threads()}
 
-    # -- the trace -----------------------------------------------------------------------
-    async def run_trace(self, trace: list[TraceItem], clock: Clock) -> tuple[list[Request], float]:
-        """Submit every request at its planned arrival; return them stamped, and the start time."""
-        t0 = clock.now()
-        reqs = [Request(f"r{i:06d}", it.prompt_len, it.output_len, t0 + it.arrival, prompt=it.prompt, index=i)
-                for i, it in enumerate(trace)]
-        await self._run(reqs, clock)
-        return reqs, t0
+    # -- the trace (ServerBackend.run_trace sends each request at its planned time) -----------
+    @contextlib.asynccontextmanager
+    async def session(self, concurrency: int):
+        yield _Tracker(self.loaded.tokenizer)
 
-    async def _run(self, reqs: list[Request], clock: Clock) -> None:
-        tracker = _Tracker(self.loaded.tokenizer)
-        for r in sorted(reqs, key=lambda r: (r.arrival_time, r.index)):
-            await clock.sleep(r.arrival_time - clock.now())
-            self._submit(r, tracker)
-        await tracker.wait_all(self.manager, clock)
-
-    def _submit(self, r: Request, tracker: "_Tracker") -> None:
-        try:
-            self.prepare(r)
-        except ValueError as e:
-            r.fail(str(e))
-            return
+    async def send(self, r: Request, tracker: "_Tracker", clock: Clock) -> None:
         tracker.add(r)
         # NOTE: the handler is registered before the request exists, so no output can slip past it.
         self.manager.register_result_handler(r.request_id, tracker.on_output)
@@ -117,6 +108,9 @@ class HFCBBackend(hc.ModelBackend):
                                        record_timestamps=True, eos_token_id=-1)
         if rid is None:
             tracker.finish(r, "transformers' continuous batching manager refused the request (stopping?)")
+
+    async def settle(self, tracker: "_Tracker", clock: Clock) -> None:
+        await tracker.wait_all(self.manager, clock)
 
 
 class _Tracker:
@@ -146,18 +140,15 @@ class _Tracker:
 
     def finish(self, r: Request, error: str | None) -> None:
         self.pending.pop(r.request_id, None)
-        if error is None and r.output_len != r.max_new_tokens:
-            error = f"backend produced {r.output_len} tokens, expected {r.max_new_tokens}"
         if error is not None:
             r.fail(error)
-        else:
-            r.status = Status.FINISHED
-            r.output_text = self.tokenizer.decode(r.output_token_ids, skip_special_tokens=True)
+        elif r.token_times:
             first = r.token_times[0]
-            r.scheduled_time = min(r.scheduled_time or first, first)
-            r.add_time("wait_capacity", r.scheduled_time - r.arrival_time)
-            r.add_time("prefill", first - r.scheduled_time)
-            r.add_time("decode", r.token_times[-1] - first)
+            r.scheduled_time = min(r.scheduled_time or first, first)   # the manager's dequeue stamp
+            finish(r, queued_as="wait_capacity")
+            r.output_text = self.tokenizer.decode(r.output_token_ids, skip_special_tokens=True)
+        else:
+            finish(r)                          # no tokens at all: fails with the counts
         if not self.pending:
             self.event.set()
 

@@ -251,3 +251,9 @@ class ModelBackend(Backend):
     def prepare(self, request) -> None:
         """Tokenize once, at submission. A prompt must be non-empty and fit the context."""
         tokenize_checked(request, self._ensure_loaded())
+
+    def tokenizer(self) -> Any:
+        return self._ensure_loaded().tokenizer
+
+    def max_context(self) -> int:
+        return context_length(self._ensure_loaded().model)

@@ -23,7 +23,7 @@ from transformers import AttentionInterface
 from batchlab.backends.hf_slots import ATTN_NAME, SlotKV, StepPlan, attention, slot_attention
 from batchlab.core.clock import Clock
 from batchlab.core.request import Request
-from batchlab.schedulers.base import Step
+from batchlab.core.work import Step
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,7 +40,7 @@ class StepRecord:
 class StepEngine:
     """Runs `Step`s of the continuous scheduler on `model`; `step_log` keeps one record per pass."""
 
-    multi_step = True                      # runs decode windows (see batchlab/schedulers/base.py Step)
+    runs_decode_windows = True             # see batchlab/schedulers/decode_window.py
 
     def __init__(self, model, tokenizer=None, device=None):
         cfg = model.config.get_text_config()
@@ -61,12 +61,12 @@ class StepEngine:
         """One forward pass over `step.chunks`; stamps a greedy token on every row that reached
         its end. Leaves `num_computed_tokens` to the scheduler."""
         start = clock.now()
-        repeat = getattr(step, "repeat", 1)
+        repeat = step.repeat
         if repeat > 1 and any(n != 1 or r.num_computed_tokens + 1 != r.num_tokens for r, n in step.chunks):
             repeat = 1                         # only pure decode steps repeat identically
         plan = self._plan(step.chunks, extra=repeat - 1)
-        passes = await asyncio.to_thread(self._forward, plan, clock, repeat, getattr(step, "until", None))
-        if repeat > 1 or getattr(step, "repeat", 1) > 1:
+        passes = await asyncio.to_thread(self._forward, plan, clock, repeat, step.until)
+        if repeat > 1 or step.repeat > 1:
             step.repeat = len(passes)          # tell the scheduler how many steps ran
         for r, n in step.chunks:
             self.cache.lengths[self.cache.slot_of[r]] = r.num_computed_tokens + n * len(passes)

@@ -5,9 +5,10 @@ is stamped through the clock the moment it reaches the client, and the exact tok
 from the final usage report (a chunk may carry several tokens). The latency clock starts at the
 *planned* arrival, so time lost in the load generator or waiting for a pooled connection counts
 against the server's numbers, never in its favour; the generator's own send lag is recorded
-(`run_meta()`) and a run where it is large is flagged. When httpx began writing each request to
-the socket is kept too (`sent_at`, from httpcore's trace hook), so what the client library spends
-before a request leaves (1.5-2 ms here) can be told apart from what the server adds.
+(`point_facts()`) and a run where it is large is flagged; the send loop is ServerBackend's.
+When httpx began writing each request to the socket is kept too (`sent_at`, from httpcore's
+trace hook), so what the client library spends before a request leaves (1.5-2 ms here) can be
+told apart from what the server adds.
 
 NOTE: httpx rather than the official `openai` client: one parsed JSON line per chunk costs far
 less CPU than the client's pydantic objects (the load generator shares two cores with the server),
@@ -16,29 +17,29 @@ its pool limits and timeouts are explicit, it never retries behind our back, and
 """
 from __future__ import annotations
 
-import asyncio
 import json
 from typing import Any
 
 import httpx
 import numpy as np
 
-from batchlab.backends.base import Backend
+from batchlab.backends.base import ServerBackend
+from batchlab.core.breakdown import finish
 from batchlab.core.clock import Clock
-from batchlab.core.config import ConfigError
 from batchlab.core.request import Request, Status
-from batchlab.core.traffic import TraceItem
+from batchlab.errors import ConfigError
 
-LEAD_S = 0.05            # the first planned arrival is this far after the start, so it can be on time
-SPIN_S = 0.0015          # the last stretch before a send is waited by yielding, not by a 1 ms-granular timer
 LAG_WARN_S = 0.005       # send lag p99 above this flags the run: the load generator, not the server, was slow
 WORDS = "the quick brown fox jumps over a lazy dog while seven small birds sing".split()
 
 
-class OpenAIBackend(Backend):
+class OpenAIBackend(ServerBackend):
+    lead_s = 0.05            # the first planned arrival is this far after the start, so it can be on time
+
     def __init__(self, base_url: str, model: str, api_key: str = "EMPTY", timeout_s: float = 600.0,
                  prompt_format: str = "tokens", length_control: str = "ignore_eos",
                  max_connections: int | None = None, transport: httpx.AsyncBaseTransport | None = None):
+        super().__init__()
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.api_key = api_key
@@ -47,7 +48,6 @@ class OpenAIBackend(Backend):
         self.length_control = length_control
         self.max_connections = max_connections
         self.transport = transport               # tests inject httpx.MockTransport
-        self.send_lags: list[float] = []         # seconds between planned and actual send, last run
         self.server_timing: dict[str, dict] = {}  # request id -> batchlab serve's own stamps, if sent
         self.sent_at: dict[str, float] = {}       # request id -> when httpx began writing it to the socket
 
@@ -62,8 +62,9 @@ class OpenAIBackend(Backend):
         elif self.prompt_format == "text" and not request.prompt:
             request.prompt = synthetic_text(request.index, request.prompt_len)
 
-    def client(self, concurrency: int) -> httpx.AsyncClient:
+    def session(self, concurrency: int) -> httpx.AsyncClient:
         """One client and pool for a run, sized for `concurrency` requests in flight."""
+        self.server_timing, self.sent_at = {}, {}
         size = self.max_connections or max(1, min(concurrency, 1024))
         limits = httpx.Limits(max_connections=size, max_keepalive_connections=size)
         timeout = httpx.Timeout(self.timeout_s)            # connect, read, write and pool waits alike
@@ -71,33 +72,12 @@ class OpenAIBackend(Backend):
         return httpx.AsyncClient(base_url=self.base_url, limits=limits, timeout=timeout,
                                  headers=headers, transport=self.transport)
 
-    async def run_trace(self, trace: list[TraceItem], clock: Clock) -> tuple[list[Request], float]:
-        """Send every request of the trace at its planned time; returns the requests and t0."""
-        requests = []
-        for i, item in enumerate(trace):
-            r = Request(f"r{i:06d}", item.prompt_len, item.output_len, item.arrival,
-                        prompt=item.prompt, index=i)
-            self.prepare(r)
-            requests.append(r)
-        self.send_lags, self.server_timing, self.sent_at = [], {}, {}
-        async with self.client(len(requests)) as client:
-            t0 = clock.now() + LEAD_S            # NOTE: after building the client (its TLS setup takes ~30 ms)
-            for r in requests:
-                r.arrival_time += t0
-            tasks = []
-            for r in requests:
-                await wait_until(clock, r.arrival_time)
-                tasks.append(asyncio.create_task(self.send(r, client, clock)))
-            await asyncio.gather(*tasks)
-        return requests, t0
-
-    def run_meta(self) -> dict[str, Any]:
+    def point_facts(self, measured_from: float, summary: dict[str, Any]) -> dict[str, Any]:
         """The load generator's own timing error over the last run (see module docstring)."""
         return send_lag_summary(self.send_lags)
 
     async def send(self, r: Request, client: httpx.AsyncClient, clock: Clock) -> None:
         """One streamed request: stamps chunks on `r`, records failures on `r`; never raises."""
-        self.send_lags.append(clock.now() - r.arrival_time)
         r.status = Status.RUNNING
         chunks: list[tuple[float, str]] = []
         usage: dict | None = None
@@ -141,14 +121,6 @@ class ServerError(RuntimeError):
     """The server reported an error inside the stream."""
 
 
-async def wait_until(clock: Clock, t: float) -> None:
-    """Sleep to `t`: a timer for most of the way, then yield until due (timers are 1 ms granular)."""
-    if t - clock.now() > SPIN_S:
-        await clock.sleep(t - clock.now() - SPIN_S)
-    while clock.now() < t:
-        await clock.sleep(0)
-
-
 async def read_stream(resp: httpx.Response, clock: Clock, chunks: list[tuple[float, str]]) -> dict | None:
     """Read SSE events as bytes arrive; every event in one network read gets that read's stamp.
     NOTE: raw bytes split by hand: cheaper per chunk than httpx's text and line decoders, and the
@@ -190,10 +162,7 @@ def settle(r: Request, chunks: list[tuple[float, str]], usage: dict | None) -> N
     if usage.get("prompt_tokens"):
         r.prompt_len = int(usage["prompt_tokens"])        # exact, e.g. for text prompts
     r.token_times = token_stamps(chunks, int(usage["completion_tokens"]))
-    if r.output_len != r.max_new_tokens:
-        r.fail(f"server produced {r.output_len} tokens, expected {r.max_new_tokens}")
-        return
-    r.status = Status.FINISHED
+    finish(r)
 
 
 def token_stamps(chunks: list[tuple[float, str]], n: int) -> list[float]:

@@ -16,7 +16,7 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from batchlab.core.config import ConfigError
+from batchlab.errors import ConfigError
 
 GB = 1e9
 GiB = 1024**3

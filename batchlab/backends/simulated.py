@@ -12,16 +12,18 @@ from typing import Any
 
 import numpy as np
 
-from batchlab.backends.base import BatchBackend, OutOfMemory, StepBackend
+from batchlab.backends.base import Backend, OutOfMemory
 from batchlab.backends.presets import StepCost
+from batchlab.core.breakdown import charge_stall
 from batchlab.core.clock import Clock, VirtualClock
 from batchlab.core.request import Request
-from batchlab.schedulers.base import MemoryBudget, Step
+from batchlab.core.work import MemoryBudget, Step
 
 
-class SimulatedBackend(BatchBackend, StepBackend):
+class SimulatedBackend(Backend):
     virtual_time = True
-    multi_step = True       # runs decode windows (Step.repeat > 1); see _decode_window
+    levels = frozenset({"request", "iteration"})
+    runs_decode_windows = True      # see _decode_window
 
     def __init__(self, cost: StepCost, enforce_memory: bool = True):
         self.cost = cost
@@ -139,14 +141,13 @@ class SimulatedBackend(BatchBackend, StepBackend):
         self._stall_clock += per_token * prefill
         for r, n in prefilling:
             if not r.token_times and r.num_preemptions == 0:
-                s = per_token * (prefill - n)
-                r.add_time("stall", s)
-                r.add_time("stall_prefill", s)
+                charge_stall(r, per_token * (prefill - n), before_first_token=True)
 
     def release(self, request: Request) -> None:
         mark = self._stall_mark.pop(request, None)
         if mark is not None:
-            request.add_time("stall", self._stall_clock - mark)
+            charge_stall(request, self._stall_clock - mark)
+
 
 def from_config(cfg) -> SimulatedBackend:
     from batchlab.backends.presets import load_cost

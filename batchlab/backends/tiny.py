@@ -16,7 +16,6 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import click
 import numpy as np
 
 TINY_ALIAS = "tiny"
@@ -155,23 +154,3 @@ def _build_model(spec: TinySpec, tokenizer):
         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id)
     return LlamaForCausalLM(config).eval()
-
-
-@click.command("make-tiny-model")
-@click.argument("directory", type=click.Path(file_okay=False))
-@click.option("--seed", default=0, show_default=True, help="Seed for the corpus and the weights.")
-@click.option("--vocab-size", default=3000, show_default=True, help="BPE vocabulary size.")
-def make_tiny_model_cmd(directory: str, seed: int, vocab_size: int) -> None:
-    """Build a tiny random Llama + byte-level BPE tokenizer in DIRECTORY (offline, seconds)."""
-    from batchlab.cli import user_errors
-
-    @user_errors
-    def build() -> None:
-        if vocab_size < 300:
-            from batchlab.core.config import ConfigError
-            raise ConfigError(f"--vocab-size must be at least 300 (got {vocab_size})")
-        out = make_tiny_model(directory, TinySpec(vocab_size=vocab_size, seed=seed))
-        n = sum(f.stat().st_size for f in out.iterdir())
-        click.echo(f"tiny model written to {out} ({n / 1e6:.1f} MB); "
-                   f"use it with backend.model: {out}")
-    build()

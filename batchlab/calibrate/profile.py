@@ -10,7 +10,7 @@ as JSON with the fit's error: `backend.kind: sim` + `backend.profile: FILE` then
 """
 from __future__ import annotations
 
-import json
+import asyncio
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -19,15 +19,16 @@ from typing import Any
 import click
 import numpy as np
 
+from batchlab.backends import make_backend
 from batchlab.backends.base import Backend
 from batchlab.backends.presets import StepCost, load_cost
 from batchlab.calibrate.fit import Fit, StepSample, fit_step_times
 from batchlab.core.clock import Clock, RealClock, VirtualClock
-from batchlab.core.config import ConfigError, ContinuousConfig
-from batchlab.run.driver import Inbox, drive
+from batchlab.core.config import ContinuousConfig, load_user_config
 from batchlab.core.request import Request
-
-LEVELS = {"naive": "request", "dynamic": "request", "continuous": "iteration"}
+from batchlab.errors import ConfigError, user_errors
+from batchlab.run.driver import Inbox, drive
+from batchlab.schedulers import SCHEDULERS, ContinuousScheduler, level_of
 
 
 @dataclass(frozen=True)
@@ -66,7 +67,6 @@ async def time_burst(backend: Backend, level: str, reqs: list[Request], clock: C
     if level == "request":
         await backend.run_batch(reqs, clock)
     else:
-        from batchlab.schedulers import ContinuousScheduler
         tokens = sum(r.prompt_len for r in reqs)
         cfg = ContinuousConfig(max_num_seqs=len(reqs), max_num_batched_tokens=max(tokens, 1))
         await drive(ContinuousScheduler(cfg, num_kv_blocks=1 << 40), backend, clock, Inbox(reqs))
@@ -110,7 +110,7 @@ async def measure(backend: Backend, level: str, grid: Grid, clock: Clock, progre
 
 def profile_backend(backend: Backend, strategy: str, grid: Grid = Grid(), progress=None) -> Profile:
     """Measure `backend` on the path `strategy` uses, fit, and return the calibrated StepCost."""
-    level = LEVELS[strategy]
+    level = level_of(strategy)
     clock: Clock = VirtualClock() if backend.virtual_time else RealClock()
     samples = clock.run(measure(backend, level, grid, clock, progress))
     fit = fit_step_times(samples)
@@ -148,7 +148,7 @@ def _ints(text: str, flag: str) -> tuple[int, ...]:
 @click.argument("config", required=False, type=click.Path(dir_okay=False))
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Override a config key (repeatable).")
 @click.option("--preset", default=None, help="Write a simulator preset as a profile (no measuring).")
-@click.option("--strategy", type=click.Choice(list(LEVELS)), default="continuous", show_default=True,
+@click.option("--strategy", type=click.Choice(list(SCHEDULERS)), default="continuous", show_default=True,
               help="Which path to profile: naive/dynamic = request-level batches, continuous = steps.")
 @click.option("--batch-sizes", default="1,2,4,8,16,32", show_default=True)
 @click.option("--contexts", default="16,64,128,256", show_default=True, help="Decode: prompt lengths to decode from.")
@@ -161,7 +161,6 @@ def _ints(text: str, flag: str) -> tuple[int, ...]:
 @click.option("--out", "out", required=True, type=click.Path(dir_okay=False), help="Profile JSON to write.")
 def profile_cmd(config, overrides, preset, strategy, batch_sizes, contexts, prompts, new_tokens, repeats, warmup, gap_ms, out):
     """Measure a backend's step times, fit the simulator's model, save it as a profile JSON."""
-    from batchlab.cli import user_errors
     user_errors(_profile_main)(config, overrides, preset, strategy, batch_sizes, contexts, prompts,
                                new_tokens, repeats, warmup, gap_ms, out)
 
@@ -180,7 +179,6 @@ def _profile_main(config, overrides, preset, strategy, batch_sizes, contexts, pr
     grid = Grid(_ints(batch_sizes, "--batch-sizes"), _ints(contexts, "--contexts"), _ints(prompts, "--prompts"),
                 new_tokens, repeats, warmup, gap_ms / 1e3)
     cfg = _load(config, overrides, strategy)
-    from batchlab.run.point import make_backend
     backend = make_backend(cfg)
     load_before = os.getloadavg()[0]
     try:
@@ -188,7 +186,7 @@ def _profile_main(config, overrides, preset, strategy, batch_sizes, contexts, pr
         # NOTE: other processes' load is the main error source on a shared machine: keep it with the data.
         setup = backend.describe() | {"load_avg_1min": [load_before, os.getloadavg()[0]], "cpu_count": os.cpu_count()}
     finally:
-        _close(backend)
+        asyncio.run(backend.close())
     save(prof, path, setup, grid)
     c, f = prof.cost, prof.fit
     click.echo(f"fit ({prof.level}-level, {f.num_samples} steps): overhead {1e3 * c.overhead_s:.3f} ms/step, "
@@ -200,18 +198,7 @@ def _profile_main(config, overrides, preset, strategy, batch_sizes, contexts, pr
 
 
 def _load(config, overrides, strategy):
-    import yaml
-    from batchlab.cli import default_config_text
-    from batchlab.core.config import load_config
-    base = None if config else yaml.safe_load(default_config_text())
-    cfg = load_config(config, list(overrides), base=base)
+    cfg = load_user_config(config, overrides)
     if cfg.backend.kind in ("openai", "hf-cb"):
         raise ConfigError(f"backend.kind '{cfg.backend.kind}' batches for itself: profile 'hf' or 'sim' backends")
     return cfg.model_copy(update={"strategies": [strategy]})
-
-
-def _close(backend: Backend) -> None:
-    import asyncio
-    close = backend.close()
-    if asyncio.iscoroutine(close):
-        asyncio.run(close)

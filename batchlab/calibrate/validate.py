@@ -17,11 +17,17 @@ import click
 import pandas as pd
 
 from batchlab.backends.presets import StepCost
-from batchlab.core.config import ConfigError, RunConfig
+from batchlab.backends.simulated import SimulatedBackend
+from batchlab.core.config import RunConfig
+from batchlab.core.traffic import build_trace
+from batchlab.errors import ConfigError
+from batchlab.run.point import run_point
+from batchlab.run.results import summary_row
+from batchlab.run.sweep import run_sweep
+from batchlab.schedulers import level_of
 
 METRICS = ("ttft_p50", "ttft_p99", "tpot_p50", "throughput_tok_s")
 HEADLINE = ("ttft_p50", "tpot_p50", "throughput_tok_s")     # the issue's 10 % target
-LEVELS = {"naive": "request", "dynamic": "request", "continuous": "iteration"}
 
 
 def load_profiles(paths: list[str]) -> dict[str, tuple[str, StepCost]]:
@@ -35,7 +41,7 @@ def load_profiles(paths: list[str]) -> dict[str, tuple[str, StepCost]]:
 
 
 def profile_for(strategy: str, profiles: dict[str, tuple[str, StepCost]]) -> tuple[str, StepCost]:
-    level = LEVELS.get(strategy)
+    level = level_of(strategy)
     if level in profiles:
         return profiles[level]
     if "any" in profiles:
@@ -55,9 +61,6 @@ def sim_cost(cfg: RunConfig, cost: StepCost) -> StepCost:
 
 def simulate_points(cfg: RunConfig, real: pd.DataFrame, profiles) -> pd.DataFrame:
     """Replay every real point's trace on the calibrated simulator; one summary row per point."""
-    from batchlab.backends.simulated import SimulatedBackend
-    from batchlab.run.point import run_point
-    from batchlab.core.traffic import build_trace
     rows = []
     for _, point in real.iterrows():
         strategy, rate, repeat = point["strategy"], float(point["rate"]), int(point["repeat"])
@@ -66,7 +69,7 @@ def simulate_points(cfg: RunConfig, real: pd.DataFrame, profiles) -> pd.DataFram
             update={"kind": "sim", "profile": path, "replicas": 1})})
         trace = build_trace(cfg.traffic, rate, repeat)
         res = run_point(sim_cfg, strategy, rate, repeat, SimulatedBackend(sim_cost(cfg, cost)), trace)
-        rows.append({"strategy": strategy, "rate": rate, "repeat": repeat, "profile": path, **res.summary})
+        rows.append(summary_row(sim_cfg, strategy, rate, repeat, cost.name, res.summary, {"profile": path, **res.meta}))
     return pd.DataFrame(rows)
 
 
@@ -82,7 +85,6 @@ def compare(real: pd.DataFrame, sim: pd.DataFrame) -> pd.DataFrame:
 
 
 def validate(cfg: RunConfig, profile_paths: list[str], out: Path, progress=None) -> pd.DataFrame:
-    from batchlab.run.sweep import run_sweep
     profiles = load_profiles(profile_paths)
     for s in cfg.strategies:
         profile_for(s, profiles)                 # fail before the (long) real run, not after
@@ -118,7 +120,7 @@ def report_lines(table: pd.DataFrame) -> list[str]:
 @click.option("--out", default="results/validate", show_default=True, help="Output directory.")
 def validate_cmd(config, profiles, overrides, out):
     """Run CONFIG on its real backend and on the simulator calibrated by PROFILE; report the errors."""
-    from batchlab.cli import user_errors
+    from batchlab.errors import user_errors
     user_errors(_validate_main)(config, profiles, overrides, out)
 
 

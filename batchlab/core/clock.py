@@ -15,7 +15,8 @@ from __future__ import annotations
 import asyncio
 import selectors
 import time
-from typing import Awaitable, Protocol, TypeVar
+from collections.abc import Awaitable
+from typing import Protocol, TypeVar
 
 T = TypeVar("T")
 
@@ -40,7 +41,7 @@ async def _wait(event: asyncio.Event, timeout: float | None) -> bool:
     try:
         await asyncio.wait_for(event.wait(), timeout)
         return True
-    except asyncio.TimeoutError:
+    except TimeoutError:
         return False
 
 

@@ -6,19 +6,18 @@ are parsed as YAML scalars, so `--set traffic.rates=[5,10]` and `--set naive.bat
 """
 from __future__ import annotations
 
+from importlib import resources
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from batchlab.errors import ConfigError
+
 PositiveInt = Annotated[int, Field(gt=0)]
 PositiveFloat = Annotated[float, Field(gt=0)]
 NonNegFloat = Annotated[float, Field(ge=0)]
-
-
-class ConfigError(ValueError):
-    """A user mistake in a config file or override; the message is meant to be shown as is."""
 
 
 class _Model(BaseModel):
@@ -234,3 +233,15 @@ def load_config(path: str | Path | None = None, overrides: list[str] = (), base:
     except ValidationError as e:
         where = f"{path}: " if path else ""
         raise ConfigError(where + _format_error(e)) from None
+
+
+def default_config_text() -> str:
+    """The packaged default sweep (batchlab/data/default.yaml; configs/sim.yaml is a copy)."""
+    return resources.files("batchlab").joinpath("data/default.yaml").read_text()
+
+
+def load_user_config(path: str | Path | None, overrides: list[str] = ()) -> RunConfig:
+    """What a command line means: CONFIG if given, else the packaged default sweep, then --set.
+    The one place the default config is read (run, serve, profile and the benchmarks call it)."""
+    base = None if path is not None else yaml.safe_load(default_config_text())
+    return load_config(path, list(overrides), base=base)

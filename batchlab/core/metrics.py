@@ -10,7 +10,9 @@ against arrival rate x mean E2E.
 """
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -30,6 +32,28 @@ def per_request(r: Request) -> dict[str, float | None]:
         "tpot": (last - first) / (n - 1) if last is not None and n > 1 else None,
         "e2e": None if last is None else last - r.arrival_time,
     }
+
+
+@dataclass(frozen=True, slots=True)
+class Response:
+    """What a caller receives: a frozen snapshot with the derived per-request metrics (seconds)."""
+    request_id: str
+    status: Status
+    output_text: str
+    output_token_ids: tuple[int, ...]
+    prompt_len: int
+    output_len: int
+    queue_wait: float | None
+    ttft: float | None
+    tpot: float | None
+    e2e: float | None
+    error: str | None = None
+
+    @classmethod
+    def of(cls, r: Request) -> "Response":
+        m = per_request(r)
+        return cls(r.request_id, r.status, r.output_text, tuple(r.output_token_ids), r.prompt_len,
+                   r.output_len, m["queue_wait"], m["ttft"], m["tpot"], m["e2e"], r.error)
 
 
 def meets_slo(m: dict[str, float | None], slo: SLOConfig) -> bool:

@@ -73,26 +73,3 @@ class Request:
     def add_time(self, phase: str, seconds: float) -> None:
         if seconds > 0:
             self.breakdown[phase] = self.breakdown.get(phase, 0.0) + seconds
-
-
-@dataclass(frozen=True, slots=True)
-class Response:
-    """What a caller receives: a frozen snapshot with the derived per-request metrics (seconds)."""
-    request_id: str
-    status: Status
-    output_text: str
-    output_token_ids: tuple[int, ...]
-    prompt_len: int
-    output_len: int
-    queue_wait: float | None
-    ttft: float | None
-    tpot: float | None
-    e2e: float | None
-    error: str | None = None
-
-    @classmethod
-    def of(cls, r: Request) -> "Response":
-        from batchlab.core.metrics import per_request
-        m = per_request(r)
-        return cls(r.request_id, r.status, r.output_text, tuple(r.output_token_ids), r.prompt_len,
-                   r.output_len, m["queue_wait"], m["ttft"], m["tpot"], m["e2e"], r.error)

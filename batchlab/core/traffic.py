@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import csv
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
 
-from batchlab.core.config import ConfigError, LengthDist, TrafficConfig
+from batchlab.core.config import LengthDist, TrafficConfig
+from batchlab.core.request import Request
+from batchlab.errors import ConfigError
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,3 +134,20 @@ def trace_rate(items: list[TraceItem]) -> float:
     """Mean arrival rate of a replayed trace, used as its sweep point's `rate`."""
     span = items[-1].arrival if len(items) > 1 else 1.0
     return len(items) / span if span > 0 else float(len(items))
+
+
+def make_requests(trace: list[TraceItem], t0: float, prepare: Callable[[Request], None] | None = None) -> list[Request]:
+    """One request per trace item, arriving at t0 + its offset, each passed to `prepare` (the
+    backend's). A request `prepare` refuses (ValueError: empty prompt, longer than the model's
+    context) is recorded as failed with the reason, as a server would answer it with a 400: it
+    stays in the results and never runs."""
+    reqs = []
+    for i, item in enumerate(trace):
+        r = Request(f"r{i:06d}", item.prompt_len, item.output_len, t0 + item.arrival, prompt=item.prompt, index=i)
+        if prepare is not None:
+            try:
+                prepare(r)
+            except ValueError as e:
+                r.fail(f"invalid request: {e}")
+        reqs.append(r)
+    return reqs

@@ -9,9 +9,10 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from batchlab.report.stats import medians
-from batchlab.run.sweep import ResultsDir, pending_points, points, run_sweep
 from batchlab.core.config import RunConfig
+from batchlab.report.stats import medians
+from batchlab.run.results import ResultsDir
+from batchlab.run.sweep import pending_points, points, run_sweep
 
 # NOTE: piped output (CI logs, `| tee`) has no terminal width; rich would then squeeze the
 # tables to 80 columns and cut every cell. Give it room instead.

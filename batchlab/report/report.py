@@ -13,12 +13,10 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-from batchlab.report import plots
-from batchlab.report import run_plots
-from batchlab.report import stats
+from batchlab.errors import ConfigError
+from batchlab.report import plots, run_plots, stats
 from batchlab.report import timeline as tl
 from batchlab.report.verdict import headline_rate, pairs, pct, verdict_lines
-from batchlab.core.config import ConfigError
 
 COLUMNS = [("strategy", "strategy"), ("throughput_tok_s", "tok/s"), ("requests_per_s", "req/s"),
            ("ttft_p50", "TTFT p50 (s)"), ("ttft_p99", "TTFT p99 (s)"), ("tpot_p50", "TPOT p50 (s)"),
@@ -280,7 +278,7 @@ def _method() -> list[str]:
             f"- With ≥ {stats.MIN_REPEATS} repeats: a percentile bootstrap ({stats.N_BOOT} replicates) of the mean paired "
             "difference over repeats (each repeat is a different seeded trace). With only a few repeats this "
             "interval is too narrow; it becomes trustworthy as repeats grow.",
-            f"- With fewer: latency percentiles use a paired circular block bootstrap over the requests of the trace "
+            "- With fewer: latency percentiles use a paired circular block bootstrap over the requests of the trace "
             "(blocks of √n consecutive arrivals, the same blocks for both strategies), which keeps the correlation "
             "between neighbours in a queue. It covers request-to-request variation within this trace, not trace-to-"
             "trace variation; past a strategy's knee its latencies grow with the run's length and no interval makes "

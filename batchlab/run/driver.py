@@ -5,32 +5,42 @@ and reports back. Arrivals are released at their *planned* times (the trace says
 sent them), so a request that arrives while a batch runs is stamped correctly even though the
 scheduler only sees it afterwards. Live requests (the HTTP server) are pushed in with their
 arrival already stamped. Failed requests keep their status and error and are reported too.
+A server never knows that no more requests will come, so a live inbox may declare the traffic
+paused after `flush_idle_s` without arrivals: the scheduler is then told it is draining, exactly
+as at the end of a trace (naive batching would otherwise strand its last partial batch).
 """
 from __future__ import annotations
 
 import asyncio
 from collections import deque
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 from batchlab.backends.base import Backend, OutOfMemory
+from batchlab.core.breakdown import charge_launch, charge_stall, finish
 from batchlab.core.clock import Clock
 from batchlab.core.request import Request, Status
-from batchlab.schedulers.base import Batch, Scheduler, Step
+from batchlab.core.work import Batch, Idle, Step
+from batchlab.schedulers.base import Scheduler
 
 Callback = Callable[[Request], None]
+Progress = Callable[[list[Request]], None]
+POLL_S = 0.001           # how often a running request-level batch is checked for new tokens (on_progress)
 
 
 class Inbox:
     """Where requests come from: a planned trace and/or live submissions."""
 
-    def __init__(self, planned: Iterable[Request] = (), live: bool = False):
+    def __init__(self, planned: Iterable[Request] = (), live: bool = False, flush_idle_s: float | None = None):
         self.planned = deque(sorted(planned, key=lambda r: (r.arrival_time, r.index)))
         self.live: deque[Request] = deque()
         self.open = live                   # live submissions may still come
         self.event = asyncio.Event()
         self.cancelled: list[Request] = []  # clients gone; dropped between steps/batches (see drive)
+        self.flush_idle_s = flush_idle_s   # live: no arrivals this long counts as draining (None: never)
+        self.last_arrival = float("-inf")
 
     def push(self, request: Request) -> None:
+        self.last_arrival = max(self.last_arrival, request.arrival_time)
         self.live.append(request)
         self.event.set()
 
@@ -52,6 +62,16 @@ class Inbox:
     def next_arrival(self) -> float | None:
         return self.planned[0].arrival_time if self.planned else None
 
+    @property
+    def paused_at(self) -> float | None:
+        """When a live inbox's traffic counts as paused (see the module docstring); None: never."""
+        return None if self.flush_idle_s is None else self.last_arrival + self.flush_idle_s
+
+    def draining(self, now: float) -> bool:
+        """No more requests will come, or (live, with flush_idle_s) none came for a while."""
+        paused = self.paused_at
+        return self.exhausted or (paused is not None and now >= paused)
+
     def release(self, now: float, scheduler: Scheduler) -> None:
         while self.planned and self.planned[0].arrival_time <= now:
             scheduler.add(self.planned.popleft())
@@ -60,29 +80,44 @@ class Inbox:
 
 
 async def drive(scheduler: Scheduler, backend: Backend, clock: Clock, inbox: Inbox,
-                on_done: Callback = lambda r: None, on_progress: Callable[[list[Request]], None] | None = None) -> None:
-    """Run until the inbox is exhausted and every request is finished or failed."""
+                on_done: Callback = lambda r: None, on_progress: Progress | None = None,
+                on_launch: Callable[[int], None] | None = None) -> None:
+    """Run until the inbox is exhausted and every request is finished or failed.
+    `on_done` gets every request that finished or failed; `on_progress` requests that got new
+    tokens (a server streams them); `on_launch` the size of every batch or step launched."""
     idle_since = clock.now()
     stalled: dict[Request, tuple[float, int]] = {}   # preempted -> (when, tokens it had)
     # Decode windows only where every arrival is known in advance and the backend runs them.
-    scheduler.multi_step = getattr(backend, "multi_step", False) and not inbox.open
+    scheduler.multi_step = backend.runs_decode_windows and not inbox.open
     while True:
         now = clock.now()
         inbox.release(now, scheduler)
         _drop_cancelled(scheduler, backend, inbox, on_done)
-        out = scheduler.schedule(now, draining=inbox.exhausted)
+        out = scheduler.schedule(now, draining=inbox.draining(now))
         _drain_rejected(scheduler, on_done)
         if isinstance(out, Batch):
-            _account_queue(out.requests, now, idle_since)
-            await _run_batch(scheduler, backend, clock, out, on_done)
+            charge_launch(out.requests, now, idle_since)
+            if on_launch is not None:
+                on_launch(len(out.requests))
+            await _run_batch(scheduler, backend, clock, out, on_done, on_progress)
             idle_since = clock.now()
         elif isinstance(out, Step):
             _bound_window(out, scheduler, inbox)
+            if on_launch is not None:
+                on_launch(len(out.chunks))
             await _run_step(scheduler, backend, clock, out, on_done, on_progress, stalled)
         else:
             if inbox.exhausted and not scheduler.has_work():
                 return
-            await _idle(clock, inbox, now, out.wake_at)
+            await _idle(clock, inbox, now, _until_paused(out, scheduler, inbox, now))
+
+
+def _until_paused(idle: Idle, scheduler: Scheduler, inbox: Inbox, now: float) -> float | None:
+    """A live inbox's pause turns waiting requests into a drain: wake up for it."""
+    paused = inbox.paused_at
+    if paused is None or not scheduler.waiting or now >= paused:
+        return idle.wake_at
+    return paused if idle.wake_at is None else min(idle.wake_at, paused)
 
 
 async def _idle(clock: Clock, inbox: Inbox, now: float, wake_at: float | None) -> None:
@@ -105,14 +140,9 @@ def _bound_window(step: Step, scheduler: Scheduler, inbox: Inbox) -> None:
         step.until = inbox.next_arrival
 
 
-def _account_queue(batch: list[Request], now: float, idle_since: float) -> None:
-    """Split each request's queue time: while the backend was busy vs waiting for a trigger."""
-    for r in batch:
-        r.add_time("wait_busy", min(now, idle_since) - r.arrival_time)
-        r.add_time("wait_trigger", now - max(r.arrival_time, idle_since))
-
-
-async def _run_batch(scheduler: Scheduler, backend, clock: Clock, batch: Batch, on_done: Callback) -> None:
+async def _run_batch(scheduler: Scheduler, backend: Backend, clock: Clock, batch: Batch, on_done: Callback,
+                     on_progress: Progress | None) -> None:
+    watch = asyncio.ensure_future(_watch(batch.requests, clock, on_progress)) if on_progress else None
     try:
         await backend.run_batch(batch.requests, clock)
     except OutOfMemory:
@@ -122,15 +152,30 @@ async def _run_batch(scheduler: Scheduler, backend, clock: Clock, batch: Batch, 
     except Exception as e:  # a failed batch fails its requests, not the run
         for r in batch.requests:
             r.fail(f"{type(e).__name__}: {e}")
+    finally:
+        if watch is not None:
+            watch.cancel()
     scheduler.finish_batch(batch, clock.now())
     for r in batch.requests:
         if r.status is not Status.FAILED:
-            _finish(r)
+            finish(r)
         on_done(r)
 
 
-async def _run_step(scheduler: Scheduler, backend, clock: Clock, step: Step, on_done: Callback, on_progress,
-                    stalled: dict) -> None:
+async def _watch(requests: list[Request], clock: Clock, on_progress: Progress) -> None:
+    """While a request-level batch runs, report rows that got new tokens (so a server streams)."""
+    seen = {r: r.output_len for r in requests}
+    while True:
+        await clock.sleep(POLL_S)
+        moved = [r for r in requests if r.output_len != seen[r] and r.status is Status.RUNNING]
+        if moved:
+            for r in moved:
+                seen[r] = r.output_len
+            on_progress(moved)
+
+
+async def _run_step(scheduler: Scheduler, backend: Backend, clock: Clock, step: Step, on_done: Callback,
+                    on_progress: Progress | None, stalled: dict) -> None:
     for r in step.preempted:
         backend.release(r)
     try:
@@ -147,8 +192,7 @@ async def _run_step(scheduler: Scheduler, backend, clock: Clock, step: Step, on_
         on_progress([r for r, _ in step.chunks])
     for r in scheduler.finish_step(step, clock.now()):
         backend.release(r)
-        r.add_time("wait_capacity", r.scheduled_time - r.arrival_time)
-        _finish(r)
+        finish(r, queued_as="wait_capacity")
         on_done(r)
 
 
@@ -162,31 +206,16 @@ def _charge_preemptions(stalled: dict, step: Step, end: float) -> None:
     for r, _ in step.chunks:
         if r in stalled and r.output_len > stalled[r][1]:
             since, had = stalled.pop(r)
-            r.add_time("stall", r.token_times[-1] - since)
-            if had == 0:
-                r.add_time("stall_prefill", r.token_times[-1] - since)
+            charge_stall(r, r.token_times[-1] - since, before_first_token=had == 0)
 
 
-def _finish(r: Request) -> None:
-    if r.output_len != r.max_new_tokens:
-        r.fail(f"backend produced {r.output_len} tokens, expected {r.max_new_tokens}")
-        return
-    r.status = Status.FINISHED
-    first = r.token_times[0]
-    # NOTE: stalls (backend or preemption) are reported apart, so the phases still sum to E2E.
-    stall_prefill = r.breakdown.pop("stall_prefill", 0.0)
-    r.add_time("prefill", first - r.scheduled_time - stall_prefill)
-    r.add_time("decode", r.token_times[-1] - first - (r.breakdown.get("stall", 0.0) - stall_prefill))
-
-
-def _drop_cancelled(scheduler: Scheduler, backend, inbox: Inbox, on_done: Callback) -> None:
+def _drop_cancelled(scheduler: Scheduler, backend: Backend, inbox: Inbox, on_done: Callback) -> None:
     """Free waiting or running (iteration-level) requests whose clients went away."""
     while inbox.cancelled:
         r = inbox.cancelled.pop(0)
         if r.is_done or not scheduler.abort(r):
             continue
-        if hasattr(backend, "release"):
-            backend.release(r)
+        backend.release(r)
         r.fail("cancelled: the client disconnected")
         on_done(r)
 

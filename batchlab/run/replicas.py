@@ -1,24 +1,23 @@
 """N simulated replicas behind a router: how a replica count is checked, not just divided out.
 
 Each replica is its own scheduler + backend + driver coroutine, all on one VirtualClock. A router
-coroutine releases the trace at its planned arrival times and hands each request to one replica:
-round-robin (by turn), or least-outstanding (the replica with the fewest assigned-but-unfinished
-requests, ties by turn). A replica that is mid-batch sees its new request when the batch ends,
-but the request keeps its planned arrival stamp, so queueing behind a busy replica is measured.
+coroutine (run/router.py picks the replica) releases the trace at its planned arrival times. A
+replica that is mid-batch sees its new request when the batch ends, but the request keeps its
+planned arrival stamp, so queueing behind a busy replica is measured.
 """
 from __future__ import annotations
 
 import asyncio
 import copy
-from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
 from batchlab.backends.base import Backend
 from batchlab.core.clock import Clock
 from batchlab.core.config import RunConfig
-from batchlab.run.driver import Inbox, drive
 from batchlab.core.request import Request
-from batchlab.core.traffic import TraceItem
+from batchlab.core.traffic import TraceItem, make_requests
+from batchlab.run.driver import Inbox, drive
+from batchlab.run.router import ROUTERS, Router
 from batchlab.schedulers import Scheduler, make_scheduler
 
 
@@ -38,35 +37,6 @@ class Replica:
 
     def done(self, request: Request) -> None:
         self.outstanding -= 1
-
-
-class Router(ABC):
-    """Picks the replica for each arriving request; sees the replicas' state at that moment."""
-
-    def __init__(self) -> None:
-        self.turn = 0
-
-    @abstractmethod
-    def pick(self, replicas: list[Replica]) -> Replica: ...
-
-
-class RoundRobin(Router):
-    def pick(self, replicas: list[Replica]) -> Replica:
-        chosen = replicas[self.turn % len(replicas)]
-        self.turn += 1
-        return chosen
-
-
-class LeastOutstanding(Router):
-    def pick(self, replicas: list[Replica]) -> Replica:
-        n = len(replicas)
-        # NOTE: ties go by turn, not to replica 0, so light traffic still spreads evenly.
-        chosen = min(replicas, key=lambda r: (r.outstanding, (r.index - self.turn) % n))
-        self.turn = chosen.index + 1
-        return chosen
-
-
-ROUTERS: dict[str, type[Router]] = {"round_robin": RoundRobin, "least_outstanding": LeastOutstanding}
 
 
 def make_replicas(cfg: RunConfig, strategy: str, backend: Backend, n: int) -> list[Replica]:
@@ -103,10 +73,8 @@ async def serve_replicated(requests: list[Request], replicas: list[Replica], rou
 async def run_replicas(cfg: RunConfig, strategy: str, trace: list[TraceItem], backend: Backend,
                        clock: Clock) -> tuple[list[Request], float]:
     """`run_trace` for `backend.replicas` > 1: same inputs, same outputs, N replicas inside."""
-    from batchlab.run.point import make_requests
-
     replicas = make_replicas(cfg, strategy, backend, cfg.backend.replicas)
     t0 = clock.now()
-    requests = make_requests(trace, t0, backend)
+    requests = make_requests(trace, t0, backend.prepare)
     await serve_replicated(requests, replicas, ROUTERS[cfg.backend.router](), clock)
     return requests, t0

@@ -1,14 +1,25 @@
-"""Scheduler registry: one name per batching policy."""
+"""Scheduler registry: one name per batching policy, and how to build each from a RunConfig."""
 from __future__ import annotations
 
-from batchlab.core.config import ConfigError, RunConfig
-from batchlab.schedulers.base import Batch, Idle, MemoryBudget, Scheduler, Step
+from batchlab.core.config import RunConfig
+from batchlab.core.work import MemoryBudget
+from batchlab.errors import ConfigError
+from batchlab.schedulers.base import Scheduler
 from batchlab.schedulers.continuous import ContinuousScheduler
 from batchlab.schedulers.dynamic import DynamicScheduler
 from batchlab.schedulers.naive import NaiveScheduler
 
-__all__ = ["Batch", "Idle", "MemoryBudget", "Scheduler", "Step", "make_scheduler",
-           "NaiveScheduler", "DynamicScheduler", "ContinuousScheduler"]
+__all__ = ["SCHEDULERS", "ContinuousScheduler", "DynamicScheduler", "NaiveScheduler", "Scheduler",
+           "level_of", "make_scheduler"]
+
+SCHEDULERS: dict[str, type[Scheduler]] = {
+    "naive": NaiveScheduler, "dynamic": DynamicScheduler, "continuous": ContinuousScheduler}
+
+
+def level_of(strategy: str) -> str | None:
+    """"request" or "iteration" for our own policies; None for "server" (the backend batches)."""
+    cls = SCHEDULERS.get(strategy)
+    return cls.level if cls is not None else None
 
 
 def make_scheduler(strategy: str, cfg: RunConfig, memory: MemoryBudget | None,

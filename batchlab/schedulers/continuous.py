@@ -2,18 +2,24 @@
 
 Each step first advances every running request (one decode token, or its next prefill chunk),
 then admits waiting requests while `max_num_seqs`, the token budget `max_num_batched_tokens`
-and the free KV blocks allow. A request needs ceil(tokens / block_size) blocks for the tokens
-it has computed; finished requests leave at once and free their blocks.
-Out of blocks mid-decode (policy `recompute`, vLLM's default): the newest running request is
-preempted, its blocks freed, and it goes back to the front of the queue to recompute its
-prompt plus what it has generated so far; no admission happens in a step that preempted.
-Policy `reserve` instead books prompt + max_new_tokens at admission, so it never preempts.
+and the free KV blocks allow (schedulers/kv_blocks.py); finished requests leave at once and
+free their blocks. Out of blocks mid-decode (policy `recompute`, vLLM's default): the newest
+running request is preempted, its blocks freed, and it goes back to the front of the queue to
+recompute its prompt plus what it has generated so far; no admission happens in a step that
+preempted. Policy `reserve` books prompt + max_new_tokens at admission, so it never preempts.
 """
 from __future__ import annotations
 
+import sys
+
 from batchlab.core.config import ContinuousConfig
 from batchlab.core.request import Request, Status
-from batchlab.schedulers.base import Idle, Scheduler, Step
+from batchlab.core.work import Idle, Step
+from batchlab.schedulers.base import Scheduler
+from batchlab.schedulers.decode_window import return_unused, window_length
+from batchlab.schedulers.kv_blocks import BlockPool, cdiv
+
+UNCHUNKED = sys.maxsize     # no chunked prefill: a prompt is computed in one step
 
 
 class ContinuousScheduler(Scheduler):
@@ -22,67 +28,36 @@ class ContinuousScheduler(Scheduler):
     def __init__(self, cfg: ContinuousConfig, num_kv_blocks: int, policy: str = "recompute"):
         super().__init__()
         self.cfg = cfg
-        self.block_size = cfg.block_size
-        self.num_kv_blocks = num_kv_blocks
-        self.free_blocks = num_kv_blocks
-        self.blocks: dict[Request, int] = {}       # blocks held by each running request
-        self.reserve = policy == "reserve"
-        self.chunk = cfg.chunk_size or 1 << 62
+        self.pool = BlockPool(num_kv_blocks, cfg.block_size, reserve=policy == "reserve")
+        self.chunk = cfg.chunk_size or UNCHUNKED
 
-    def _blocks_for(self, r: Request, tokens: int) -> int:
-        if self.reserve:
-            tokens = r.prompt_len + r.max_new_tokens
-        return -(-tokens // self.block_size)
+    @property
+    def free_blocks(self) -> int:
+        return self.pool.free
 
-    def _grow(self, r: Request, tokens: int) -> bool:
-        extra = self._blocks_for(r, tokens) - self.blocks.get(r, 0)
-        if extra > self.free_blocks:
-            return False
-        if extra > 0:
-            self.free_blocks -= extra
-            self.blocks[r] = self.blocks.get(r, 0) + extra
-        return True
+    @property
+    def num_kv_blocks(self) -> int:
+        return self.pool.num_blocks
 
-    def _release(self, r: Request) -> None:
-        self.free_blocks += self.blocks.pop(r, 0)
-
-    def _preempt(self, victim: Request) -> None:
-        self.running.remove(victim)
-        self._release(victim)
-        victim.num_computed_tokens = 0
-        victim.num_preemptions += 1
-        victim.status = Status.QUEUED
-        self.waiting.appendleft(victim)
+    @property
+    def blocks(self) -> dict[Request, int]:
+        return self.pool.held
 
     def schedule(self, now: float, draining: bool = False) -> Step | Idle:
         budget = self.cfg.max_num_batched_tokens
         chunks: list[tuple[Request, int]] = []
         preempted: list[Request] = []
-        blocks, bs, chunk = self.blocks, self.block_size, self.chunk
+        held, bs = self.pool.held, self.pool.block_size
         for r in list(self.running):
-            held = blocks.get(r)
-            if held is None:                   # preempted earlier in this loop
+            if r not in held:                  # preempted earlier in this loop
                 continue
             c = r.num_computed_tokens
             n = r.prompt_len + len(r.token_times) - c
-            if n > 1:                          # decodes (n == 1) skip the clamping
-                n = min(n, budget, chunk)
-            elif budget < 1:
-                n = 0
+            n = min(n, budget, self.chunk) if n > 1 else (n if budget >= 1 else 0)   # decodes skip the clamps
             if n <= 0:
                 continue
-            # NOTE: hot path (every running request, every step): only touch the block
-            # bookkeeping when this step crosses into a block the request does not hold.
-            if -(-(c + n) // bs) > held:
-                while not self._grow(r, c + n):
-                    victim = self.running[-1]
-                    self._preempt(victim)
-                    preempted.append(victim)
-                    if victim is r:
-                        break
-                else:
-                    chunks.append((r, n))
-                    budget -= n
+            # NOTE: hot path: touch the pool only when this step crosses into a new block.
+            if cdiv(c + n, bs) > held[r] and not self._make_room(r, c + n, preempted):
                 continue
             chunks.append((r, n))
             budget -= n
@@ -90,41 +65,27 @@ class ContinuousScheduler(Scheduler):
             self._admit(now, chunks, budget)
         if not chunks:
             return Idle()
-        window = 1 if preempted else self._decode_window(chunks)
+        window = window_length(chunks, self.pool) if self.multi_step and not preempted else 1
         return Step(chunks, preempted, repeat=window, booked=window)
 
-    def _decode_window(self, chunks: list[tuple[Request, int]]) -> int:
-        """How many identical decode-only steps are safe: until the first request finishes,
-        within the free blocks; 1 if anything is prefilling. Admission cannot change inside
-        the window: whoever waits now is blocked by seqs, tokens or blocks, none of which free
-        up before a request finishes. Blocks for the whole window are booked now."""
-        last, n_last = chunks[-1]              # admissions come last: the usual reason to stop
-        if not self.multi_step or n_last != 1 or not last.token_times:
-            return 1
-        k = 1 << 62
-        for r, n in chunks:
-            left = r.max_new_tokens - len(r.token_times)
-            if n != 1 or left == r.max_new_tokens or r.num_computed_tokens + 1 != r.prompt_len + len(r.token_times):
-                return 1                       # someone is prefilling
-            if left < k:
-                k = left
-        if self.reserve or self.free_blocks >= len(chunks) * -(-k // self.block_size):
-            lo = k                             # blocks cannot run out within k steps
-        else:
-            lo = 1
-            while lo < k:                      # largest window whose extra blocks fit
-                mid = (lo + k + 1) // 2
-                if self._extra_blocks(chunks, mid) <= self.free_blocks:
-                    lo = mid
-                else:
-                    k = mid - 1
-        if not self.reserve:
-            for r, _ in chunks:
-                self._grow(r, r.num_computed_tokens + lo)
-        return lo
+    def _make_room(self, r: Request, tokens: int, preempted: list[Request]) -> bool:
+        """Grow r's blocks, preempting the newest running requests until they fit; False if r
+        itself had to go."""
+        while not self.pool.grow(r, tokens):
+            victim = self.running[-1]
+            self._preempt(victim)
+            preempted.append(victim)
+            if victim is r:
+                return False
+        return True
 
-    def _extra_blocks(self, chunks, steps: int) -> int:
-        return sum(max(0, self._blocks_for(r, r.num_computed_tokens + steps) - self.blocks[r]) for r, _ in chunks)
+    def _preempt(self, victim: Request) -> None:
+        self.running.remove(victim)
+        self.pool.release(victim)
+        victim.num_computed_tokens = 0
+        victim.num_preemptions += 1
+        victim.status = Status.QUEUED
+        self.waiting.appendleft(victim)
 
     def _admit(self, now: float, chunks: list, budget: int) -> None:
         while self.waiting and len(self.running) < self.cfg.max_num_seqs and budget > 0:
@@ -135,12 +96,12 @@ class ContinuousScheduler(Scheduler):
                 if chunks:
                     return                     # whole prompt does not fit this step's budget
                 n = need                       # alone in the step: let an over-long prompt run
-            if -(-(r.prompt_len + r.max_new_tokens) // self.block_size) > self.num_kv_blocks:
+            if not self.pool.can_ever_fit(r):
                 self.waiting.popleft()         # could never finish, even alone: fail it now
-                r.fail(f"needs more than {self.num_kv_blocks} KV blocks of {self.block_size} tokens")
+                r.fail(f"needs more than {self.pool.num_blocks} KV blocks of {self.pool.block_size} tokens")
                 self.rejected.append(r)
                 continue
-            if not self._grow(r, r.num_computed_tokens + n):
+            if not self.pool.grow(r, r.num_computed_tokens + n):
                 return                         # hold admission until blocks free up
             self.waiting.popleft()
             self.running.append(r)
@@ -151,29 +112,22 @@ class ContinuousScheduler(Scheduler):
             budget -= n
 
     def finish_step(self, step: Step, now: float) -> list[Request]:
+        """Advance the step's requests; those with all their tokens leave and free their blocks
+        (the driver finishes them)."""
         done = []
-        repeat = step.repeat
         for r, n in step.chunks:
-            r.num_computed_tokens += n * repeat
+            r.num_computed_tokens += n * step.repeat
             if len(r.token_times) >= r.max_new_tokens:
                 done.append(r)
-        if step.booked > step.repeat:          # the window was cut short: return the
-            for r, _ in step.chunks:           # blocks booked for steps that did not run
-                if r not in self.blocks:
-                    continue
-                surplus = self.blocks[r] - self._blocks_for(r, r.num_computed_tokens)
-                if surplus > 0:
-                    self.blocks[r] -= surplus
-                    self.free_blocks += surplus
+        return_unused(step, self.pool)
         for r in done:
             self.running.remove(r)
-            self._release(r)
-            r.status = Status.FINISHED
+            self.pool.release(r)
         return done
 
     def abort(self, request: Request) -> bool:
-        if request in self.blocks:
+        if request in self.pool.held:
             self.running.remove(request)
-            self._release(request)
+            self.pool.release(request)
             return True
         return super().abort(request)

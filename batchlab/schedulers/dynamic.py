@@ -13,7 +13,8 @@ from __future__ import annotations
 from itertools import islice
 
 from batchlab.core.config import DynamicConfig
-from batchlab.schedulers.base import Batch, Idle, MemoryBudget, RequestLevelScheduler
+from batchlab.core.work import Batch, Idle, MemoryBudget
+from batchlab.schedulers.base import RequestLevelScheduler
 
 
 class DynamicScheduler(RequestLevelScheduler):

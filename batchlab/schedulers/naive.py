@@ -7,7 +7,8 @@ At shutdown (`draining`) the remainder is flushed as a smaller batch, or it woul
 from __future__ import annotations
 
 from batchlab.core.config import NaiveConfig
-from batchlab.schedulers.base import Batch, Idle, RequestLevelScheduler
+from batchlab.core.work import Batch, Idle
+from batchlab.schedulers.base import RequestLevelScheduler
 
 
 class NaiveScheduler(RequestLevelScheduler):

@@ -12,17 +12,18 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import click
-from fastapi import FastAPI, Request as HTTPRequest
+from fastapi import FastAPI
+from fastapi import Request as HTTPRequest
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 
-from batchlab.cli import user_errors
 from batchlab.core.clock import RealClock
-from batchlab.core.config import ConfigError, RunConfig, load_config
+from batchlab.core.config import RunConfig, load_user_config
+from batchlab.errors import ConfigError, user_errors
 from batchlab.server.engine import Engine
 from batchlab.server.middleware import CloseConnections, StampArrival
 from batchlab.server.protocol import APIError, ChatBody, CompletionBody, validation_message
-from batchlab.server.service import Server, ServeOptions
+from batchlab.server.service import ServeOptions, Server
 
 SWITCH_INTERVAL_S = 0.0005
 
@@ -84,7 +85,7 @@ def build_server(cfg: RunConfig, strategy: str, names: tuple[str, ...] = (), max
                  max_model_len: int | None = None, default_max_tokens: int = 16,
                  engine_thread: bool = False, flush_idle_s: float | None = 1.0) -> Server:
     """The scheduler, backend and engine for `strategy` under `cfg`, not yet started."""
-    from batchlab.run.point import make_backend
+    from batchlab.backends import make_backend
     from batchlab.schedulers import make_scheduler
 
     if strategy == "server" or strategy not in ("naive", "dynamic", "continuous"):
@@ -94,7 +95,7 @@ def build_server(cfg: RunConfig, strategy: str, names: tuple[str, ...] = (), max
     backend = make_backend(cfg)
     scheduler = make_scheduler(strategy, cfg, backend.memory_budget(),
                                backend.num_kv_blocks(cfg.continuous.block_size))
-    if scheduler.level == "iteration" and not hasattr(backend, "step"):
+    if scheduler.level not in backend.levels:
         raise ConfigError(f"backend.kind {cfg.backend.kind!r} cannot run continuous batching")
     names = names or _default_names(cfg)
     opts = ServeOptions(tuple(names), max_queue, max_model_len, default_max_tokens, engine_thread=engine_thread,
@@ -132,12 +133,8 @@ def serve_cmd(config, strategy, overrides, host, port, names, max_queue, max_mod
               keep_alive, engine_thread, flush_idle_ms, log_level) -> None:
     """Serve a batchlab scheduler + backend over the OpenAI API (simulator in real time, or HF)."""
     import uvicorn
-    import yaml
 
-    from batchlab.cli import default_config_text
-
-    base = None if config else yaml.safe_load(default_config_text())
-    cfg = load_config(config, list(overrides), base=base)
+    cfg = load_user_config(config, overrides)
     server = build_server(cfg, strategy, tuple(names), max_queue, max_model_len, default_max_tokens, engine_thread,
                           flush_idle_ms / 1000 if flush_idle_ms > 0 else None)
     click.echo(f"batchlab serve: {strategy} over {cfg.backend.kind} as {', '.join(server.opts.model_names)} "

@@ -1,35 +1,34 @@
 """The serving engine: the ordinary driver loop, fed by HTTP handlers.
 
-`drive()` runs unchanged (core/driver.py) with a live Inbox and the real clock, as a task on the
+`drive()` runs unchanged (run/driver.py) with a live Inbox and the real clock, as a task on the
 server's event loop (backends run forward passes in worker threads, so `/health` and 429s keep
 answering while the model is busy), or on a thread of its own for a backend that would block
 the loop. Handlers stamp a request's arrival, `submit()` it and are woken by
-`notify(requests)` whenever tokens were stamped on them or they finished; they read the stamps
-themselves. Iteration-level steps report progress through the driver's `on_progress`; a
-request-level batch is polled every POLL_S while it runs, so its tokens stream too.
+`notify(requests)` whenever tokens were stamped on them or they finished (the driver's
+`on_progress` and `on_done`); they read the stamps themselves. After `flush_idle_s` without
+arrivals the inbox counts as draining, so a naive batch never strands its last requests.
 """
 from __future__ import annotations
 
 import asyncio
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
 
+from batchlab.backends.base import Backend
 from batchlab.core.clock import Clock, RealClock
+from batchlab.core.request import Request
 from batchlab.run.driver import Inbox, drive
-from batchlab.core.request import Request, Status
-from batchlab.schedulers.base import Idle, Scheduler, Step
+from batchlab.schedulers.base import Scheduler
 
-POLL_S = 0.001           # how often a running request-level batch is checked for new tokens
 Notify = Callable[[list[Request]], None]
 
 
 class Engine:
-    def __init__(self, scheduler: Scheduler, backend, clock: Clock | None = None,
+    def __init__(self, scheduler: Scheduler, backend: Backend, clock: Clock | None = None,
                  on_batch: Callable[[int], None] = lambda n: None,
                  on_done: Callable[[Request], None] = lambda r: None, flush_idle_s: float | None = 1.0):
         self.scheduler = scheduler
         self.flush_idle_s = flush_idle_s      # no arrivals this long: flush partial batches (None: never)
-        self.last_arrival = float("-inf")
         self.backend = backend
         self.clock = clock or RealClock()
         self.on_batch = on_batch              # size of every batch or step launched (metrics)
@@ -65,7 +64,6 @@ class Engine:
             raise RuntimeError(f"backend failed to start: {self.error}") from self.error
 
     def submit(self, r: Request) -> None:
-        self.last_arrival = max(self.last_arrival, r.arrival_time)
         self._call(self._inbox.push, r)
 
     def cancel(self, r: Request) -> None:
@@ -101,7 +99,7 @@ class Engine:
     def _bind(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._loop_thread = threading.get_ident()
-        self._inbox = Inbox(live=True)
+        self._inbox = Inbox(live=True, flush_idle_s=self.flush_idle_s)
 
     def _thread_main(self) -> None:
         async def main():
@@ -118,17 +116,14 @@ class Engine:
 
     async def _drive(self) -> None:
         try:
-            scheduler = self.scheduler if self.flush_idle_s is None else _FlushWhenIdle(self)
-            await drive(scheduler, _Observed(self), self.clock, self._inbox,
-                        on_done=self._done, on_progress=self.notify)
+            await drive(self.scheduler, self.backend, self.clock, self._inbox,
+                        on_done=self._done, on_progress=self.notify, on_launch=self.on_batch)
         except BaseException as e:
             self.error = e
             self._fail_everything(f"engine stopped: {type(e).__name__}: {e}")
             raise
         finally:
-            close = self.backend.close()
-            if asyncio.iscoroutine(close):
-                await close
+            await self.backend.close()
 
     def _done(self, r: Request) -> None:
         self.on_done(r)
@@ -140,59 +135,3 @@ class Engine:
             if not r.is_done:
                 r.fail(error)
         self.notify(stuck)
-
-
-class _Observed:
-    """The backend as the driver sees it: counts batch sizes and streams request-level batches."""
-
-    def __init__(self, engine: Engine):
-        self._engine = engine
-        self._inner = engine.backend
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
-
-    async def step(self, step: Step, clock: Clock) -> None:
-        self._engine.on_batch(len(step.chunks))
-        await self._inner.step(step, clock)
-
-    async def run_batch(self, requests: list[Request], clock: Clock) -> None:
-        self._engine.on_batch(len(requests))
-        poller = asyncio.create_task(self._poll(requests, clock))
-        try:
-            await self._inner.run_batch(requests, clock)
-        finally:
-            poller.cancel()
-
-    async def _poll(self, requests: list[Request], clock: Clock) -> None:
-        seen = {r: r.output_len for r in requests}
-        while True:
-            await clock.sleep(POLL_S)
-            moved = [r for r in requests if r.output_len != seen[r] and r.status is Status.RUNNING]
-            if moved:
-                for r in moved:
-                    seen[r] = r.output_len
-                self._engine.notify(moved)
-
-
-class _FlushWhenIdle:
-    """The scheduler as the driver sees it in a server: 'draining' once arrivals have paused.
-
-    Offline, a trace ends and the driver tells the scheduler it is draining, so naive batching
-    flushes its last partial batch. A server never knows that no more requests will come, so a
-    naive batch would strand its last requests forever when traffic stops. After `flush_idle_s`
-    without arrivals the scheduler is told it is draining, exactly as at the end of a trace."""
-
-    def __init__(self, engine: Engine):
-        self._engine = engine
-        self._inner = engine.scheduler
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
-
-    def schedule(self, now: float, draining: bool = False):
-        resume = self._engine.last_arrival + self._engine.flush_idle_s
-        out = self._inner.schedule(now, draining or now >= resume)
-        if isinstance(out, Idle) and self._inner.waiting and now < resume:
-            out = Idle(resume if out.wake_at is None else min(out.wake_at, resume))
-        return out

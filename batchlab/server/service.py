@@ -65,10 +65,9 @@ class Server:
         threaded = self.opts.engine_thread
         notify = (lambda reqs: loop.call_soon_threadsafe(self._wake, reqs)) if threaded else self._wake
         await self.engine.start(notify, threaded=threaded)
-        model, tokenizer = _loaded(self.engine.backend)
-        self.codec = TextCodec(tokenizer)
-        context = getattr(getattr(model, "config", None), "max_position_embeddings", None)
-        self.max_model_len = self.opts.max_model_len or context or 4096
+        backend = self.engine.backend
+        self.codec = TextCodec(backend.tokenizer())
+        self.max_model_len = self.opts.max_model_len or backend.max_context() or 4096
         self.engine.backend.reset_peak_memory()   # peaks are measured from here: loaded and warm
 
     def _wake(self, reqs: list[Request]) -> None:
@@ -210,9 +209,3 @@ def timing(r: Request) -> dict[str, float]:
     """The server's own stamps (perf_counter seconds: comparable with a client on the same machine
     only), so a client can split its latency into HTTP transit and time inside the server."""
     return {"arrival": r.arrival_time, "first_token": r.token_times[0], "last_token": r.token_times[-1]}
-
-
-def _loaded(backend) -> tuple[object | None, object | None]:
-    """(model, tokenizer) of a loaded HF backend; (None, None) for the simulator."""
-    loaded = getattr(backend, "loaded", None)
-    return getattr(loaded, "model", None), getattr(loaded, "tokenizer", None)

@@ -15,7 +15,8 @@ from pathlib import Path
 import numpy as np
 
 from batchlab.backends.presets import StepCost, load_cost
-from batchlab.core.config import ConfigError, LengthDist
+from batchlab.core.config import LengthDist
+from batchlab.errors import ConfigError
 
 SLO_KEY = re.compile(r"^(ttft|tpot|itl|e2e|queue_wait)_(p50|p90|p95|p99|mean)$")
 UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0}
@@ -56,6 +57,7 @@ def parse_length(text: str, flag: str) -> LengthDist:
     """'200', or a mapping like '{dist: uniform, low: 50, high: 300}'."""
     import yaml
     from pydantic import ValidationError
+
     from batchlab.core.config import _as_length
     try:
         return LengthDist.model_validate(_as_length(yaml.safe_load(text)))

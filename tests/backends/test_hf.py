@@ -8,12 +8,12 @@ import torch  # noqa: E402
 
 from batchlab.backends import hf_common as hc  # noqa: E402
 from batchlab.backends.hf import HFBackend  # noqa: E402
-from batchlab.run.point import make_requests, run_point  # noqa: E402
 from batchlab.core.clock import RealClock  # noqa: E402
 from batchlab.core.config import RunConfig  # noqa: E402
-from batchlab.run.driver import Inbox, drive  # noqa: E402
 from batchlab.core.request import Request, Status  # noqa: E402
-from batchlab.core.traffic import TraceItem  # noqa: E402
+from batchlab.core.traffic import TraceItem, make_requests  # noqa: E402
+from batchlab.run.driver import Inbox, drive  # noqa: E402
+from batchlab.run.point import run_point  # noqa: E402
 from batchlab.schedulers import make_scheduler  # noqa: E402
 
 
@@ -50,7 +50,7 @@ def drive_trace(cfg, strategy, backend, trace):
 
     async def main():
         sched = make_scheduler(strategy, cfg, backend.memory_budget(), None)
-        reqs = make_requests(trace, clock.now(), backend)
+        reqs = make_requests(trace, clock.now(), backend.prepare)
         await drive(sched, backend, clock, Inbox(reqs))
         return sched, reqs
     return clock.run(main())

@@ -8,12 +8,13 @@ pytest.importorskip("transformers")
 pytestmark = pytest.mark.hf
 
 from batchlab.backends import hf_common as hc  # noqa: E402
+from batchlab.backends import make_backend  # noqa: E402
 from batchlab.backends.hf_cb import HFCBBackend, _Tracker, from_config  # noqa: E402
-from batchlab.run.point import make_backend  # noqa: E402
 from batchlab.core.clock import RealClock  # noqa: E402
-from batchlab.core.config import ConfigError, load_config  # noqa: E402
+from batchlab.core.config import load_config  # noqa: E402
 from batchlab.core.request import Request, Status  # noqa: E402
 from batchlab.core.traffic import TraceItem  # noqa: E402
+from batchlab.errors import ConfigError  # noqa: E402
 
 CB = ["backend.kind=hf-cb", "strategies=[server]", "continuous.num_kv_blocks=64", "backend.warmup_batches=0"]
 

@@ -16,11 +16,12 @@ pytest.importorskip("transformers")
 pytestmark = pytest.mark.hf
 
 from batchlab.backends.hf_engine import StepEngine  # noqa: E402
+from batchlab.core.breakdown import finish  # noqa: E402
 from batchlab.core.clock import RealClock  # noqa: E402
 from batchlab.core.config import ContinuousConfig  # noqa: E402
-from batchlab.run.driver import Inbox, drive  # noqa: E402
 from batchlab.core.request import Request, Status  # noqa: E402
-from batchlab.schedulers.base import Step  # noqa: E402
+from batchlab.core.work import Step  # noqa: E402
+from batchlab.run.driver import Inbox, drive  # noqa: E402
 from batchlab.schedulers.continuous import ContinuousScheduler  # noqa: E402
 
 # (prompt tokens, output tokens, step at which the request arrives)
@@ -79,6 +80,7 @@ def step_by_hand(engine, scheduler, requests, arrive_at, windows=False):
             steps.extend([[(r.request_id, n) for r, n in out.chunks]] * out.repeat)
             for r in scheduler.finish_step(out, clock.now()):
                 engine.release(r)
+                finish(r)                       # the driver's job: the scheduler only lets go
     clock.run(main())
     return steps
 

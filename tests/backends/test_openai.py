@@ -10,9 +10,10 @@ import pytest
 
 from batchlab.backends.openai import OpenAIBackend, from_config, token_stamps
 from batchlab.core.clock import RealClock
-from batchlab.core.config import ConfigError, load_config
+from batchlab.core.config import load_config
 from batchlab.core.request import Request, Status
 from batchlab.core.traffic import TraceItem
+from batchlab.errors import ConfigError
 
 
 def sse(*events) -> bytes:
@@ -38,7 +39,7 @@ def send_one(b: OpenAIBackend, r: Request) -> Request:
 
     async def main():
         b.prepare(r)
-        async with b.client(1) as client:
+        async with b.session(1) as client:
             await b.send(r, client, clock)
     clock.run(main())
     return r
@@ -137,7 +138,7 @@ def test_run_trace_sends_at_planned_times_and_reports_send_lag():
     assert [r.status for r in requests] == [Status.FINISHED] * 3
     assert [r.arrival_time - t0 for r in requests] == pytest.approx([0.0, 0.02, 0.04])
     assert all(r.token_times[0] >= r.arrival_time for r in requests)
-    meta = b.run_meta()
+    meta = b.point_facts(0.0, {})
     assert len(b.send_lags) == 3 and all(lag >= 0 for lag in b.send_lags)
     assert set(meta) == {"send_lag_p50", "send_lag_p99", "send_lag_max", "send_lag_flag"}
 

@@ -2,8 +2,9 @@ import pytest
 
 from batchlab.backends.presets import PRESETS, StepCost, load_cost
 from batchlab.backends.simulated import SimulatedBackend
+from batchlab.core.config import load_config
+from batchlab.errors import ConfigError
 from batchlab.run.point import run_point
-from batchlab.core.config import ConfigError, load_config
 
 
 def stamps(res):

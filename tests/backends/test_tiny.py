@@ -7,6 +7,7 @@ pytest.importorskip("transformers")
 pytestmark = pytest.mark.hf
 
 from batchlab.backends import tiny  # noqa: E402
+from batchlab.cli import main  # noqa: E402
 
 
 def test_tiny_model_loads_through_from_pretrained(tiny_model_dir):
@@ -46,12 +47,12 @@ def test_data_dir_honours_env(monkeypatch, tmp_path):
 
 def test_make_tiny_model_command(tmp_path):
     out = tmp_path / "m"
-    result = CliRunner().invoke(tiny.make_tiny_model_cmd, [str(out), "--vocab-size", "400"])
+    result = CliRunner().invoke(main, ["make-tiny-model", str(out), "--vocab-size", "400"])
     assert result.exit_code == 0, result.output
     assert json.loads((out / tiny.MARKER).read_text())["vocab_size"] == 400
     assert (out / "model.safetensors").is_file() and (out / "tokenizer.json").is_file()
 
 
 def test_make_tiny_model_command_rejects_bad_vocab(tmp_path):
-    result = CliRunner().invoke(tiny.make_tiny_model_cmd, [str(tmp_path / "m"), "--vocab-size", "10"])
+    result = CliRunner().invoke(main, ["make-tiny-model", str(tmp_path / "m"), "--vocab-size", "10"])
     assert result.exit_code == 2 and "vocab-size" in result.output

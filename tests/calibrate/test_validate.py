@@ -1,12 +1,11 @@
-import json
 
-import pandas as pd
 import pytest
 from click.testing import CliRunner
 
 from batchlab.backends.presets import load_cost
 from batchlab.calibrate.validate import load_profiles, profile_for, report_lines, sim_cost, validate, validate_cmd
-from batchlab.core.config import ConfigError, load_config
+from batchlab.core.config import load_config
+from batchlab.errors import ConfigError
 
 
 def toy_profile(tmp_path, level="any", name="toy.json"):

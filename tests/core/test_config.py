@@ -1,6 +1,7 @@
 import pytest
 
-from batchlab.core.config import ConfigError, load_config
+from batchlab.core.config import load_config
+from batchlab.errors import ConfigError
 
 
 def test_defaults_and_overrides(tmp_path):

@@ -2,7 +2,8 @@ import dataclasses
 
 import pytest
 
-from batchlab.core.request import Request, Response, Status
+from batchlab.core.metrics import Response
+from batchlab.core.request import Request, Status
 
 
 def test_derived_stamps_follow_the_token_times():

@@ -3,8 +3,9 @@ import json
 import numpy as np
 import pytest
 
-from batchlab.core.config import ConfigError, TrafficConfig
+from batchlab.core.config import TrafficConfig
 from batchlab.core.traffic import build_trace, read_trace_file
+from batchlab.errors import ConfigError
 
 
 def cfg(**kw):

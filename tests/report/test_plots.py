@@ -2,14 +2,11 @@
 (with units where there are units), a legend."""
 import pandas as pd
 import pytest
-import yaml
 
-from batchlab.report import plots
-from batchlab.report import run_plots
+from batchlab.core.config import load_user_config
+from batchlab.report import plots, run_plots
 from batchlab.report.report import load_requests
 from batchlab.run.sweep import run_sweep
-from batchlab.cli import default_config_text
-from batchlab.core.config import load_config
 
 SLO = {"ttft_s": 1.0, "tpot_s": 0.05}
 
@@ -17,8 +14,7 @@ SLO = {"ttft_s": 1.0, "tpot_s": 0.05}
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
     out = tmp_path_factory.mktemp("plots")
-    cfg = load_config(None, ["traffic.rates=[5, 20]", "traffic.duration_s=12", "traffic.warmup_s=2", "report=false"],
-                      base=yaml.safe_load(default_config_text()))
+    cfg = load_user_config(None, ["traffic.rates=[5, 20]", "traffic.duration_s=12", "traffic.warmup_s=2", "report=false"])
     run_sweep(cfg, out)
     return out, pd.read_csv(out / "summary.csv"), load_requests(out)
 

@@ -1,20 +1,20 @@
 import re
 
 import pytest
-import yaml
 from click.testing import CliRunner
 
+from batchlab.cli import main
+from batchlab.core.config import load_user_config
+from batchlab.errors import ConfigError
 from batchlab.report.report import build_report
 from batchlab.run.sweep import run_sweep
-from batchlab.cli import default_config_text, main
-from batchlab.core.config import ConfigError, load_config
 
 TINY = ["traffic.rates=[5, 20]", "traffic.duration_s=15", "traffic.warmup_s=3", "report=false"]
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
 def tiny_sweep(out, extra=()):
-    cfg = load_config(None, TINY + list(extra), base=yaml.safe_load(default_config_text()))
+    cfg = load_user_config(None, TINY + list(extra))
     return run_sweep(cfg, out)
 
 

@@ -3,9 +3,9 @@ and stalls caused by other requests (their prefill, a preemption) are counted ap
 import pytest
 
 from batchlab.backends.simulated import from_config
-from batchlab.run.point import run_point
 from batchlab.core.config import load_config
 from batchlab.core.metrics import per_request
+from batchlab.run.point import run_point
 
 PHASES = ("wait_busy", "wait_trigger", "wait_capacity", "prefill", "decode", "stall")
 

@@ -1,6 +1,6 @@
-from batchlab.run.point import run_point
 from batchlab.core.config import load_config
 from batchlab.core.traffic import TraceItem
+from batchlab.run.point import run_point
 from tests.fakes import UnitStepBackend
 
 

@@ -4,9 +4,9 @@ import pytest
 
 from batchlab.backends.presets import StepCost
 from batchlab.backends.simulated import SimulatedBackend
-from batchlab.run.point import run_point
 from batchlab.core.config import load_config
-from batchlab.core.metrics import batch_sizes, measured
+from batchlab.core.metrics import batch_sizes
+from batchlab.run.point import run_point
 
 FAST = StepCost(overhead_s=1e-4, weight_s=0.0, kv_s_per_token=0.0, prefill_s_per_token=0.0,
                 decode_s_per_row=0.0, kv_bytes_per_token=1, kv_budget_bytes=10**9)

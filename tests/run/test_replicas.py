@@ -1,12 +1,13 @@
 import pytest
 
 from batchlab.backends.presets import StepCost
-from batchlab.run.replicas import LeastOutstanding, RoundRobin, make_replicas, serve_replicated
 from batchlab.backends.simulated import SimulatedBackend
-from batchlab.run.point import run_point
 from batchlab.core.clock import VirtualClock
 from batchlab.core.config import load_config
 from batchlab.core.request import Status
+from batchlab.run.point import run_point
+from batchlab.run.replicas import make_replicas, serve_replicated
+from batchlab.run.router import LeastOutstanding, RoundRobin
 from tests.fakes import UnitStepBackend, make_requests
 
 

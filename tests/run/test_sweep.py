@@ -2,8 +2,10 @@ import csv
 
 import pytest
 
-from batchlab.run.sweep import REQUEST_COLUMNS, ResultsDir, run_sweep
-from batchlab.core.config import ConfigError, load_config
+from batchlab.core.config import load_config
+from batchlab.errors import ConfigError
+from batchlab.run.results import REQUEST_COLUMNS, ResultsDir
+from batchlab.run.sweep import run_sweep
 
 SMALL = ["traffic.rates=[5, 20]", "traffic.duration_s=20", "traffic.warmup_s=2", "report=false",
          "traffic.output_len={dist: uniform, low: 8, high: 64}"]
@@ -72,7 +74,7 @@ def test_warmup_rows_are_flagged_and_excluded_from_the_summary(tmp_path):
 def test_numpy_values_are_written_as_plain_numbers():
     import numpy as np
 
-    from batchlab.run.sweep import _fmt
+    from batchlab.run.results import _fmt
     assert _fmt(np.float64(0.5)) == "0.5" and _fmt(np.int64(3)) == 3 and _fmt(np.bool_(True)) == 1
     assert _fmt(float("nan")) == "" and _fmt(None) == ""
 

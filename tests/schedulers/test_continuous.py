@@ -1,9 +1,9 @@
 from batchlab.core.clock import VirtualClock
 from batchlab.core.config import ContinuousConfig
-from batchlab.run.driver import Inbox, drive
 from batchlab.core.request import Request
+from batchlab.core.work import Step
+from batchlab.run.driver import Inbox, drive
 from batchlab.schedulers import ContinuousScheduler
-from batchlab.schedulers.base import Step
 from tests.fakes import UnitStepBackend, make_requests
 
 

@@ -1,9 +1,9 @@
 from batchlab.core.clock import VirtualClock
 from batchlab.core.config import DynamicConfig
-from batchlab.run.driver import Inbox, drive
 from batchlab.core.request import Request
-from batchlab.schedulers import DynamicScheduler, MemoryBudget
-from batchlab.schedulers.base import Batch, Idle
+from batchlab.core.work import Batch, Idle, MemoryBudget
+from batchlab.run.driver import Inbox, drive
+from batchlab.schedulers import DynamicScheduler
 from tests.fakes import UnitStepBackend, make_requests
 
 

@@ -1,6 +1,6 @@
 from batchlab.core.config import NaiveConfig
+from batchlab.core.work import Batch, Idle
 from batchlab.schedulers import NaiveScheduler
-from batchlab.schedulers.base import Batch, Idle
 from tests.fakes import make_requests
 
 

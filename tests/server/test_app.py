@@ -139,7 +139,7 @@ def test_openai_backend_measures_our_server_end_to_end(serve):
         assert [r.status for r in requests] == [Status.FINISHED] * 12
         assert [r.output_len for r in requests] == [4 + i % 3 for i in range(12)]
         assert all(r.prompt_len == 8 and r.token_times[0] > r.arrival_time for r in requests)
-        assert backend.run_meta()["send_lag_max"] >= 0
+        assert backend.point_facts(0.0, {})["send_lag_max"] >= 0
         # batchlab serve's own stamps come back with the usage report (same machine, same clock)
         for r in requests:
             t = backend.server_timing[r.request_id]

@@ -3,9 +3,12 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from batchlab.tune.search import (Target, choose_cost, closed_form, linear_cost, max_batch_under, parse_length,
-                                 parse_slo, tune, tune_cmd)
-from batchlab.core.config import ConfigError, LengthDist
+from batchlab.core.config import LengthDist
+from batchlab.errors import ConfigError
+from batchlab.tune.closed_form import closed_form, max_batch_under
+from batchlab.tune.command import tune_cmd
+from batchlab.tune.search import tune
+from batchlab.tune.target import Target, choose_cost, linear_cost, parse_length, parse_slo
 
 
 def seed_target(**kw):

@@ -1,0 +1,32 @@
+"""User errors: the one exception type a person is meant to read, and how commands show it.
+
+A `ConfigError` carries a message written for the user (the key, the value, what to do). Every
+command wraps its body in `user_errors`, which prints that message as one line on stderr and
+exits with status 2: never a traceback for a mistake in the input.
+This module is the bottom layer: it imports nothing else of batchlab.
+"""
+from __future__ import annotations
+
+import functools
+import sys
+
+import click
+
+
+class ConfigError(ValueError):
+    """A user mistake in a config file, an override, a flag or an input file; shown as is."""
+
+
+def user_errors(fn):
+    """Turn user mistakes into one clear line and exit status 2."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except (ConfigError, FileNotFoundError) as e:
+            click.echo(f"error: {e}", err=True)
+            sys.exit(2)
+        except KeyboardInterrupt:
+            click.echo("interrupted: finished points are saved; rerun the same command to resume", err=True)
+            sys.exit(130)
+    return wrapper
