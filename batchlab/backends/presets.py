@@ -1,59 +1,20 @@
-"""Step-time model and its presets: what one forward pass costs, from what it contains.
+"""Presets of the step-time model (backends/cost.py): coefficients from a model shape and a device.
 
-    t_step = overhead + weight_read + kv_read * context_tokens
-             + prefill * prefill_tokens + decode * decode_rows
-             + prefill_step  (only in a step that computes prompt tokens)
-
-For a memory-bound decode this is the seed's t_step(B) ~ (W_bytes + B*T*c_kv) / BW: the weights
-are read once per step whatever the batch, every row's KV is read, prompt tokens cost compute.
-Presets derive the coefficients from a model shape and a device with stated efficiencies; the
-`linear` kind sets them directly (the toy simulator's constants are one such preset).
-A measured profile (calibrate/profile.py) is the same `StepCost`, saved as JSON.
+For a memory-bound decode the model is the seed's t_step(B) ~ (W_bytes + B*T*c_kv) / BW: the
+weights are read once per step whatever the batch, every row's KV is read, prompt tokens cost
+compute. A preset derives the coefficients with stated efficiencies; `toy` sets them directly
+(the seed toy simulator's constants). A measured profile (calibrate/profile.py) is the same
+`StepCost`, saved as JSON.
 """
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from dataclasses import dataclass
 
+from batchlab.backends.cost import StepCost
 from batchlab.errors import ConfigError
 
 GB = 1e9
 GiB = 1024**3
-
-
-@dataclass(frozen=True)
-class StepCost:
-    overhead_s: float             # per step: launch, scheduling, sampling
-    weight_s: float               # per step: reading every weight once
-    kv_s_per_token: float         # per token of context read by attention, summed over rows
-    prefill_s_per_token: float    # per prompt token computed (compute-bound)
-    decode_s_per_row: float       # per decode row (compute for one new token)
-    kv_bytes_per_token: int       # 2 x layers x kv_heads x head_dim x dtype bytes
-    kv_budget_bytes: int          # memory left for the KV cache after weights and reserve
-    name: str = "custom"
-    description: str = ""
-    prefill_step_s: float = 0.0   # per step with prompt tokens: a prefill pass's fixed setup (fitted by profiles)
-
-    def step_time(self, context_tokens: float, prefill_tokens: float, decode_rows: float) -> float:
-        return (self.overhead_s + self.weight_s + self.kv_s_per_token * context_tokens
-                + self.prefill_s_per_token * prefill_tokens + self.decode_s_per_row * decode_rows
-                + (self.prefill_step_s if prefill_tokens else 0.0))
-
-    def to_json(self, path: str | Path, **extra) -> None:
-        Path(path).write_text(json.dumps(asdict(self) | extra, indent=2))
-
-    @classmethod
-    def from_json(cls, path: str | Path) -> "StepCost":
-        p = Path(path)
-        if not p.is_file():
-            raise ConfigError(f"backend.profile not found: {p}")
-        try:
-            data = json.loads(p.read_text())
-            fields = {k: data[k] for k in cls.__dataclass_fields__ if k in data}
-            return cls(**fields)
-        except (json.JSONDecodeError, TypeError) as e:
-            raise ConfigError(f"{p}: not a batchlab profile: {e}") from None
 
 
 @dataclass(frozen=True)

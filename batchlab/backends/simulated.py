@@ -1,4 +1,4 @@
-"""The simulated backend: charges every step by the one step-time model (backends/presets.py).
+"""The simulated backend: charges every step by the one step-time model (backends/cost.py).
 
 Request-level batches are charged like Hugging Face `generate()`: every row is padded to the
 longest prompt, the batch decodes until its longest output is done, padded rows cost like real
@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from batchlab.backends.base import Backend, OutOfMemory
-from batchlab.backends.presets import StepCost
+from batchlab.backends.cost import StepCost
 from batchlab.core.breakdown import charge_stall
 from batchlab.core.clock import Clock, VirtualClock
 from batchlab.core.request import Request
@@ -113,11 +113,10 @@ class SimulatedBackend(Backend):
         """`step.repeat` decode-only steps in one jump of the clock. Each step's time and stamp
         are computed exactly as `step()` would (same expression, sequential sums), so the
         results are bit-identical; the window ends after the first step reaching `until`."""
-        c = self.cost
         rows = len(step.chunks)
         context0 = sum(r.num_computed_tokens + 1 for r, _ in step.chunks)
         context = context0 + rows * np.arange(step.repeat, dtype=np.int64)
-        dt = c.overhead_s + c.weight_s + c.kv_s_per_token * context + c.prefill_s_per_token * 0 + c.decode_s_per_row * rows
+        dt = self.cost.step_time(context, 0, rows)
         ends = np.cumsum(np.concatenate(([clock.now()], dt)))[1:]
         if step.until is not None:
             step.repeat = min(step.repeat, int(np.searchsorted(ends, step.until, side="left")) + 1)

@@ -17,9 +17,7 @@ from itertools import combinations
 
 import numpy as np
 
-from batchlab.backends.presets import StepCost
-
-COEFFS = ("overhead_s", "kv_s_per_token", "prefill_s_per_token", "decode_s_per_row", "prefill_step_s")
+from batchlab.backends.cost import COEFFS, StepCost, features
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,8 +39,10 @@ class Fit:
     num_samples: int
 
     def predict(self, samples: Iterable[StepSample]) -> np.ndarray:
-        x = design_matrix(list(samples))
-        return x @ np.array([self.coefficients[k] for k in COEFFS])
+        """The fitted model's step times, through the simulator's own step-time function."""
+        cost = self.to_cost(StepCost(0, 0, 0, 0, 0, kv_bytes_per_token=1, kv_budget_bytes=1))
+        return np.array([cost.step_time(s.context_tokens, s.prefill_tokens, s.decode_rows) for s in samples],
+                        dtype=np.float64)
 
     def to_cost(self, base: StepCost) -> StepCost:
         """`base` with the fitted timing coefficients (memory fields are kept)."""
@@ -54,8 +54,7 @@ class Fit:
 
 
 def design_matrix(samples: list[StepSample]) -> np.ndarray:
-    return np.array([[1.0, s.context_tokens, s.prefill_tokens, s.decode_rows, float(s.prefill_tokens > 0)]
-                     for s in samples],
+    return np.array([features(s.context_tokens, s.prefill_tokens, s.decode_rows) for s in samples],
                     dtype=np.float64).reshape(len(samples), len(COEFFS))
 
 

@@ -21,7 +21,8 @@ import numpy as np
 
 from batchlab.backends import make_backend
 from batchlab.backends.base import Backend
-from batchlab.backends.presets import StepCost, load_cost
+from batchlab.backends.cost import StepCost
+from batchlab.backends.presets import load_cost
 from batchlab.calibrate.fit import Fit, StepSample, fit_step_times
 from batchlab.core.clock import Clock, RealClock, VirtualClock
 from batchlab.core.config import ContinuousConfig, load_user_config

@@ -16,7 +16,7 @@ from pathlib import Path
 import click
 import pandas as pd
 
-from batchlab.backends.presets import StepCost
+from batchlab.backends.cost import StepCost
 from batchlab.backends.simulated import SimulatedBackend
 from batchlab.core.config import RunConfig
 from batchlab.core.traffic import build_trace

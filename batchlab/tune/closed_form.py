@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from batchlab.backends.presets import StepCost
+from batchlab.backends.cost import StepCost
 from batchlab.tune.target import BATCH_BOUND, Target, mean_length
 
 
@@ -31,13 +31,10 @@ class ClosedForm:
 
 
 def step_model(cost: StepCost, p: float, o: float) -> tuple[float, float]:
-    """(fixed, per-sequence) seconds of a mean decode step: each running sequence reads its KV at
-    the mean context p + o/2, and pays its prompt's prefill (and, at worst, a prefill pass of its
-    own) once over o steps."""
-    fixed = cost.overhead_s + cost.weight_s
-    per_seq = (cost.decode_s_per_row + cost.kv_s_per_token * (p + o / 2)
-               + (cost.prefill_s_per_token * p + cost.prefill_step_s) / o)
-    return fixed, per_seq
+    """(fixed, per-sequence) seconds of a mean decode step, from the step-time model: each running
+    sequence is one decode row reading its KV at the mean context p + o/2, and pays its prompt's
+    prefill (and, at worst, a prefill pass of its own) once over o steps."""
+    return cost.fixed_s, cost.added_s(p + o / 2, 0, 1) + cost.added_s(0, p, 0) / o
 
 
 def closed_form(cost: StepCost, target: Target) -> ClosedForm:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from batchlab.backends.presets import StepCost
+from batchlab.backends.cost import StepCost
 from batchlab.tune.closed_form import ClosedForm, closed_form, replicas_for
 from batchlab.tune.simulate import SimPoint, cap_grid, check_replicas, default_max_wait_ms, pick_cap, simulate, sweep_caps
 from batchlab.tune.target import Target

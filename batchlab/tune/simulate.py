@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from batchlab.backends.presets import StepCost
+from batchlab.backends.cost import StepCost
 from batchlab.core.config import RunConfig
 from batchlab.tune.closed_form import ClosedForm, step_model
 from batchlab.tune.target import BATCH_BOUND, Target, mean_length

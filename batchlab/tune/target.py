@@ -14,7 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
-from batchlab.backends.presets import StepCost, load_cost
+from batchlab.backends.cost import StepCost
+from batchlab.backends.presets import load_cost
 from batchlab.core.config import LengthDist
 from batchlab.errors import ConfigError
 

@@ -1,6 +1,7 @@
 import pytest
 
-from batchlab.backends.presets import PRESETS, StepCost, load_cost
+from batchlab.backends.cost import StepCost
+from batchlab.backends.presets import PRESETS, load_cost
 from batchlab.backends.simulated import SimulatedBackend
 from batchlab.core.config import load_config
 from batchlab.errors import ConfigError

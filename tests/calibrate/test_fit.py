@@ -1,7 +1,8 @@
 import numpy as np
 import pytest
 
-from batchlab.backends.presets import StepCost, load_cost
+from batchlab.backends.cost import StepCost
+from batchlab.backends.presets import load_cost
 from batchlab.calibrate.fit import COEFFS, StepSample, fit_step_times, nnls
 
 TRUE = {"overhead_s": 3e-3, "kv_s_per_token": 2e-7, "prefill_s_per_token": 5e-5, "decode_s_per_row": 4e-4,

@@ -3,7 +3,8 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from batchlab.backends.presets import StepCost, load_cost
+from batchlab.backends.cost import StepCost
+from batchlab.backends.presets import load_cost
 from batchlab.backends.simulated import SimulatedBackend
 from batchlab.calibrate.profile import Grid, profile_backend, profile_cmd, step_features
 

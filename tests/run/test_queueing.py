@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from batchlab.backends.presets import StepCost
+from batchlab.backends.cost import StepCost
 from batchlab.backends.simulated import SimulatedBackend
 from batchlab.core.config import load_config
 from batchlab.core.metrics import batch_sizes

@@ -1,6 +1,6 @@
 import pytest
 
-from batchlab.backends.presets import StepCost
+from batchlab.backends.cost import StepCost
 from batchlab.backends.simulated import SimulatedBackend
 from batchlab.core.clock import VirtualClock
 from batchlab.core.config import load_config

@@ -1,0 +1,76 @@
+"""The step-time model: what one forward pass costs, from what it contains.
+
+    t_step = overhead + weight_read + kv_read * context_tokens
+             + prefill * prefill_tokens + decode * decode_rows
+             + prefill_pass  (only in a step that computes prompt tokens)
+
+One model for every strategy: continuous steps are charged by their contents, request-level
+batches step by step like Hugging Face `generate()` (every row padded, all decoding to the
+longest output). `StepCost.step_time` is the one place the terms are added; the fit
+(calibrate/fit.py) estimates the same coefficients from `features`, in the order of COEFFS.
+Presets (backends/presets.py) and measured profiles are both `StepCost`s.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from batchlab.errors import ConfigError
+
+# The fitted coefficients, in the order of `features()`. NOTE: overhead and weight read cannot be
+# told apart from step times, so a fit reports their sum as overhead_s (weight_s = 0).
+COEFFS = ("overhead_s", "kv_s_per_token", "prefill_s_per_token", "decode_s_per_row", "prefill_step_s")
+
+
+def features(context_tokens: float, prefill_tokens: float, decode_rows: float) -> tuple[float, ...]:
+    """The step-time model's regressors for one step: t_step = sum(coefficient x feature)."""
+    return (1.0, float(context_tokens), float(prefill_tokens), float(decode_rows), float(prefill_tokens > 0))
+
+
+@dataclass(frozen=True)
+class StepCost:
+    overhead_s: float             # per step: launch, scheduling, sampling
+    weight_s: float               # per step: reading every weight once
+    kv_s_per_token: float         # per token of context read by attention, summed over rows
+    prefill_s_per_token: float    # per prompt token computed (compute-bound)
+    decode_s_per_row: float       # per decode row (compute for one new token)
+    kv_bytes_per_token: int       # 2 x layers x kv_heads x head_dim x dtype bytes
+    kv_budget_bytes: int          # memory left for the KV cache after weights and reserve
+    name: str = "custom"
+    description: str = ""
+    prefill_step_s: float = 0.0   # per step with prompt tokens: a prefill pass's fixed setup (fitted by profiles)
+
+    def step_time(self, context_tokens, prefill_tokens, decode_rows):
+        """Seconds of one forward pass, from what it contains. Scalars give one step; numpy arrays
+        (of equal length, or scalars mixed in) give one time per step. The only place the model's
+        terms are added up: the simulator, the tuner's closed form and the fit all go through it."""
+        return (self.overhead_s + self.weight_s + self.kv_s_per_token * context_tokens
+                + self.prefill_s_per_token * prefill_tokens + self.decode_s_per_row * decode_rows
+                + self.prefill_step_s * (prefill_tokens > 0))
+
+    @property
+    def fixed_s(self) -> float:
+        """What every step costs whatever it contains (overhead and the weight read)."""
+        return self.step_time(0, 0, 0)
+
+    def added_s(self, context_tokens: float, prefill_tokens: float, decode_rows: float) -> float:
+        """What a step's contents add to `fixed_s`: step_time minus the fixed terms, summed term by
+        term (no cancellation), for closed forms that price one more sequence."""
+        terms = features(context_tokens, prefill_tokens, decode_rows)
+        return sum(getattr(self, k) * f for k, f in zip(COEFFS[1:], terms[1:]))
+
+    def to_json(self, path: str | Path, **extra) -> None:
+        Path(path).write_text(json.dumps(asdict(self) | extra, indent=2))
+
+    @classmethod
+    def from_json(cls, path: str | Path) -> "StepCost":
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"backend.profile not found: {p}")
+        try:
+            data = json.loads(p.read_text())
+            fields = {k: data[k] for k in cls.__dataclass_fields__ if k in data}
+            return cls(**fields)
+        except (json.JSONDecodeError, TypeError) as e:
+            raise ConfigError(f"{p}: not a batchlab profile: {e}") from None

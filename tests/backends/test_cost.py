@@ -1,0 +1,34 @@
+"""The one step-time function: scalars and arrays agree bit for bit, and it is the fit's model."""
+import numpy as np
+import pytest
+
+from batchlab.backends.cost import COEFFS, StepCost, features
+
+COST = StepCost(1.1e-3, 8.4e-3, 3.3e-7, 1.7e-5, 4.3e-5, kv_bytes_per_token=2, kv_budget_bytes=10**9,
+                prefill_step_s=2.5e-3)
+
+
+def test_arrays_give_exactly_the_scalar_time_of_each_step():
+    ctx = np.array([0, 17, 4096, 123457])
+    pre = np.array([0, 17, 0, 512])
+    rows = np.array([0, 1, 64, 3])
+    many = COST.step_time(ctx, pre, rows)
+    one = [COST.step_time(int(c), int(p), int(r)) for c, p, r in zip(ctx, pre, rows)]
+    assert many.tolist() == one          # bit-identical, not approximately equal
+
+
+def test_the_prefill_pass_is_charged_only_in_steps_with_prompt_tokens():
+    assert COST.step_time(10, 1, 0) - COST.step_time(10, 0, 0) == pytest.approx(COST.prefill_s_per_token + 2.5e-3)
+    assert COST.fixed_s == pytest.approx(1.1e-3 + 8.4e-3)
+
+
+@pytest.mark.parametrize("step", [(0, 0, 0), (300, 0, 12), (64, 64, 0), (5000, 128, 40)])
+def test_step_time_is_the_sum_the_fit_estimates(step):
+    """calibrate/fit.py regresses on `features`; a fitted cost must predict with the same terms."""
+    coef = [COST.overhead_s + COST.weight_s] + [getattr(COST, k) for k in COEFFS[1:]]
+    assert COST.step_time(*step) == pytest.approx(float(np.dot(coef, features(*step))), rel=1e-12)
+
+
+@pytest.mark.parametrize("step", [(300, 0, 12), (0, 64, 0), (5000, 128, 40)])
+def test_added_time_is_step_time_less_the_fixed_part(step):
+    assert COST.fixed_s + COST.added_s(*step) == pytest.approx(COST.step_time(*step), rel=1e-12)
