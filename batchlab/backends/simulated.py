@@ -50,13 +50,13 @@ class SimulatedBackend(Backend):
         return max(1, self.cost.kv_budget_bytes // (block_size * self.cost.kv_bytes_per_token))
 
     def batch_step_times(self, prompt_lens: list[int], output_lens: list[int]) -> np.ndarray:
-        """Durations of each step of a padded request-level batch (step 0 is prefill)."""
+        """Durations of each step of a padded request-level batch, as generate() runs it: every
+        step holds all b rows at the padded context p + k (padding costs like real tokens), step 0
+        also computes the b x p padded prompt tokens, and every step decodes b rows."""
         b, p, o = len(prompt_lens), max(prompt_lens), max(output_lens)
-        c = self.cost
-        k = np.arange(o, dtype=np.float64)
-        t = c.overhead_s + c.weight_s + c.decode_s_per_row * b + c.kv_s_per_token * b * (p + k)
-        t[0] += c.prefill_s_per_token * b * p + c.prefill_step_s
-        return t
+        k = np.arange(o, dtype=np.int64)
+        prefill = np.where(k == 0, b * p, 0)
+        return self.cost.step_time(b * (p + k), prefill, b)
 
     async def run_batch(self, requests: list[Request], clock: Clock) -> None:
         p = max(r.prompt_len for r in requests)
