@@ -1,6 +1,7 @@
 # Two commands do all set-up on a fresh machine:
 #   make run    -> virtual env with the base install, then the default simulator sweep
-#   make test   -> virtual env with every extra (torch CPU, transformers, server), then the tests
+#   make test   -> virtual env with every extra (torch CPU, transformers, server), then the lint
+#                  (ruff), the architecture contracts (import-linter) and the tests
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip --quiet --disable-pip-version-check
@@ -23,6 +24,8 @@ run: $(VENV)/.base
 	$(VENV)/bin/batchlab run $(ARGS)
 
 test: $(VENV)/.all
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports --no-cache
 	$(PY) -m pytest -q $(ARGS)
 
 bench: $(VENV)/.all

@@ -17,7 +17,7 @@ from batchlab.core.request import Request, Status
 from batchlab.core.work import Idle, Step
 from batchlab.schedulers.base import Scheduler
 from batchlab.schedulers.decode_window import return_unused, window_length
-from batchlab.schedulers.kv_blocks import BlockPool, cdiv
+from batchlab.schedulers.kv_blocks import BlockPool
 
 UNCHUNKED = sys.maxsize     # no chunked prefill: a prompt is computed in one step
 
@@ -47,17 +47,19 @@ class ContinuousScheduler(Scheduler):
         budget = self.cfg.max_num_batched_tokens
         chunks: list[tuple[Request, int]] = []
         preempted: list[Request] = []
-        held, bs = self.pool.held, self.pool.block_size
+        held, bs, chunk = self.pool.held, self.pool.block_size, self.chunk
         for r in list(self.running):
-            if r not in held:                  # preempted earlier in this loop
+            blocks = held.get(r)
+            if blocks is None:                 # preempted earlier in this loop
                 continue
             c = r.num_computed_tokens
             n = r.prompt_len + len(r.token_times) - c
-            n = min(n, budget, self.chunk) if n > 1 else (n if budget >= 1 else 0)   # decodes skip the clamps
+            n = min(n, budget, chunk) if n > 1 else (n if budget >= 1 else 0)   # decodes skip the clamps
             if n <= 0:
                 continue
-            # NOTE: hot path: touch the pool only when this step crosses into a new block.
-            if cdiv(c + n, bs) > held[r] and not self._make_room(r, c + n, preempted):
+            # NOTE: hot path (every running request, every step): touch the pool only when this
+            # step's tokens spill past the blocks r holds.
+            if c + n > blocks * bs and not self._make_room(r, c + n, preempted):
                 continue
             chunks.append((r, n))
             budget -= n
