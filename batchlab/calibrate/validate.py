@@ -18,9 +18,9 @@ import pandas as pd
 
 from batchlab.backends.cost import StepCost
 from batchlab.backends.simulated import SimulatedBackend
-from batchlab.core.config import RunConfig
+from batchlab.core.config import RunConfig, load_config
 from batchlab.core.traffic import build_trace
-from batchlab.errors import ConfigError
+from batchlab.errors import ConfigError, user_errors
 from batchlab.run.point import run_point
 from batchlab.run.results import summary_row
 from batchlab.run.sweep import run_sweep
@@ -118,14 +118,9 @@ def report_lines(table: pd.DataFrame) -> list[str]:
               help="Profile JSON from `batchlab profile` (one per path: --strategy dynamic and continuous).")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Override a config key (repeatable).")
 @click.option("--out", default="results/validate", show_default=True, help="Output directory.")
+@user_errors
 def validate_cmd(config, profiles, overrides, out):
     """Run CONFIG on its real backend and on the simulator calibrated by PROFILE; report the errors."""
-    from batchlab.errors import user_errors
-    user_errors(_validate_main)(config, profiles, overrides, out)
-
-
-def _validate_main(config, profiles, overrides, out):
-    from batchlab.core.config import load_config
     for p in profiles:
         if not Path(p).is_file():
             raise ConfigError(f"--profile: file not found: {p}")
