@@ -80,6 +80,14 @@ def _quiet() -> Iterator[None]:
         yield
 
 
+def _fittable(requests: pd.DataFrame | None) -> pd.DataFrame | None:
+    """NOTE: past_capacity fits a line through the (arrival, queue wait) of finished rows, and a
+    missing one (an inf read as missing) makes LAPACK fail and print to the console."""
+    if requests is None:
+        return None
+    return requests[(requests["status"] != "finished") | requests[["arrival_time", "queue_wait"]].notna().all(axis=1)]
+
+
 def build_report(results_dir: Path) -> tuple[Path, list[str]]:
     """Write report.md and the PNGs into results_dir; return the report's path and the verdict."""
     results_dir = Path(results_dir)
@@ -90,7 +98,7 @@ def build_report(results_dir: Path) -> tuple[Path, list[str]]:
     with _quiet():
         comparisons = {p: stats.compare(summary, requests, *p, seed=seed)
                        for p in pairs(list(dict.fromkeys(summary["strategy"])))}
-        lines = verdict_lines(summary, setup, comparisons, slo, stats.past_capacity(summary, requests))
+        lines = verdict_lines(summary, setup, comparisons, slo, stats.past_capacity(summary, _fittable(requests)))
         rate = _focus_rate(summary, comparisons)
         crossings = {p: stats.crossovers(summary, *p) for p in comparisons}
     figures, burst = _figures(results_dir, summary, requests, config, slo, rate)
