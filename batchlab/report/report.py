@@ -331,7 +331,8 @@ def _burst(rows: list, config: dict) -> list[str]:
           _row(["strategy", "rate", "window (s)", "pre-burst p99 TTFT (s)", "peak queue before", "peak queue during/after",
                 "recovery (s)", "seconds violating SLO"]), "|" + "---|" * 8]
     for b in rows:
-        rec = "—" if not step else (f"{b.recovery_s:g}" if b.recovery_s is not None else "not within the run")
+        judged = step and np.isfinite(b.baseline_p99_ttft)     # no request finished before: nothing to recover to
+        rec = "—" if not judged else (f"{b.recovery_s:g}" if b.recovery_s is not None else "not within the run")
         md.append(_row([b.strategy, f"{b.rate:g}", f"{b.window_s:g}", _cell(b.baseline_p99_ttft), str(b.peak_queue_before),
                         str(b.peak_queue) if step else "—", rec, "—" if b.violating_s is None else f"{b.violating_s:g}"]))
     return md + [""]

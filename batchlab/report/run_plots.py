@@ -18,7 +18,7 @@ import pandas as pd
 from matplotlib.ticker import MaxNLocator
 
 from batchlab.report import timeline as tl
-from batchlab.report.plots import STYLE, color, empty_panel, log_axis, plt, save, strategies
+from batchlab.report.plots import STYLE, color, empty_panel, log_axis, missing_note, plt, save, strategies
 
 PHASES = [("wait_busy", "waiting for the previous batch", "#9e9e9e"),
           ("wait_trigger", "waiting for a trigger (size / age / memory)", "#c7c7c7"),
@@ -152,6 +152,9 @@ def plot_useful_work(requests: pd.DataFrame, out: Path, rate: float, caps: dict[
         fig.suptitle("Useful work in lockstep (request-level) batches; continuous batching has no padded or idle "
                      "rows: a row leaves when done", y=1.0)
         fig.tight_layout()
+        lockstep = requests[requests["trigger"].notna()]       # a batch where every row failed has no useful work
+        missing_note(fig, {s: set(w["rate"]) for s, w in work.groupby("strategy")},
+                     {s: sorted(set(rows["rate"])) for s, rows in lockstep.groupby("strategy", sort=False)})
         return save(fig, out / "useful_work.png")
 
 
@@ -253,6 +256,8 @@ def plot_burst(requests: pd.DataFrame, out: Path, rate: float, warmup_s: float, 
         axes[1].set_ylabel("p99 TTFT (s, log scale)")
         axes[1].set_title("p99 TTFT of requests arriving in each window (by arrival time)")
         axes[1].set_xlabel("time since the run started (s)")
+        drawn = {str(line.get_label()).split(":")[0] for line in axes[1].get_lines()}
+        missing_note(fig, {s: {rate} for s in drawn}, {s: [rate] for s in strategies(run)})
         to = f" → {burst_rate:g}" if burst_rate else ""
         fig.suptitle(f"Burst: {rate:g}{to} req/s from {burst[0]:g} s to {burst[1]:g} s (orange band); "
                      f"dotted: {tl.RECOVERY_SLACK:g} × each strategy's pre-burst p99 TTFT", y=1.0)
