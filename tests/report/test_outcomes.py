@@ -42,6 +42,10 @@ SWEEPS = {
     # rejects every request (as with a tiny continuous.num_kv_blocks)
     "all_fail": ["backend.preset=toy", "traffic.rates=[5]", "traffic.prompt_len={dist: fixed, value: 30000}",
                  "traffic.output_len={dist: fixed, value: 8}"],
+    # the same out-of-memory naive batches through a burst (5 -> 40 req/s from 4 to 6 s)
+    "burst_failures": ["backend.preset=toy", "naive.batch_size=64", "traffic.rates=[5]", "traffic.duration_s=10",
+                       "traffic.prompt_len={dist: fixed, value: 1000}", "traffic.output_len={dist: fixed, value: 16}",
+                       "traffic.rate_step={at_s: 4, to_rate: 40, until_s: 6}"],
     # every arrival inside the 3 s warm-up
     "all_in_warmup": ["traffic.rates=[5]", "traffic.warmup_s=3", "traffic.duration_s=0.01"],
     # constant arrivals at 1 req/s over 1.5 s: one request, at t = 1 s
@@ -170,6 +174,21 @@ def test_a_strategy_that_failed_every_request_says_why_and_leaves_its_curve(rend
     naive = curve(r, "tradeoff.png", "naive")                         # only its 5 req/s point: no broken line
     assert list(naive.get_xdata()) == [pytest.approx(summary.loc[("naive", 5), "throughput_tok_s"])]
     assert any("naive at 0.001, 20 req/s" in t for t in r.figure("tradeoff.png")[2])
+
+
+def test_a_burst_where_one_strategy_failed_everything_claims_no_recovery_for_it(rendered):
+    r = rendered["burst_failures"]
+    summary = pd.read_csv(r.out / "summary.csv").set_index("strategy")
+    assert summary.loc["naive", "finished"] == 0 and summary.loc["dynamic", "finished"] > 0
+    burst = r.md.split("## Burst")[1].split("\n## ")[0]
+    naive = next(row for row in burst.splitlines() if row.startswith("| naive |")).split("|")
+    assert naive[4].strip() == "—" and naive[7].strip() == "—"       # no pre-burst p99, so no recovery
+    dynamic = next(row for row in burst.splitlines() if row.startswith("| dynamic |")).split("|")
+    assert dynamic[4].strip() != "—"
+    _, axes, texts, _ = r.figure("burst.png")
+    assert {str(line.get_label()).split(":")[0] for line in axes[1].get_lines()} == {"dynamic", "continuous"}
+    assert any("naive at 5 req/s" in t for t in texts)
+    assert any("naive at 5 req/s" in t for t in r.figure("useful_work.png")[2])
 
 
 def test_a_point_where_no_request_arrived_says_so(rendered):

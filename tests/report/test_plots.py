@@ -150,4 +150,17 @@ def test_run_plots_at_a_rate_with_no_requests_or_none_finished(data, figures):
     assert all("no requests at 7 req/s" in [t.get_text() for t in ax.texts] for ax in timeline)
     assert title == "No request arrived after the warm-up at 5 req/s"
     assert "no requests finished" in [t.get_text() for t in burst[1].texts] and not burst[1].get_lines()
+    assert any("naive at 5 req/s" in t for t in notes(burst))
     assert finite_limits(timeline + bars + burst)
+
+
+@pytest.mark.filterwarnings("error")
+def test_useful_work_names_a_lockstep_strategy_with_no_finished_batch(data, parts):
+    out, _, requests = data
+    at20 = (requests["strategy"] == "naive") & (requests["rate"] == 20.0)
+    failed = requests.assign(status=requests["status"].where(~at20, "failed"))
+    run_plots.plot_useful_work(failed, out, 5.0, {"naive": 32})
+    _, _, axes, _ = parts[0]
+    naive = [line for line in axes[-2].get_lines() if str(line.get_label()).startswith("naive")]
+    assert naive and all(list(line.get_xdata()) == [5.0] for line in naive)
+    assert any("naive at 20 req/s" in t for t in notes(axes))
