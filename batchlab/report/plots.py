@@ -5,6 +5,9 @@
 - latency_vs_rate.png: TTFT / TPOT / E2E p50, p90, p99 against the arrival rate.
 - cdf.png: the whole latency distribution of each strategy at one rate.
 The plots inside one run (timeline, requests, useful work, breakdown, burst) are in run_plots.py.
+A point with nothing measured (every request failed, none arrived) has no value to draw: it is
+left out of its curve, a note under the figure names it, and a panel with nothing at all says so
+instead of setting an axis from NaN.
 """
 from __future__ import annotations
 
@@ -55,6 +58,38 @@ def _leading_digit(v: float) -> int:
     return int(round(v / 10 ** np.floor(np.log10(v)))) if v > 0 else 0
 
 
+def drawable(d: pd.DataFrame, x: str, y: str, log_y: bool = True) -> pd.DataFrame:
+    """The rows of d that can be drawn at (x, y): both finite, y positive on a log axis."""
+    if x not in d or y not in d:
+        return d.iloc[:0]
+    xs, ys = pd.to_numeric(d[x], errors="coerce"), pd.to_numeric(d[y], errors="coerce")
+    ok = np.isfinite(xs) & np.isfinite(ys) & ((ys > 0) if log_y else True)
+    return d[ok]
+
+
+def empty_panel(ax, text: str = "no requests finished") -> None:
+    """A panel with no data says so, with no tick numbers: its limits are matplotlib's default,
+    not data."""
+    ax.tick_params(labelbottom=False, labelleft=False, bottom=False, left=False)
+    ax.grid(False)
+    ax.text(0.5, 0.5, text, transform=ax.transAxes, ha="center", va="center", color="0.3", fontsize=12,
+            bbox={"facecolor": "white", "edgecolor": "0.7", "alpha": 0.9})
+
+
+def missing_note(fig, drawn: dict[str, set], every: dict[str, list]) -> str:
+    """Under the figure: the (strategy, rate) points left out of the curves. Returns the text."""
+    parts = []
+    for s, rates in every.items():
+        gone = [r for r in rates if r not in drawn.get(s, set())]
+        if gone:
+            parts.append(f"{s} at every rate" if len(gone) == len(rates) and len(rates) > 1
+                         else f"{s} at {', '.join(f'{r:g}' for r in gone)} req/s")
+    text = "Not drawn (nothing measured there: no request finished): " + "; ".join(parts) if parts else ""
+    if text:
+        fig.text(0.5, 0.0, text, ha="center", va="top", fontsize=10, color="0.3")
+    return text
+
+
 def slo_line(ax, limit: float | None, vertical: bool = False) -> None:
     if limit:
         (ax.axvline if vertical else ax.axhline)(limit, color="0.3", ls="-.", lw=1.2, label=f"SLO ({limit:g} s)")
@@ -63,32 +98,63 @@ def slo_line(ax, limit: float | None, vertical: bool = False) -> None:
 def plot_tradeoff(summary: pd.DataFrame, out: Path, slo: dict, knees: dict[str, float | None]) -> Path:
     """Throughput (x) against latency (y, log), one curve per strategy; stars mark each knee."""
     med = stats.medians(summary)
+    drawn: dict[str, set] = {}
     with plt.rc_context(STYLE):
         fig, axes = plt.subplots(2, 2, figsize=(13, 9), sharex=True)
         for ax, (metric, name, limit) in zip(axes.flat, [
                 ("ttft_p50", "p50 TTFT", slo.get("ttft_s")), ("ttft_p99", "p99 TTFT", slo.get("ttft_s")),
                 ("e2e_p50", "p50 E2E latency", slo.get("e2e_s")), ("e2e_p99", "p99 E2E latency", slo.get("e2e_s"))]):
             for s in strategies(med):
-                d = med[med["strategy"] == s].sort_values("rate")
+                d = drawable(med[med["strategy"] == s].sort_values("rate"), "throughput_tok_s", metric)
+                if d.empty:
+                    continue
+                drawn.setdefault(s, set()).update(d["rate"])
                 ax.plot(d["throughput_tok_s"], d[metric], "o-", color=color(s), label=s, lw=2, ms=6)
                 for _, row in d.iterrows():
                     ax.annotate(f"{row['rate']:g}", (row["throughput_tok_s"], row[metric]), fontsize=9,
                                 textcoords="offset points", xytext=(6, -10), color=color(s))
                 _mark_knee(ax, d, metric, knees.get(s), color(s))
-            slo_line(ax, limit)
-            log_axis(ax)
+            _latency_axis(ax, limit)
             ax.set_title(name)
             ax.set_ylabel(f"{name} (s, log scale)")
         for ax in axes[1]:
             ax.set_xlabel("throughput (output tokens/s)")
-        handles, labels = axes[0, 0].get_legend_handles_labels()
+        handles, labels = _legend_entries(axes.flat, [s for s in strategies(med) if s in drawn])
         handles.append(Line2D([], [], marker="*", ls="", color="k", ms=14, mfc="none"))
         labels.append("knee: highest rate meeting the SLO")
         fig.suptitle("Throughput vs latency across arrival rates (numbers on points: req/s)\n"
                      "a curve that turns vertical has hit its capacity: more load, same tokens/s, longer waits")
         fig.tight_layout(rect=(0, 0, 1, 0.9))
         fig.legend(handles, labels, loc="upper center", ncol=len(labels), bbox_to_anchor=(0.5, 0.915), frameon=False)
+        missing_note(fig, drawn, _rates_of(med))
         return save(fig, out / "tradeoff.png")
+
+
+def _legend_entries(axes, names: list[str]) -> tuple[list, list[str]]:
+    """The first panel's legend, plus any strategy drawn only in other panels."""
+    axes = list(axes)
+    handles, labels = axes[0].get_legend_handles_labels()
+    for ax in axes[1:]:
+        for h, label in zip(*ax.get_legend_handles_labels()):
+            if label in names and label not in labels:
+                handles.append(h)
+                labels.append(label)
+    return handles, labels
+
+
+def _rates_of(med: pd.DataFrame) -> dict[str, list]:
+    return {s: sorted(med.loc[med["strategy"] == s, "rate"]) for s in strategies(med)}
+
+
+def _latency_axis(ax, limit: float | None, axis: str = "y") -> None:
+    """The SLO line and a log scale, or, with no curve at all, a panel that says so."""
+    if not ax.get_lines():
+        empty_panel(ax)
+        if axis == "x":
+            ax.set_xlim(0, 1)
+        return
+    slo_line(ax, limit, vertical=axis == "x")
+    log_axis(ax, axis)
 
 
 def _mark_knee(ax, d: pd.DataFrame, metric: str, knee: float | None, c: str) -> None:
@@ -102,25 +168,28 @@ def _mark_knee(ax, d: pd.DataFrame, metric: str, knee: float | None, c: str) -> 
 def plot_latency_vs_rate(summary: pd.DataFrame, out: Path, slo: dict) -> Path:
     """p50 / p90 / p99 of TTFT, TPOT and E2E against the arrival rate, log latency axis."""
     med = stats.medians(summary)
+    drawn: dict[str, set] = {}
     with plt.rc_context(STYLE):
         fig, axes = plt.subplots(1, 3, figsize=(16, 5.5))
         for ax, (key, name) in zip(axes, [("ttft", "TTFT"), ("tpot", "TPOT"), ("e2e", "E2E latency")]):
             for s in strategies(med):
-                d = med[med["strategy"] == s].sort_values("rate")
                 for q, ls in PCT_STYLE.items():
-                    ax.plot(d["rate"], d[f"{key}_p{q}"], ls, marker="o", ms=4, color=color(s), lw=1.8)
-            slo_line(ax, slo.get(f"{key}_s"))
-            log_axis(ax)
+                    d = drawable(med[med["strategy"] == s].sort_values("rate"), "rate", f"{key}_p{q}")
+                    if len(d):
+                        drawn.setdefault(s, set()).update(d["rate"])
+                        ax.plot(d["rate"], d[f"{key}_p{q}"], ls, marker="o", ms=4, color=color(s), lw=1.8)
+            _latency_axis(ax, slo.get(f"{key}_s"))
             ax.set_title(f"{name}: p50 / p90 / p99")
             ax.set_xlabel("arrival rate (requests/s)")
             ax.set_ylabel(f"{name} (s, log scale)")
-        handles = [Line2D([], [], color=color(s), lw=3, label=s) for s in strategies(med)]
+        handles = [Line2D([], [], color=color(s), lw=3, label=s) for s in strategies(med) if s in drawn]
         handles += [Line2D([], [], color="0.2", ls=ls, label=f"p{q}") for q, ls in PCT_STYLE.items()]
         if any(slo.get(k) for k in ("ttft_s", "tpot_s", "e2e_s")):
             handles.append(Line2D([], [], color="0.3", ls="-.", label="SLO"))
         fig.suptitle("Latency percentiles vs arrival rate (medians over repeats)")
         fig.tight_layout(rect=(0, 0, 1, 0.88))
         fig.legend(handles=handles, loc="upper center", ncol=len(handles), bbox_to_anchor=(0.5, 0.92), frameon=False)
+        missing_note(fig, drawn, _rates_of(med))
         return save(fig, out / "latency_vs_rate.png")
 
 
@@ -132,14 +201,14 @@ def plot_cdf(requests: pd.DataFrame, out: Path, rate: float, slo: dict) -> Path:
         fig, axes = plt.subplots(1, 3, figsize=(16, 5.2))
         for ax, (key, name) in zip(axes, [("ttft", "TTFT"), ("tpot", "TPOT"), ("e2e", "E2E latency")]):
             for s in strategies(sel):
-                v = np.sort(sel.loc[sel["strategy"] == s, key].dropna().to_numpy())
+                v = pd.to_numeric(sel.loc[sel["strategy"] == s, key], errors="coerce").to_numpy(float)
+                v = np.sort(v[np.isfinite(v) & (v > 0)])     # NOTE: a log axis cannot show 0
                 if len(v):
                     ax.step(v, np.arange(1, len(v) + 1) / len(v), where="post", color=color(s), lw=2,
                             label=f"{s} (n={len(v)})")
-            slo_line(ax, slo.get(f"{key}_s"), vertical=True)
+            _latency_axis(ax, slo.get(f"{key}_s"), "x")
             for q in (0.5, 0.99):
                 ax.axhline(q, color="0.6", lw=0.8, ls=":")
-            log_axis(ax, "x")
             ax.set_ylim(0, 1.02)
             ax.set_title(name)
             ax.set_xlabel(f"{name} (s, log scale)")
@@ -147,7 +216,10 @@ def plot_cdf(requests: pd.DataFrame, out: Path, rate: float, slo: dict) -> Path:
         fig.suptitle(f"Latency distributions at {rate:g} req/s (dotted lines: p50 and p99)")
         fig.tight_layout(rect=(0, 0, 1, 0.88))
         handles = [h for h in axes[0].get_lines() if str(h.get_label()).startswith(tuple(strategies(sel)))]
-        if any(slo.get(k) for k in ("ttft_s", "tpot_s", "e2e_s")):
+        if handles and any(slo.get(k) for k in ("ttft_s", "tpot_s", "e2e_s")):
             handles.append(Line2D([], [], color="0.3", ls="-.", lw=1.2, label="SLO threshold"))
-        fig.legend(handles=handles, loc="upper center", ncol=len(handles), bbox_to_anchor=(0.5, 0.93), frameon=False)
+        if handles:
+            fig.legend(handles=handles, loc="upper center", ncol=len(handles), bbox_to_anchor=(0.5, 0.93), frameon=False)
+        every = strategies(requests[requests["rate"] == rate])
+        missing_note(fig, {s: {rate} for s in strategies(sel)}, {s: [rate] for s in every})
         return save(fig, out / "cdf.png")

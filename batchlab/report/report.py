@@ -4,12 +4,19 @@ Reads summary.csv, requests.csv, config.yaml and setup.json; writes report.md ne
 the verdict first, then the setup (machine, device, model, libraries, every knob, the seed), the
 plots, a table per rate, the paired comparisons with their intervals, the latency breakdown,
 useful work and, for a burst run, how each strategy absorbed it.
+Every point renders whatever happened: one where nothing finished (all failed, none arrived
+after warm-up) gets "—" in its cells and a line saying why, never a NaN; an inf read from a CSV
+counts as missing.
 """
 from __future__ import annotations
 
 import json
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import yaml
 
@@ -31,7 +38,10 @@ def load_results(results_dir: Path) -> tuple[pd.DataFrame, dict, dict]:
     summary_csv = results_dir / "summary.csv"
     if not summary_csv.is_file():
         raise ConfigError(f"{results_dir}: no summary.csv (run `batchlab run --out {results_dir}` first)")
-    summary = pd.read_csv(summary_csv)
+    summary = _numeric(pd.read_csv(summary_csv))
+    summary = summary.dropna(subset=["strategy", "rate"])       # a row that names no point is no point
+    if summary.empty:
+        raise ConfigError(f"{results_dir}: summary.csv holds no finished point yet")
     setup_path = results_dir / "setup.json"
     setup = json.loads(setup_path.read_text()) if setup_path.is_file() else {}
     cfg_path = results_dir / "config.yaml"
@@ -43,7 +53,39 @@ def load_requests(results_dir: Path) -> pd.DataFrame | None:
     path = results_dir / "requests.csv"
     if not path.is_file():
         return None
-    return pd.read_csv(path, dtype={"request_id": str, "trigger": str, "error": str}, keep_default_na=True)
+    rows = pd.read_csv(path, dtype={"request_id": str, "trigger": str, "error": str}, keep_default_na=True)
+    return _numeric(rows)
+
+
+TEXT = {"request_id", "strategy", "backend", "model", "knobs", "point_hash", "status", "error", "trigger"}
+
+
+def _numeric(df: pd.DataFrame) -> pd.DataFrame:
+    """Numbers as floats, an empty file's included (pandas reads those as text), and inf as
+    missing: a stamp or metric of inf (a trace time of inf) is no time a plot or table can show.
+    A column with any text in it (a backend's fact) stays as it is."""
+    for c in df:
+        v = pd.to_numeric(df[c], errors="coerce")
+        if c not in TEXT and v.notna().sum() == df[c].notna().sum():
+            df[c] = v.astype(float).replace([np.inf, -np.inf], np.nan)
+    return df
+
+
+@contextmanager
+def _quiet() -> Iterator[None]:
+    """NOTE: stats.py and verdict.py reduce NaN-only columns (a point where every request failed),
+    and numpy warns about each; the report shows those as "—", so the warnings are noise here."""
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore", RuntimeWarning)
+        yield
+
+
+def _fittable(requests: pd.DataFrame | None) -> pd.DataFrame | None:
+    """NOTE: past_capacity fits a line through the (arrival, queue wait) of finished rows, and a
+    missing one (an inf read as missing) makes LAPACK fail and print to the console."""
+    if requests is None:
+        return None
+    return requests[(requests["status"] != "finished") | requests[["arrival_time", "queue_wait"]].notna().all(axis=1)]
 
 
 def build_report(results_dir: Path) -> tuple[Path, list[str]]:
@@ -52,15 +94,19 @@ def build_report(results_dir: Path) -> tuple[Path, list[str]]:
     summary, setup, config = load_results(results_dir)
     requests = load_requests(results_dir)
     slo = {k: v for k, v in (config.get("slo") or {}).items() if v}
-    comparisons = {p: stats.compare(summary, requests, *p, seed=int(summary["seed"].iloc[0]))
-                   for p in pairs(list(dict.fromkeys(summary["strategy"])))}
-    lines = verdict_lines(summary, setup, comparisons, slo, stats.past_capacity(summary, requests))
-    rate = _focus_rate(summary, comparisons)
+    seed = int(summary["seed"].dropna().iloc[0]) if summary["seed"].notna().any() else 0
+    with _quiet():
+        comparisons = {p: stats.compare(summary, requests, *p, seed=seed)
+                       for p in pairs(list(dict.fromkeys(summary["strategy"])))}
+        lines = verdict_lines(summary, setup, comparisons, slo, stats.past_capacity(summary, _fittable(requests)))
+        rate = _focus_rate(summary, comparisons)
+        crossings = {p: stats.crossovers(summary, *p) for p in comparisons}
     figures, burst = _figures(results_dir, summary, requests, config, slo, rate)
-    md = _title(config, lines) + _setup(setup, config) + _plots(figures, rate)
-    md += _tables(summary) + _comparisons(comparisons) + _knees_crossovers(summary, list(comparisons), slo)
+    outcomes = point_outcomes(summary, requests)
+    md = _title(config, lines) + _setup(setup, config) + _plots(figures, rate, outcomes)
+    md += _tables(summary, outcomes) + _comparisons(comparisons) + _knees_crossovers(summary, crossings, slo)
     md += _burst(burst, config)
-    md += _breakdown(requests) + _useful(requests) + _method()
+    md += _breakdown(summary, requests, outcomes) + _useful(requests) + _method()
     path = results_dir / "report.md"
     path.write_text("\n".join(md) + "\n")
     return path, lines
@@ -110,13 +156,15 @@ def _figures(out: Path, summary, requests, config, slo, rate) -> tuple[dict[str,
 def _run_figures(out, summary, requests, config, slo, rate, warmup, window) -> dict[str, Path]:
     caps = {"naive": (config.get("naive") or {}).get("batch_size"),
             "dynamic": (config.get("dynamic") or {}).get("max_batch_size")}
+    measured = requests[requests["arrival_time"] >= warmup]["rate"]   # NOTE: the lowest rate with anything to show
     figs = {"cdf": plots.plot_cdf(requests, out, rate, slo),
             "timeline": run_plots.plot_timeline(requests, out, rate, warmup, window),
-            "requests": run_plots.plot_requests(requests, out, float(summary["rate"].min()), warmup)}
+            "requests": run_plots.plot_requests(requests, out, float((measured if len(measured) else summary["rate"]).min()),
+                                                warmup)}
     if _has_breakdown(requests):
         figs["breakdown"] = run_plots.plot_breakdown(requests, out)
-    useful = run_plots.plot_useful_work(requests, out, rate, {k: v for k, v in caps.items() if v})
-    return figs | ({"useful_work": useful} if useful else {})
+    figs["useful_work"] = run_plots.plot_useful_work(requests, out, rate, {k: v for k, v in caps.items() if v})
+    return {k: v for k, v in figs.items() if v}
 
 
 def _burst_rows(requests, config, warmup, window, slo) -> list[tl.BurstResult]:
@@ -164,22 +212,72 @@ CAPTIONS = {
 }
 
 
-def _plots(figures: dict[str, Path], rate: float) -> list[str]:
+def _plots(figures: dict[str, Path], rate: float, outcomes: dict[tuple[str, float], str]) -> list[str]:
     md = ["## Plots", ""]
+    if outcomes:
+        md += ["Points where no request finished are left out of the curves (why: under each table below): "
+               + "; ".join(f"{s} at {r:g} req/s" for s, r in outcomes) + ".", ""]
     for name, path in figures.items():
         md += [CAPTIONS[name].format(rate=rate), "", f"![{name}]({path.name})", ""]
     return md
 
 
-def _tables(summary: pd.DataFrame) -> list[str]:
+def point_outcomes(summary: pd.DataFrame, requests: pd.DataFrame | None) -> dict[tuple[str, float], str]:
+    """(strategy, rate) -> why nothing was measured there, for every point where no request
+    finished after warm-up in any repeat; points with results are absent."""
+    out = {}
+    for (s, rate), rows in summary.groupby(["strategy", "rate"], sort=False):
+        if requests is None:      # summary.csv alone: its counts (NaN where it has none: no claim)
+            reqs, n, done = None, _total(rows, "num_requests"), _total(rows, "finished")
+        else:
+            reqs = requests[(requests["strategy"] == s) & (requests["rate"] == rate) & (requests["warmup"] == 0)]
+            n, done = len(reqs), int(_done(reqs).sum())
+        if done == 0:
+            out[(s, float(rate))] = _why_nothing(n, reqs, rows)
+    return out
+
+
+def _total(rows: pd.DataFrame, column: str) -> float:
+    return float(rows[column].sum(min_count=1)) if column in rows else float("nan")
+
+
+def _done(reqs: pd.DataFrame) -> pd.Series:
+    """Finished with a completion time a metric can use (a trace time of inf gives none)."""
+    return (reqs["status"] == "finished") & reqs["e2e"].notna()
+
+
+def _why_nothing(n: float, reqs: pd.DataFrame | None, rows: pd.DataFrame) -> str:
+    if n == 0:
+        return "no request arrived after the warm-up"
+    if reqs is None:
+        return f"no requests finished ({_count(_total(rows, 'failed'))} of {_count(n)} failed)"
+    failed = reqs[reqs["status"] == "failed"]
+    errors = failed["error"].fillna("no reason given").value_counts()
+    why = "; ".join(e + (f" ({k}×)" if len(errors) > 1 else "") for e, k in errors.head(3).items())
+    if len(failed) == len(reqs):
+        return f"no requests finished (all {len(reqs)} failed: {why})"
+    rest = f"{len(reqs) - len(failed)} without a finite completion time"
+    return f"no requests finished ({len(failed)} of {len(reqs)} failed: {why}; {rest})" if len(failed) else \
+        f"no requests finished ({rest})"
+
+
+def _count(v: float) -> str:
+    return "?" if pd.isna(v) else f"{int(v)}"
+
+
+def _tables(summary: pd.DataFrame, outcomes: dict[tuple[str, float], str]) -> list[str]:
     med = stats.medians(summary)
     reps = int(summary["repeat"].nunique())
+    every = list(dict.fromkeys(summary["strategy"]))
     md = ["## Results per rate", "",
           f"Medians over {reps} repeat(s) after warm-up. Throughput in output tokens/s; SLO met is the share of "
           "requests meeting every SLO threshold.", ""]
     for rate, rows in med.groupby("rate"):
         md += [f"### {rate:g} req/s", "", _row([label for _, label in COLUMNS]), "|" + "---|" * len(COLUMNS)]
         md += [_row([_cell(row.get(k)) for k, _ in COLUMNS]) for _, row in rows.iterrows()] + [""]
+        notes = [f"- {s}: {outcomes[(s, float(rate))]}" for s in rows["strategy"] if (s, float(rate)) in outcomes]
+        notes += [f"- {s}: not run at this rate (no row in summary.csv)" for s in every if s not in set(rows["strategy"])]
+        md += notes + ([""] if notes else [])
     return md
 
 
@@ -202,7 +300,7 @@ def _comparisons(comparisons: dict) -> list[str]:
     return md
 
 
-def _knees_crossovers(summary: pd.DataFrame, pairs_: list[tuple[str, str]], slo: dict) -> list[str]:
+def _knees_crossovers(summary: pd.DataFrame, crossings: dict[tuple[str, str], list], slo: dict) -> list[str]:
     md = ["## Knees and crossovers", ""]
     if slo:
         md.append(f"Knee: the highest tested rate where ≥ {100 * stats.ATTAINMENT:.0f}% of requests meet the SLO.")
@@ -212,8 +310,7 @@ def _knees_crossovers(summary: pd.DataFrame, pairs_: list[tuple[str, str]], slo:
         md.append("No SLO in the config, so no knee.")
     rates = sorted(summary["rate"].unique())
     md += ["", f"Crossovers between {rates[0]:g} and {rates[-1]:g} req/s (medians over repeats):", ""]
-    for a, b in pairs_:
-        found = stats.crossovers(summary, a, b)
+    for (a, b), found in crossings.items():
         text = "; ".join(f"{c.leader_after} overtakes {c.leader_before} on {c.metric} at about {c.rate:.3g} req/s"
                          for c in found)
         md.append(f"- {a} vs {b}: {text or 'none (the same one leads, or they tie within 2%, at every tested rate)'}")
@@ -234,7 +331,8 @@ def _burst(rows: list, config: dict) -> list[str]:
           _row(["strategy", "rate", "window (s)", "pre-burst p99 TTFT (s)", "peak queue before", "peak queue during/after",
                 "recovery (s)", "seconds violating SLO"]), "|" + "---|" * 8]
     for b in rows:
-        rec = "—" if not step else (f"{b.recovery_s:g}" if b.recovery_s is not None else "not within the run")
+        judged = step and np.isfinite(b.baseline_p99_ttft)     # no request finished before: nothing to recover to
+        rec = "—" if not judged else (f"{b.recovery_s:g}" if b.recovery_s is not None else "not within the run")
         md.append(_row([b.strategy, f"{b.rate:g}", f"{b.window_s:g}", _cell(b.baseline_p99_ttft), str(b.peak_queue_before),
                         str(b.peak_queue) if step else "—", rec, "—" if b.violating_s is None else f"{b.violating_s:g}"]))
     return md + [""]
@@ -245,16 +343,20 @@ def _has_breakdown(requests: pd.DataFrame) -> bool:
     return bool(requests[[p for p, _, _ in run_plots.PHASES]].notna().any().any())
 
 
-def _breakdown(requests: pd.DataFrame | None) -> list[str]:
+def _breakdown(summary: pd.DataFrame, requests: pd.DataFrame | None, outcomes: dict) -> list[str]:
     if requests is None or not _has_breakdown(requests):
         return []
-    ok = requests[(requests["status"] == "finished") & (requests["warmup"] == 0)]
+    ok = requests[_done(requests) & (requests["warmup"] == 0)]
     cols = [p for p, _, _ in run_plots.PHASES]
-    mean = ok.groupby(["rate", "strategy"], sort=False)[cols + ["e2e"]].mean().reset_index()
+    mean = ok.groupby(["rate", "strategy"], sort=False)[cols + ["e2e"]].mean()
     md = ["## Latency breakdown", "", "Mean seconds per request; the phases add up to E2E. Stalls: step time spent on "
           "other requests' prompt tokens, and gaps after a preemption.", "",
           _row(["rate", "strategy"] + [label for _, label, _ in run_plots.PHASES] + ["E2E"]), "|" + "---|" * (len(cols) + 3)]
-    md += [_row([f"{r['rate']:g}", r["strategy"]] + [_cell(r[c]) for c in cols + ["e2e"]]) for _, r in mean.iterrows()]
+    for rate, s in dict.fromkeys(zip(summary["rate"], summary["strategy"])):   # every point, in the order run
+        if (rate, s) in mean.index:
+            md.append(_row([f"{rate:g}", s] + [_cell(mean.loc[(rate, s), c]) for c in cols + ["e2e"]]))
+        elif (s, float(rate)) in outcomes:
+            md.append(_row([f"{rate:g}", s, "no requests finished"] + ["—"] * len(cols)))
     return md + [""]
 
 
@@ -293,7 +395,7 @@ def _row(cells: list[str]) -> str:
 
 
 def _cell(v) -> str:
-    if v is None or (isinstance(v, float) and pd.isna(v)):
+    if v is None or (isinstance(v, float) and not np.isfinite(v)):
         return "—"
     if isinstance(v, float):
         return f"{v:.4g}"

@@ -6,6 +6,8 @@
   useful decode work sum(o) / (B x max o) and batch sizes across rates.
 - breakdown.png: where each strategy's E2E time goes, as a stacked bar per strategy.
 - burst.png: queue depth and windowed p99 TTFT around a burst.
+A run with nothing to show (no request arrived, none finished) still gets its figure, saying so;
+every axis limit comes from finite stamps only.
 """
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ import pandas as pd
 from matplotlib.ticker import MaxNLocator
 
 from batchlab.report import timeline as tl
-from batchlab.report.plots import STYLE, color, log_axis, plt, save, strategies
+from batchlab.report.plots import STYLE, color, empty_panel, log_axis, missing_note, plt, save, strategies
 
 PHASES = [("wait_busy", "waiting for the previous batch", "#9e9e9e"),
           ("wait_trigger", "waiting for a trigger (size / age / memory)", "#c7c7c7"),
@@ -30,6 +32,12 @@ def one_run(requests: pd.DataFrame, rate: float) -> pd.DataFrame:
     return requests[(requests["rate"] == rate) & (requests["repeat"] == 0)]
 
 
+def finite_values(*columns: pd.Series) -> np.ndarray:
+    """The finite numbers in these columns, flattened: a stamp may be missing (failed) or inf."""
+    v = np.concatenate([pd.to_numeric(c, errors="coerce").to_numpy(float) for c in columns])
+    return v[np.isfinite(v)]
+
+
 def shade(ax, warmup_s: float, burst: tuple[float, float] | None) -> None:
     ax.axvspan(0, warmup_s, color="0.85", alpha=0.5, lw=0)
     if burst:
@@ -41,10 +49,15 @@ def plot_timeline(requests: pd.DataFrame, out: Path, rate: float, warmup_s: floa
     run = one_run(requests, rate)
     with plt.rc_context(STYLE):
         fig, axes = plt.subplots(3, 1, figsize=(14, 10), sharex=True)
-        first = run[run["strategy"] == strategies(run)[0]]
-        end = float(np.nanmax(run["completion_time"])) if len(run) else 1.0
+        first = run[run["strategy"] == strategies(run)[0]] if len(run) else run
+        stamps = finite_values(run["completion_time"], run["arrival_time"])
+        end = float(stamps.max()) if len(stamps) else 1.0
         bins = np.arange(0, np.ceil(end) + 1, 1.0)
-        axes[0].hist(first["arrival_time"], bins=bins, color="0.4")
+        arrivals = pd.to_numeric(first["arrival_time"], errors="coerce")
+        axes[0].hist(arrivals[np.isfinite(arrivals)], bins=bins, color="0.4")
+        if run.empty:
+            for ax in axes:
+                empty_panel(ax, f"no requests at {rate:g} req/s")
         axes[0].set_ylabel("arrivals per second")
         axes[0].set_title(f"Arrivals (the same trace for every strategy, {rate:g} req/s mean)")
         for s in strategies(run):
@@ -59,11 +72,15 @@ def plot_timeline(requests: pd.DataFrame, out: Path, rate: float, warmup_s: floa
         axes[2].set_xlabel("time since the run started (s)")
         for ax in axes:
             shade(ax, warmup_s, burst)
-        axes[1].legend(loc="upper left")
+        if len(run):
+            axes[1].legend(loc="upper left")
         note = "grey band: warm-up, excluded from metrics" + ("; orange band: burst" if burst else "")
         fig.suptitle(f"Timeline of one run at {rate:g} req/s ({note})", y=1.0)
         fig.tight_layout()
         return save(fig, out / "timeline.png")
+
+
+_STAMPS = ["arrival_time", "scheduled_time", "first_token_time", "completion_time"]
 
 
 def plot_requests(requests: pd.DataFrame, out: Path, rate: float, warmup_s: float, n: int = 20) -> Path:
@@ -71,7 +88,7 @@ def plot_requests(requests: pd.DataFrame, out: Path, rate: float, warmup_s: floa
     run = one_run(requests, rate)
     ids = (run[run["arrival_time"] >= warmup_s].drop_duplicates("request_id")
            .sort_values("arrival_time")["request_id"].head(n).tolist())
-    names = strategies(run)
+    names = strategies(run) or strategies(requests) or ["no strategy ran"]
     with plt.rc_context(STYLE):
         fig, axes = plt.subplots(len(names), 1, figsize=(14, 1.5 + 0.18 * n * len(names)), sharex=True, squeeze=False)
         sel = run[run["request_id"].isin(ids)]
@@ -87,12 +104,20 @@ def plot_requests(requests: pd.DataFrame, out: Path, rate: float, warmup_s: floa
             ax.invert_yaxis()
             ax.set_ylabel("request")
             ax.set_title(f"{s}")
+            if not ids:
+                empty_panel(ax, f"no requests after the {warmup_s:g} s warm-up at {rate:g} req/s")
+            elif rows["completion_time"].isna().all():
+                empty_panel(ax, "no requests finished")
         axes[-1, 0].set_xlabel("time since the run started (s)")
-        axes[-1, 0].set_xlim(sel["arrival_time"].min() - 0.3, sel["completion_time"].max() + 0.3)
-        fig.suptitle(f"{len(ids)} consecutive requests at {rate:g} req/s: waiting, prefill and decode")
+        start, end = finite_values(sel["arrival_time"]), finite_values(*(sel[c] for c in _STAMPS))
+        if len(start):
+            axes[-1, 0].set_xlim(start.min() - 0.3, end.max() + 0.3)
+        fig.suptitle(f"{len(ids)} consecutive requests at {rate:g} req/s: waiting, prefill and decode" if ids
+                     else f"No request arrived after the warm-up at {rate:g} req/s")
         fig.tight_layout(rect=(0, 0, 1, 0.95))
-        handles, labels = axes[0, 0].get_legend_handles_labels()
-        fig.legend(handles, labels, loc="upper center", ncol=4, bbox_to_anchor=(0.5, 0.965), frameon=False)
+        if ids:
+            handles, labels = axes[0, 0].get_legend_handles_labels()
+            fig.legend(handles, labels, loc="upper center", ncol=4, bbox_to_anchor=(0.5, 0.965), frameon=False)
         return save(fig, out / "requests.png")
 
 
@@ -127,6 +152,9 @@ def plot_useful_work(requests: pd.DataFrame, out: Path, rate: float, caps: dict[
         fig.suptitle("Useful work in lockstep (request-level) batches; continuous batching has no padded or idle "
                      "rows: a row leaves when done", y=1.0)
         fig.tight_layout()
+        lockstep = requests[requests["trigger"].notna()]       # a batch where every row failed has no useful work
+        missing_note(fig, {s: set(w["rate"]) for s, w in work.groupby("strategy")},
+                     {s: sorted(set(rows["rate"])) for s, rows in lockstep.groupby("strategy", sort=False)})
         return save(fig, out / "useful_work.png")
 
 
@@ -153,11 +181,14 @@ def _example_batch(ax, requests: pd.DataFrame, b: pd.DataFrame, s: str, rate: fl
     ax.legend(loc="lower left", fontsize=9)
 
 
-def plot_breakdown(requests: pd.DataFrame, out: Path) -> Path:
-    """Share of mean E2E per phase, one stacked bar per strategy, one panel per rate."""
+def plot_breakdown(requests: pd.DataFrame, out: Path) -> Path | None:
+    """Share of mean E2E per phase, one stacked bar per strategy, one panel per rate (None: no
+    request finished after warm-up anywhere). A strategy with none finished at a rate says so."""
     ok = requests[(requests["status"] == "finished") & (requests["warmup"] == 0)]
+    if ok.empty:
+        return None
     rates = sorted(ok["rate"].unique())
-    names = strategies(ok)
+    names = strategies(requests[requests["warmup"] == 0])
     with plt.rc_context(STYLE):
         fig, axes = plt.subplots(len(rates), 1, figsize=(14, 1.2 + 0.55 * len(names) * len(rates) + 0.4 * len(rates)),
                                  squeeze=False, sharex=True)
@@ -166,11 +197,13 @@ def plot_breakdown(requests: pd.DataFrame, out: Path) -> Path:
             total = mean.sum(axis=1)
             left = np.zeros(len(names))
             for phase, label, c in PHASES:
-                share = (100 * mean[phase] / total).fillna(0).to_numpy()
+                share = (100 * mean[phase] / total.where(total > 0)).fillna(0).to_numpy()
                 ax.barh(names, share, left=left, color=c, label=label, edgecolor="white", lw=0.5)
                 left += share
             for i, s in enumerate(names):
-                ax.text(101, i, f"mean E2E {total.iloc[i]:.3g} s{_trigger_mix(ok, s, rate)}", va="center", fontsize=10)
+                text = (f"mean E2E {total.iloc[i]:.3g} s{_trigger_mix(ok, s, rate)}" if mean.iloc[i].notna().any()
+                        else "no requests finished")
+                ax.text(101, i, text, va="center", fontsize=10)
             ax.set_xlim(0, 100)
             ax.invert_yaxis()
             ax.set_title(f"{rate:g} req/s")
@@ -193,7 +226,8 @@ def _trigger_mix(ok: pd.DataFrame, s: str, rate: float) -> str:
 def plot_burst(requests: pd.DataFrame, out: Path, rate: float, warmup_s: float, burst: tuple[float, float],
                baselines: dict[str, float], window: float, burst_rate: float | None = None) -> Path:
     run = one_run(requests, rate)
-    end = float(np.nanmax(run["arrival_time"]))
+    arrivals = finite_values(run["arrival_time"])
+    end = float(arrivals.max()) if len(arrivals) else burst[1]
     with plt.rc_context(STYLE):
         fig, axes = plt.subplots(2, 1, figsize=(14, 8), sharex=True)
         for s in strategies(run):
@@ -201,8 +235,10 @@ def plot_burst(requests: pd.DataFrame, out: Path, rate: float, warmup_s: float, 
             t, n = tl.queue_depth(rows)
             axes[0].step(np.r_[0, t], np.r_[0, n], where="post", color=color(s), lw=1.6, label=s)
             edges, p99 = tl.windowed(rows, 0.0, end, window, tl.p99_ttft)
-            axes[1].step(np.r_[edges, edges[-1] + window], np.r_[p99, p99[-1]], where="post", color=color(s), lw=2,
-                         label=f"{s}: p99 per {window:g} s window")
+            p99 = np.where(np.isinf(p99), np.nan, p99)   # NOTE: a window where a request failed has no finite p99
+            if np.isfinite(p99).any():
+                axes[1].step(np.r_[edges, edges[-1] + window], np.r_[p99, p99[-1]], where="post", color=color(s),
+                             lw=2, label=f"{s}: p99 per {window:g} s window")
             if np.isfinite(baselines.get(s, np.nan)):
                 axes[1].axhline(baselines[s] * tl.RECOVERY_SLACK, color=color(s), ls=":", lw=1.5,
                                 label=f"{s}: recovered below {baselines[s] * tl.RECOVERY_SLACK:.3g} s")
@@ -210,12 +246,18 @@ def plot_burst(requests: pd.DataFrame, out: Path, rate: float, warmup_s: float, 
             shade(ax, warmup_s, burst)
         axes[0].set_ylabel("requests waiting")
         axes[0].set_title("Queue depth")
-        axes[0].legend(loc="upper right")
-        log_axis(axes[1])
+        if len(run):
+            axes[0].legend(loc="upper right")
+        if axes[1].get_lines():
+            log_axis(axes[1])
+            axes[1].legend(loc="upper center", fontsize=9, ncol=3, bbox_to_anchor=(0.5, -0.16), frameon=False)
+        else:
+            empty_panel(axes[1])
         axes[1].set_ylabel("p99 TTFT (s, log scale)")
         axes[1].set_title("p99 TTFT of requests arriving in each window (by arrival time)")
         axes[1].set_xlabel("time since the run started (s)")
-        axes[1].legend(loc="upper center", fontsize=9, ncol=3, bbox_to_anchor=(0.5, -0.16), frameon=False)
+        drawn = {str(line.get_label()).split(":")[0] for line in axes[1].get_lines()}
+        missing_note(fig, {s: {rate} for s in drawn}, {s: [rate] for s in strategies(run)})
         to = f" → {burst_rate:g}" if burst_rate else ""
         fig.suptitle(f"Burst: {rate:g}{to} req/s from {burst[0]:g} s to {burst[1]:g} s (orange band); "
                      f"dotted: {tl.RECOVERY_SLACK:g} × each strategy's pre-burst p99 TTFT", y=1.0)

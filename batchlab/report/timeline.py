@@ -6,6 +6,8 @@ Request-level batches share a `scheduled_time`, which recovers each batch: its s
 longest output and prompt, hence the seed's useful decode work sum(o_i) / (B x max o_i).
 A burst (traffic.rate_step) is judged against the run before it: peak queue depth, time until
 the windowed p99 TTFT is back to the baseline p99 for good, and seconds spent missing the SLO.
+Every function here copes with a run where nothing finished, or nothing arrived: an empty
+series, a None, never an exception or a numpy warning.
 """
 from __future__ import annotations
 
@@ -34,20 +36,34 @@ def occupancy(starts, ends) -> tuple[np.ndarray, np.ndarray]:
     return t[order], np.cumsum(d[order])
 
 
+def _failed(rows: pd.DataFrame) -> pd.Series:
+    if "status" not in rows:
+        return pd.Series(False, index=rows.index)
+    return rows["status"].eq("failed")
+
+
 def queue_depth(rows: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     """Requests that have arrived but not yet been scheduled."""
     end = rows["scheduled_time"].where(rows["scheduled_time"].notna(), rows["completion_time"])
+    # NOTE: a request refused before it was scheduled (rejected, invalid) carries no stamp of when;
+    # it leaves the queue at its arrival instead of waiting there forever
+    end = end.where(end.notna() | ~_failed(rows), rows["arrival_time"])
     return occupancy(rows["arrival_time"], end)
 
 
 def running(rows: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     """Rows in the running batch over time. NOTE: a lockstep (request-level) row holds its slot
-    until its whole batch ends, not just until its own last token; continuous rows leave at once."""
+    until its whole batch ends, not just until its own last token; continuous rows leave at once.
+    A failed row with no completion (a batch out of memory) leaves at its last stamp."""
     end = rows["completion_time"]
     lockstep = rows["trigger"].notna() & rows["scheduled_time"].notna()
     if lockstep.any():
         batch_end = rows[lockstep].groupby("scheduled_time")["completion_time"].transform("max")
         end = end.where(~lockstep, batch_end.reindex(rows.index))
+    cols = [c for c in ("scheduled_time", "first_token_time") if c in rows]
+    gone = _failed(rows) & end.isna()
+    if gone.any():
+        end = end.where(~gone, rows.loc[gone, cols].max(axis=1).reindex(rows.index))
     return occupancy(rows["scheduled_time"], end)
 
 
@@ -84,6 +100,8 @@ def useful_work(b: pd.DataFrame) -> pd.DataFrame:
 def rows_still_decoding(output_lens) -> np.ndarray:
     """For one lockstep batch: how many rows still produce a token at each decode step."""
     o = np.sort(np.asarray(output_lens, int))
+    if not len(o):
+        return np.zeros(0, int)
     steps = np.arange(o.max())
     return len(o) - np.searchsorted(o, steps, side="right")
 
@@ -102,8 +120,9 @@ class BurstResult:
 
 
 def window_for(rate: float) -> float:
-    """Bins wide enough to hold ~20 requests at the base rate (a p99 over fewer is just a max)."""
-    return float(max(1.0, 20.0 / rate))
+    """Bins wide enough to hold ~20 requests at the base rate (a p99 over fewer is just a max).
+    A rate of 0 (a replayed trace with one arrival) gets 1 s bins."""
+    return float(max(1.0, 20.0 / rate)) if rate > 0 and np.isfinite(rate) else 1.0
 
 
 def burst(rows: pd.DataFrame, warmup_s: float, at_s: float, until_s: float | None, end_s: float,
@@ -112,8 +131,8 @@ def burst(rows: pd.DataFrame, warmup_s: float, at_s: float, until_s: float | Non
     rate = float(rows["rate"].iloc[0])
     w = window_for(rate)
     ok = rows[rows["status"] == "finished"]
-    base = ok[(ok["arrival_time"] >= warmup_s) & (ok["arrival_time"] < at_s)]
-    base_p99 = float(np.percentile(base["ttft"], 99)) if len(base) else float("nan")
+    base = ok[(ok["arrival_time"] >= warmup_s) & (ok["arrival_time"] < at_s)]["ttft"].dropna()
+    base_p99 = float(np.percentile(base, 99)) if len(base) else float("nan")
     t, n = queue_depth(rows)
     ref = until_s if until_s is not None else at_s
     return BurstResult(str(rows["strategy"].iloc[0]), rate, burst_rate, base_p99,
@@ -123,7 +142,10 @@ def burst(rows: pd.DataFrame, warmup_s: float, at_s: float, until_s: float | Non
 
 
 def windowed(rows: pd.DataFrame, t0: float, t1: float, w: float, fn) -> tuple[np.ndarray, np.ndarray]:
-    """fn(rows arriving in [t, t + w)) for consecutive windows from t0 to t1 (NaN when empty)."""
+    """fn(rows arriving in [t, t + w)) for consecutive windows from t0 to t1 (NaN when empty).
+    No end (a run where nothing arrived) gives no windows."""
+    if not (np.isfinite(t0) and np.isfinite(t1)):
+        return np.zeros(0), np.zeros(0)
     edges = np.arange(t0, t1, w)
     vals = []
     for a in edges:
@@ -134,7 +156,20 @@ def windowed(rows: pd.DataFrame, t0: float, t1: float, w: float, fn) -> tuple[np
 
 def p99_ttft(sel: pd.DataFrame) -> float:
     v = sel["ttft"].where(sel["status"] == "finished", np.inf)   # a failed request never recovered
-    return float(np.percentile(v, 99))
+    return percentile(v.to_numpy(float), 99)
+
+
+def percentile(v: np.ndarray, q: float) -> float:
+    """np.percentile (linear) over values that may hold inf (failed requests). NOTE: numpy
+    interpolates inf - inf into NaN with a RuntimeWarning; a percentile that reaches an inf is inf."""
+    v = np.sort(v[~np.isnan(v)])
+    if not len(v):
+        return float("nan")
+    h = (len(v) - 1) * q / 100
+    lo, hi = int(np.floor(h)), int(np.ceil(h))
+    if np.isinf(v[lo]) or (np.isinf(v[hi]) and h > lo):
+        return float("inf")
+    return float(np.percentile(v, q))
 
 
 def recovery(rows: pd.DataFrame, ref: float, end_s: float, threshold: float, w: float) -> float | None:

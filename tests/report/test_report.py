@@ -43,6 +43,13 @@ def test_report_has_verdict_setup_tables_comparisons_and_every_plot_it_links(bui
         assert (results / name).read_bytes().startswith(PNG)
 
 
+def test_a_sweep_where_every_point_has_results_carries_no_outcome_notes(built):
+    _, md, lines = built
+    for text in ("no requests finished", "no request arrived", "not run at this rate", "Not drawn", "—"):
+        assert text not in md.split("## Paired comparisons")[0], text
+    assert not re.search(r"\b(nan|inf)\b", md, re.I) and not any(re.search(r"\b(nan|inf)\b", x) for x in lines)
+
+
 def test_report_regenerates_identically_from_the_csv_files_alone(built):
     results, md, _ = built
     for p in results.glob("*.png"):

@@ -66,3 +66,55 @@ def test_burst_recovery_and_slo_violation_seconds():
 def test_a_run_that_never_recovers_says_so():
     r = tl.burst(burst_rows(1e9), warmup_s=5, at_s=40, until_s=50, end_s=100, slo=None)
     assert r.recovery_s is None and r.violating_s is None
+
+
+# Runs where requests failed or nothing arrived (issue #11): numbers or None, never a warning.
+
+@pytest.mark.filterwarnings("error")
+def test_a_percentile_that_reaches_a_failed_request_is_inf_and_otherwise_numpys():
+    assert tl.percentile(np.array([1.0, 2.0, np.inf]), 99) == np.inf      # numpy: NaN and a RuntimeWarning
+    assert tl.percentile(np.array([np.inf, np.inf]), 99) == np.inf
+    with_one_failure = np.r_[np.arange(200.0), np.inf]                   # p99 lands on a finished request
+    assert tl.percentile(with_one_failure, 99) == 198.0
+    v = np.random.default_rng(0).exponential(size=57)
+    assert tl.percentile(v, 99) == np.percentile(v, 99)
+    assert np.isnan(tl.percentile(np.array([]), 99))
+
+
+def test_a_request_rejected_before_it_was_scheduled_never_waits_in_the_queue():
+    rows = pd.DataFrame({"arrival_time": [0.0, 1.0], "scheduled_time": [2.0, np.nan],
+                         "completion_time": [3.0, np.nan], "status": ["finished", "failed"]})
+    t, n = tl.queue_depth(rows)
+    assert tl.peak(t, n) == 1 and n[-1] == 0
+
+
+def test_a_batch_that_ran_out_of_memory_holds_no_slot_after_it_failed():
+    rows = pd.DataFrame({"scheduled_time": [1.0, 1.0, 4.0], "first_token_time": [np.nan, np.nan, 4.5],
+                         "completion_time": [np.nan, np.nan, 5.0], "trigger": "size",
+                         "status": ["failed", "failed", "finished"]})
+    t, n = tl.running(rows)
+    assert tl.peak(t, n) == 1 and n[-1] == 0
+
+
+def test_a_request_still_unfinished_at_the_end_keeps_its_slot():
+    rows = pd.DataFrame({"scheduled_time": [1.0], "completion_time": [np.nan], "trigger": [np.nan],
+                         "status": ["unfinished"]})
+    t, n = tl.running(rows)
+    assert n[-1] == 1
+
+
+@pytest.mark.filterwarnings("error")
+def test_burst_of_a_run_where_every_request_failed_has_no_baseline_and_no_recovery():
+    rows = burst_rows(70.0).assign(status="failed", ttft=np.nan, scheduled_time=np.nan, completion_time=np.nan)
+    r = tl.burst(rows, warmup_s=4, at_s=40, until_s=50, end_s=100, slo={"ttft_s": 1.0})
+    assert np.isnan(r.baseline_p99_ttft) and r.recovery_s is None
+    assert r.violating_s == pytest.approx(96.0)                      # every window from 4 s to 100 s misses the SLO
+    assert r.peak_queue == 0                                         # rejected requests do not pile up
+
+
+@pytest.mark.filterwarnings("error")
+def test_no_end_no_windows_and_a_rate_of_zero_gets_one_second_windows():
+    edges, vals = tl.windowed(burst_rows(70.0), 0.0, float("nan"), 1.0, tl.p99_ttft)
+    assert len(edges) == len(vals) == 0
+    assert tl.window_for(0.0) == 1.0 and tl.window_for(2.0) == 10.0
+    assert len(tl.rows_still_decoding([])) == 0
