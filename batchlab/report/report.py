@@ -10,7 +10,6 @@ counts as missing.
 """
 from __future__ import annotations
 
-import json
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -20,9 +19,10 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from batchlab.errors import ConfigError
 from batchlab.report import plots, run_plots, stats
 from batchlab.report import timeline as tl
+from batchlab.report.load import load_requests, load_results
+from batchlab.report.outcomes import finished_rows, point_outcomes
 from batchlab.report.verdict import headline_rate, pairs, pct, verdict_lines
 
 COLUMNS = [("strategy", "strategy"), ("throughput_tok_s", "tok/s"), ("requests_per_s", "req/s"),
@@ -32,43 +32,6 @@ COLUMNS = [("strategy", "strategy"), ("throughput_tok_s", "tok/s"), ("requests_p
            ("slo_attainment", "SLO met"), ("failed", "failed")]
 METRIC_NAMES = {"ttft_p50": "p50 TTFT (s)", "ttft_p99": "p99 TTFT (s)", "e2e_p50": "p50 E2E (s)",
                 "e2e_p99": "p99 E2E (s)", "throughput_tok_s": "throughput (tok/s)", "goodput": "goodput (req/s)"}
-
-
-def load_results(results_dir: Path) -> tuple[pd.DataFrame, dict, dict]:
-    summary_csv = results_dir / "summary.csv"
-    if not summary_csv.is_file():
-        raise ConfigError(f"{results_dir}: no summary.csv (run `batchlab run --out {results_dir}` first)")
-    summary = _numeric(pd.read_csv(summary_csv))
-    summary = summary.dropna(subset=["strategy", "rate"])       # a row that names no point is no point
-    if summary.empty:
-        raise ConfigError(f"{results_dir}: summary.csv holds no finished point yet")
-    setup_path = results_dir / "setup.json"
-    setup = json.loads(setup_path.read_text()) if setup_path.is_file() else {}
-    cfg_path = results_dir / "config.yaml"
-    config = yaml.safe_load(cfg_path.read_text()) if cfg_path.is_file() else {}
-    return summary, setup, config
-
-
-def load_requests(results_dir: Path) -> pd.DataFrame | None:
-    path = results_dir / "requests.csv"
-    if not path.is_file():
-        return None
-    rows = pd.read_csv(path, dtype={"request_id": str, "trigger": str, "error": str}, keep_default_na=True)
-    return _numeric(rows)
-
-
-TEXT = {"request_id", "strategy", "backend", "model", "knobs", "point_hash", "status", "error", "trigger"}
-
-
-def _numeric(df: pd.DataFrame) -> pd.DataFrame:
-    """Numbers as floats, an empty file's included (pandas reads those as text), and inf as
-    missing: a stamp or metric of inf (a trace time of inf) is no time a plot or table can show.
-    A column with any text in it (a backend's fact) stays as it is."""
-    for c in df:
-        v = pd.to_numeric(df[c], errors="coerce")
-        if c not in TEXT and v.notna().sum() == df[c].notna().sum():
-            df[c] = v.astype(float).replace([np.inf, -np.inf], np.nan)
-    return df
 
 
 @contextmanager
@@ -222,49 +185,6 @@ def _plots(figures: dict[str, Path], rate: float, outcomes: dict[tuple[str, floa
     return md
 
 
-def point_outcomes(summary: pd.DataFrame, requests: pd.DataFrame | None) -> dict[tuple[str, float], str]:
-    """(strategy, rate) -> why nothing was measured there, for every point where no request
-    finished after warm-up in any repeat; points with results are absent."""
-    out = {}
-    for (s, rate), rows in summary.groupby(["strategy", "rate"], sort=False):
-        if requests is None:      # summary.csv alone: its counts (NaN where it has none: no claim)
-            reqs, n, done = None, _total(rows, "num_requests"), _total(rows, "finished")
-        else:
-            reqs = requests[(requests["strategy"] == s) & (requests["rate"] == rate) & (requests["warmup"] == 0)]
-            n, done = len(reqs), int(_done(reqs).sum())
-        if done == 0:
-            out[(s, float(rate))] = _why_nothing(n, reqs, rows)
-    return out
-
-
-def _total(rows: pd.DataFrame, column: str) -> float:
-    return float(rows[column].sum(min_count=1)) if column in rows else float("nan")
-
-
-def _done(reqs: pd.DataFrame) -> pd.Series:
-    """Finished with a completion time a metric can use (a trace time of inf gives none)."""
-    return (reqs["status"] == "finished") & reqs["e2e"].notna()
-
-
-def _why_nothing(n: float, reqs: pd.DataFrame | None, rows: pd.DataFrame) -> str:
-    if n == 0:
-        return "no request arrived after the warm-up"
-    if reqs is None:
-        return f"no requests finished ({_count(_total(rows, 'failed'))} of {_count(n)} failed)"
-    failed = reqs[reqs["status"] == "failed"]
-    errors = failed["error"].fillna("no reason given").value_counts()
-    why = "; ".join(e + (f" ({k}×)" if len(errors) > 1 else "") for e, k in errors.head(3).items())
-    if len(failed) == len(reqs):
-        return f"no requests finished (all {len(reqs)} failed: {why})"
-    rest = f"{len(reqs) - len(failed)} without a finite completion time"
-    return f"no requests finished ({len(failed)} of {len(reqs)} failed: {why}; {rest})" if len(failed) else \
-        f"no requests finished ({rest})"
-
-
-def _count(v: float) -> str:
-    return "?" if pd.isna(v) else f"{int(v)}"
-
-
 def _tables(summary: pd.DataFrame, outcomes: dict[tuple[str, float], str]) -> list[str]:
     med = stats.medians(summary)
     reps = int(summary["repeat"].nunique())
@@ -346,7 +266,7 @@ def _has_breakdown(requests: pd.DataFrame) -> bool:
 def _breakdown(summary: pd.DataFrame, requests: pd.DataFrame | None, outcomes: dict) -> list[str]:
     if requests is None or not _has_breakdown(requests):
         return []
-    ok = requests[_done(requests) & (requests["warmup"] == 0)]
+    ok = requests[finished_rows(requests) & (requests["warmup"] == 0)]
     cols = [p for p, _, _ in run_plots.PHASES]
     mean = ok.groupby(["rate", "strategy"], sort=False)[cols + ["e2e"]].mean()
     md = ["## Latency breakdown", "", "Mean seconds per request; the phases add up to E2E. Stalls: step time spent on "

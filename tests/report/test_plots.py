@@ -6,7 +6,7 @@ import pytest
 
 from batchlab.core.config import load_user_config
 from batchlab.report import plots, run_plots
-from batchlab.report.report import load_requests
+from batchlab.report.load import load_requests
 from batchlab.run.sweep import run_sweep
 
 SLO = {"ttft_s": 1.0, "tpot_s": 0.05}
