@@ -71,11 +71,15 @@ def test_an_unusable_out_is_one_line_exit_2_and_creates_nothing(tmp_path, where,
     assert files_under(tmp_path) == before
 
 
-def test_report_refuses_a_directory_that_holds_no_results(tmp_path):
+@pytest.mark.parametrize("summary", [None, "strategy,rate\n", "strategy,rate,repeat,point_hash,num_requests\n"])
+def test_report_refuses_a_directory_that_holds_no_results(tmp_path, summary):
+    if summary is not None:
+        (tmp_path / "summary.csv").write_text(summary)
+    before = files_under(tmp_path)
     p = batchlab("report", str(tmp_path))
     assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1
     assert "not a batchlab results directory" in p.stderr and "Traceback" not in p.stderr
-    assert files_under(tmp_path) == []
+    assert files_under(tmp_path) == before
 
 
 SMALL = ["--set", "traffic.duration_s=6", "--set", "traffic.warmup_s=1", "--set", "traffic.rates=[5, 20]",

@@ -400,8 +400,12 @@ class ResultsDir:
             what = ("no such directory" if not self.path.exists() else "no finished point yet" if exp is not None
                     else "not a batchlab results directory")
             raise ConfigError(f"{self.path}: no summary.csv ({what}; run `batchlab run --out {self.path}` first)")
-        if exp is None:
-            return []                         # made by an older batchlab: read as it is
+        if exp is None:                       # made by an older batchlab (no ledger): read as it is
+            header, records, _ = _records(self.summary_csv)
+            if not records or not {*KEY, "point_hash", "num_requests"} <= set(header or ()):
+                raise ConfigError(f"{self.path}: not a batchlab results directory (summary.csv has no point "
+                                  "rows with the columns batchlab writes)")
+            return []
         if self.busy():
             raise ConfigError(f"{self.path}: a sweep is writing here; report when it has finished")
         scan = self.scan()

@@ -212,3 +212,21 @@ def test_output_location_checks(tmp_path):
     check_location(tmp_path / "fresh" / "deeper")            # can be made: fine
     assert not (tmp_path / "fresh").exists() and sorted(os.listdir(tmp_path)) == sorted(
         ["file"] + (["ro"] if ro.parent == tmp_path else []))
+
+
+def test_tidy_drops_incomplete_points_for_a_reader_and_refuses_what_is_not_results(tmp_path):
+    d = two_points(tmp_path)
+    d.claim({"some": "experiment"})
+    (d.path / "config.yaml").write_text(yaml.safe_dump({"strategies": ["naive", "dynamic"], "traffic": {"rates": [5.0]}}))
+    d.requests_csv.write_bytes(d.requests_csv.read_bytes()[:-3])
+    assert d.tidy() == [("dynamic", 5.0, 0)]
+    assert list(d.scan().points) == [("naive", 5.0, 0)] and d.scan().clean
+    assert yaml.safe_load((d.path / "config.yaml").read_text())["strategies"] == ["naive"]
+    assert d.tidy() == []                                           # nothing more to drop
+    d.experiment_json.unlink()                                      # an older batchlab's directory: read as is
+    assert d.tidy() == []
+    d.summary_csv.write_text("strategy,rate\r\n")
+    with pytest.raises(ConfigError, match="not a batchlab results directory"):
+        d.tidy()
+    with pytest.raises(ConfigError, match="no such directory"):
+        ResultsDir(tmp_path / "nothing").tidy()
