@@ -55,7 +55,9 @@ def main() -> None:
 
 @main.command()
 @click.argument("config", required=False, type=click.Path(dir_okay=False))
-@click.option("--out", "out", default=None, help="Output directory (default: the config's `out`).")
+@click.option("--out", "out", default=None,
+              help="Output directory, holding one experiment (default: the config's `out`, results/latest). "
+                   "A path named `latest` is a link to a directory per experiment, <name>-<digest>, beside it.")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
               help="Override a config key, e.g. --set traffic.rates=[5,10] (repeatable).")
 @click.option("--quiet", is_flag=True, help="No progress display.")
@@ -73,9 +75,10 @@ def run(config: str | None, out: str | None, overrides: tuple[str, ...], quiet: 
 @click.argument("results_dir", type=click.Path(file_okay=False))
 @user_errors
 def report(results_dir: str) -> None:
-    """Regenerate report.md and the plots from a results directory's CSV files."""
-    from batchlab.report.console import write_report
-    write_report(Path(results_dir))
+    """Regenerate report.md and the plots from a results directory's CSV files (points a killed
+    run left incomplete are dropped first, with a warning: the next run reruns them)."""
+    from batchlab.report.console import report_dir
+    report_dir(Path(results_dir))
 
 
 @main.command("make-tiny-model")

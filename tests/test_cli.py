@@ -1,7 +1,10 @@
 """The command line as a user meets it: real subprocesses, exit codes, one-line errors."""
+import csv
+import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -32,3 +35,97 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, args, message
     assert message in p.stderr and "Traceback" not in p.stderr
     assert len(p.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "out").exists()
+
+
+def files_under(path):
+    return sorted(str(p.relative_to(path)) for p in path.rglob("*"))
+
+
+def unwritable_dir(tmp_path):
+    """chmod for a normal user; root ignores modes, so sysfs, where even root cannot create files."""
+    if os.geteuid() != 0:
+        d = tmp_path / "ro"
+        d.mkdir()
+        d.chmod(0o555)
+        return d
+    if Path("/sys/kernel").is_dir():
+        return Path("/sys/kernel")
+    pytest.skip("running as root without /sys: no unwritable directory to test with")
+
+
+@pytest.mark.parametrize("where,message", [
+    ("a-file", "is a file, not a directory"),
+    ("a-file/sub", "a-file is a file, not a directory"),
+    ("READONLY", "cannot write in"),
+    ("READONLY/new/deeper", "cannot write in"),
+])
+def test_an_unusable_out_is_one_line_exit_2_and_creates_nothing(tmp_path, where, message):
+    (tmp_path / "a-file").write_text("not a directory")
+    ro = unwritable_dir(tmp_path)
+    out = where.replace("READONLY", str(ro)) if where.startswith("READONLY") else str(tmp_path / where)
+    before = files_under(tmp_path)
+    p = batchlab("run", "--out", out, "--quiet", "--set", "traffic.duration_s=5")
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+    assert p.stderr.startswith("error: output directory") and message in p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1
+    assert files_under(tmp_path) == before
+
+
+@pytest.mark.parametrize("summary", [None, "strategy,rate\n", "strategy,rate,repeat,point_hash,num_requests\n"])
+def test_report_refuses_a_directory_that_holds_no_results(tmp_path, summary):
+    if summary is not None:
+        (tmp_path / "summary.csv").write_text(summary)
+    before = files_under(tmp_path)
+    p = batchlab("report", str(tmp_path))
+    assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1
+    assert "not a batchlab results directory" in p.stderr and "Traceback" not in p.stderr
+    assert files_under(tmp_path) == before
+
+
+SMALL = ["--set", "traffic.duration_s=6", "--set", "traffic.warmup_s=1", "--set", "traffic.rates=[5, 20]",
+         "--set", "strategies=[naive, continuous]", "--set", "report=false"]
+
+
+def test_report_on_a_killed_runs_directory_leaves_the_torn_point_out(tmp_path):
+    out = tmp_path / "r"
+    assert batchlab("run", "--out", str(out), "--quiet", *SMALL).returncode == 0
+    data = (out / "requests.csv").read_bytes()
+    (out / "requests.csv").write_bytes(data[:-300])             # killed inside the last point's rows
+    p = batchlab("report", str(out))
+    assert p.returncode == 0, p.stderr
+    assert p.stderr.startswith("warning: continuous @ 20 req/s (repeat 0) was incomplete")
+    assert (out / "report.md").is_file()
+    assert "continuous @ 20 req/s repeat 0" in (out / "config.yaml").read_text()   # the config tells the truth
+    p = batchlab("run", "--out", str(out), "--quiet", *SMALL)      # the same command completes it
+    assert p.returncode == 0 and (out / "requests.csv").read_bytes() == data
+
+
+def test_failed_requests_show_while_the_sweep_runs(tmp_path):
+    oom = ["--set", "strategies=[naive]", "--set", "traffic.rates=[8]", "--set", "backend.preset=toy",
+           "--set", "traffic.prompt_len=4000", "--set", "traffic.output_len=8", "--set", "naive.batch_size=16",
+           "--set", "traffic.duration_s=6", "--set", "traffic.warmup_s=0", "--set", "report=false"]
+    p = batchlab("run", "--out", str(tmp_path / "r"), *oom)
+    assert p.returncode == 0, p.stderr
+    lines = p.stderr.strip().splitlines()
+    assert re.fullmatch(r"warning: naive @ 8 req/s \(repeat 0\): (\d+) of \1 requests failed \(out of memory\)", lines[0])
+    assert re.search(r"1/1 +(\d+) failed", p.stdout)             # the progress bar's running count
+    p = batchlab("run", "--out", str(tmp_path / "q"), "--quiet", *oom)
+    assert "requests failed (out of memory)" in p.stderr          # --quiet hides the bar, not the failures
+
+
+def test_the_readme_sequence_keeps_two_experiments_apart(tmp_path):
+    """`make run`, then the README's --set example: results/latest follows the newest experiment
+    and the first one's directory is left exactly as it was."""
+    fast = ["--set", "traffic.duration_s=10", "--set", "traffic.warmup_s=2", "--set", "report=false"]
+    assert batchlab("run", "--quiet", *fast, cwd=tmp_path).returncode == 0
+    latest = tmp_path / "results" / "latest"
+    first = latest.resolve()
+    before = {p.name: p.read_bytes() for p in first.iterdir()}
+    p = batchlab("run", "--quiet", *fast, "--set", "traffic.rates=[2,8,32]", "--set", "dynamic.max_wait_ms=20", cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    second = latest.resolve()
+    assert second != first and {p.name: p.read_bytes() for p in first.iterdir()} == before
+    assert {r["rate"] for r in csv.DictReader((latest / "summary.csv").open())} == {"2.0", "8.0", "32.0"}
+    assert "max_wait_ms: 20.0" in (latest / "config.yaml").read_text()
+    assert batchlab("report", "results/latest", cwd=tmp_path).returncode == 0
+    assert (second / "report.md").is_file() and not (first / "report.md").exists()

@@ -1,40 +1,66 @@
 """A sweep: strategies x rates x repeats, each point written to disk the moment it finishes.
 
-Rerunning into the same directory skips finished points (run/results.py holds the directory and
-its CSV schema); a directory holding a point made with different settings is refused.
+`plan_sweep` checks everything and writes nothing: the output location, that the directory holds
+this experiment (run/results.py), which points are missing, every pending point's trace, the
+backend. `execute` then takes the directory's lock, repairs what a crash left, runs the missing
+points in canonical order and appends each one as it finishes. An `out` named `latest` (the
+default, results/latest) is a link: each experiment gets its own sibling directory
+`<name>-<digest>`, and the link points at the one run last, so a changed setting starts a fresh
+directory instead of being refused or mixed in.
 """
 from __future__ import annotations
 
 import asyncio
 import json
+import os
+import re
+from collections import Counter
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from batchlab.backends import make_backend
+from batchlab.backends.base import Backend
 from batchlab.core.config import RunConfig
+from batchlab.core.request import Status
 from batchlab.core.traffic import build_trace, read_trace_file, trace_rate
 from batchlab.errors import ConfigError
-from batchlab.run.point import run_point
-from batchlab.run.results import ResultsDir, point_hash, request_rows, summary_row
+from batchlab.run.point import PointResult, run_point
+from batchlab.run.results import (
+    STRATEGY_RANK,
+    Key,
+    ResultsDir,
+    canonical,
+    check_location,
+    differences,
+    experiment,
+    experiment_digest,
+    point_hash,
+    recorded_config,
+    request_rows,
+    summary_row,
+)
+
+LINK_NAME = "latest"
 
 
-def points(cfg: RunConfig) -> Iterator[tuple[str, float, int]]:
-    """Rate-major order: all strategies run back to back on each (rate, repeat) trace.
+def points(cfg: RunConfig) -> Iterator[Key]:
+    """Canonical order, rate-major: all strategies run back to back on each (rate, repeat) trace;
+    rates from the lowest, strategies naive, dynamic, continuous, server.
     A replayed trace is one point per repeat, labelled with the trace's mean rate."""
     if cfg.traffic.arrival == "trace":
         rates = [round(trace_rate(read_trace_file(cfg.traffic.trace_file)), 6)]
     else:
-        rates = cfg.traffic.rates
+        rates = sorted(set(cfg.traffic.rates))
+    strategies = sorted(set(cfg.strategies), key=STRATEGY_RANK.get)
     for rate in rates:
         for repeat in range(cfg.traffic.repeats):
-            for strategy in cfg.strategies:
+            for strategy in strategies:
                 yield strategy, float(rate), repeat
 
 
-def pending_points(cfg: RunConfig, done: dict[tuple, str], where: Path) -> list[tuple[str, float, int]]:
+def pending_points(cfg: RunConfig, done: dict[tuple, str], where: Path) -> list[Key]:
     """The points of the sweep not yet recorded in `done`; a point recorded with other
     settings is refused rather than mixed."""
     todo = []
@@ -50,7 +76,6 @@ def pending_points(cfg: RunConfig, done: dict[tuple, str], where: Path) -> list[
 
 def run_environment() -> dict[str, Any]:
     """Where a sweep ran, for the report: machine, OS, Python, the libraries every run uses."""
-    import os
     import platform
     from datetime import UTC, datetime
     from importlib.metadata import PackageNotFoundError, version
@@ -65,33 +90,157 @@ def run_environment() -> dict[str, Any]:
             "started_utc": datetime.now(UTC).isoformat(timespec="seconds")}
 
 
-def run_sweep(cfg: RunConfig, out: str | Path, on_point: Callable[[dict], None] | None = None,
-              progress: Callable[[str], None] | None = None) -> Path:
-    """Run every missing point of the sweep into `out`; returns the directory."""
-    results = ResultsDir(out)
-    done = results.done_points()
+@dataclass
+class SweepPlan:
+    """Everything checked before the first byte is written."""
+    cfg: RunConfig
+    results: ResultsDir                 # the experiment's directory
+    link: Path | None                   # `latest`, to point at it (None: out is the directory itself)
+    experiment: dict[str, Any]          # its identity (run/results.py `experiment`)
+    total: int                          # points in this command's sweep
+    todo: list[Key]                     # of them, not yet recorded
+    backend: Backend | None = None      # made only when there is something to run
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def path(self) -> Path:
+        return self.results.path
+
+
+@dataclass(frozen=True)
+class PointDone:
+    """What the progress display hears after each point."""
+    summary: dict[str, Any]             # the summary row as written
+    requests: int                       # request rows written (warm-up included)
+    failed: int                         # of them, failed
+    error: str                          # the most common error among the failed ('' if none)
+
+
+def plan_sweep(cfg: RunConfig, out: str | Path) -> SweepPlan:
+    """Check the whole sweep and open nothing for writing; raises ConfigError for a user mistake."""
+    grid = list(points(cfg))                            # a replayed trace is read (and checked) here
+    exp = experiment(cfg)
+    results, link = _choose_directory(cfg, Path(out), exp)
+    check_location(results.path)
+    if link is not None:
+        check_location(link.parent)
+    if results.busy():
+        raise ConfigError(f"{results.path}: another batchlab process is writing here; wait for it to end")
+    done = _recorded_points(results, exp, cfg)
     todo = pending_points(cfg, done, results.path)
-    results.path.mkdir(parents=True, exist_ok=True)
-    results.drop_partial(done)
-    (results.path / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
-    if not todo:
-        return results.path
-    backend = make_backend(cfg)
-    describe = backend.describe()
-    setup = {**describe, **run_environment()}
-    (results.path / "setup.json").write_text(json.dumps(setup, indent=2, default=str))
+    plan = SweepPlan(cfg, results, link, exp, total=len(grid), todo=todo)
+    for rate, repeat in dict.fromkeys((rate, repeat) for _, rate, repeat in todo):
+        build_trace(cfg.traffic, rate, repeat)          # bad trace or ShareGPT files end here
+    # NOTE: each trace is built again when its points run: holding every pending trace at once
+    # would multiply memory by the number of points.
+    # TODO(preflight): plan.warnings += preflight(cfg)  -- batchlab.backends.preflight (being added): raises
+    # ConfigError for a backend that cannot work (a model path that does not exist, a server without this
+    # model) and returns warning lines. It belongs exactly here: after every input check, before the
+    # backend is made (a model load) and before the first file is written.
+    if todo:
+        plan.backend = make_backend(cfg)
+    return plan
+
+
+def execute(plan: SweepPlan, on_point: Callable[[PointDone], None] | None = None,
+            progress: Callable[[str], None] | None = None) -> Path:
+    """Write: claim the directory, repair what a crash left, run the missing points."""
+    results = plan.results
     try:
-        for strategy, rate, repeat in todo:
-            trace = build_trace(cfg.traffic, rate, repeat)
-            if progress:
-                progress(f"{strategy} @ {rate:g} req/s (repeat {repeat}): {len(trace)} requests")
-            res = run_point(cfg, strategy, rate, repeat, backend, trace)
-            model = str(describe.get("model", ""))
-            rows = request_rows(cfg, strategy, rate, repeat, res.requests, model)
-            summary = summary_row(cfg, strategy, rate, repeat, model, res.summary, res.meta)
-            results.append_point(rows, summary)
-            if on_point:
-                on_point(summary)
+        with results.writing():
+            results.claim(plan.experiment)
+            scan = results.scan()
+            results.repair(scan)
+            done = set(scan.points)
+            _write_config(plan, done)
+            if plan.link is not None:
+                _point_link(plan.link, results.path)
+            todo = [k for k in plan.todo if k not in done]
+            if todo:
+                describe = plan.backend.describe()
+                setup = {**describe, **run_environment()}
+                results.write_text(results.path / "setup.json", json.dumps(setup, indent=2, default=str) + "\n")
+            in_order = True
+            for key in todo:
+                report = _run_one(plan, key, str(describe.get("model", "")), progress)
+                in_order = in_order and all(canonical(k) < canonical(key) for k in done)
+                done.add(key)
+                _write_config(plan, done)
+                if on_point:
+                    on_point(report)
+            if not in_order:                    # a rerun point landed after later ones
+                results.put_in_order()
     finally:
-        asyncio.run(backend.close())
+        if plan.backend is not None:
+            asyncio.run(plan.backend.close())
     return results.path
+
+
+def run_sweep(cfg: RunConfig, out: str | Path, on_point: Callable[[PointDone], None] | None = None,
+              progress: Callable[[str], None] | None = None) -> Path:
+    """Run every missing point of the sweep into `out`; returns the experiment's directory."""
+    return execute(plan_sweep(cfg, out), on_point, progress)
+
+
+def _run_one(plan: SweepPlan, key: Key, model: str, progress: Callable[[str], None] | None) -> PointDone:
+    strategy, rate, repeat = key
+    trace = build_trace(plan.cfg.traffic, rate, repeat)
+    if progress:
+        progress(f"{strategy} @ {rate:g} req/s (repeat {repeat}): {len(trace)} requests")
+    res: PointResult = run_point(plan.cfg, strategy, rate, repeat, plan.backend, trace)
+    rows = request_rows(plan.cfg, strategy, rate, repeat, res.requests, model)
+    row = plan.results.append_point(rows, summary_row(plan.cfg, strategy, rate, repeat, model, res.summary, res.meta))
+    errors = Counter(r.error or "unknown error" for r in res.requests if r.status is Status.FAILED)
+    top = " ".join(errors.most_common(1)[0][0].split())[:200] if errors else ""   # one line, whatever the error
+    return PointDone(row, len(rows), sum(errors.values()), top)
+
+
+def _choose_directory(cfg: RunConfig, out: Path, exp: dict[str, Any]) -> tuple[ResultsDir, Path | None]:
+    """`out` itself, or, when out is named `latest` and is not a real directory, the experiment's
+    own sibling directory with `out` as the link to it."""
+    if out.name != LINK_NAME or (out.is_dir() and not out.is_symlink()):
+        return ResultsDir(out), None
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"output directory {out}: is a file, not a directory")
+    return ResultsDir(out.parent / experiment_dirname(cfg, exp)), out
+
+
+def experiment_dirname(cfg: RunConfig, exp: dict[str, Any]) -> str:
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", cfg.name).strip("-.") or "batchlab"
+    return f"{slug}-{experiment_digest(exp)}"
+
+
+def _recorded_points(results: ResultsDir, exp: dict[str, Any], cfg: RunConfig) -> dict[Key, str]:
+    """The intact points already in the directory; refuses a directory of another experiment."""
+    if not results.path.is_dir():
+        return {}
+    there = results.recorded_experiment()
+    suggest = results.path.parent / experiment_dirname(cfg, exp)
+    if there is None:
+        if results.has_results():
+            raise ConfigError(f"{results.path} holds results without an experiment record (an older batchlab, or "
+                              f"hand-made); they cannot be resumed or extended: use --out {suggest}")
+        return {}
+    scan = results.scan()
+    if there != exp and scan.points:
+        raise ConfigError(f"{results.path} holds another experiment, recorded with different settings "
+                          f"({differences(there, exp)}); use --out {suggest} (or an --out named latest: "
+                          "a directory per experiment)")
+    return scan.done if there == exp else {}
+
+
+def _write_config(plan: SweepPlan, done: set[Key]) -> None:
+    path = plan.path / "config.yaml"
+    if done:
+        text = recorded_config(plan.cfg.model_dump(mode="json"), done, experiment_digest(plan.experiment), plan.path)
+        plan.results.write_text(path, text)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def _point_link(link: Path, target: Path) -> None:
+    """Atomically point `link` at `target`, a sibling, by a relative name."""
+    tmp = link.with_name(f".{link.name}.tmp")
+    tmp.unlink(missing_ok=True)
+    os.symlink(target.name, tmp, target_is_directory=True)
+    os.replace(tmp, link)
