@@ -22,7 +22,7 @@ from batchlab.core.config import RunConfig, load_config
 from batchlab.core.traffic import build_trace
 from batchlab.errors import ConfigError, user_errors
 from batchlab.run.point import run_point
-from batchlab.run.results import summary_row
+from batchlab.run.schema import summary_row
 from batchlab.run.sweep import run_sweep
 from batchlab.schedulers import level_of
 

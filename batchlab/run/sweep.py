@@ -26,21 +26,10 @@ from batchlab.core.config import RunConfig
 from batchlab.core.request import Status
 from batchlab.core.traffic import build_trace, read_trace_file, trace_rate
 from batchlab.errors import ConfigError
+from batchlab.run.experiment import differences, experiment, experiment_digest, recorded_config
 from batchlab.run.point import PointResult, run_point
-from batchlab.run.results import (
-    STRATEGY_RANK,
-    Key,
-    ResultsDir,
-    canonical,
-    check_location,
-    differences,
-    experiment,
-    experiment_digest,
-    point_hash,
-    recorded_config,
-    request_rows,
-    summary_row,
-)
+from batchlab.run.results import ResultsDir, check_location
+from batchlab.run.schema import STRATEGY_RANK, Key, canonical, point_hash, request_rows, summary_row
 
 LINK_NAME = "latest"
 

@@ -9,15 +9,9 @@ import yaml
 
 from batchlab.core.config import load_config
 from batchlab.errors import ConfigError
-from batchlab.run.results import (
-    REQUEST_COLUMNS,
-    ResultsDir,
-    check_location,
-    differences,
-    experiment,
-    experiment_digest,
-    recorded_config,
-)
+from batchlab.run.experiment import differences, experiment, experiment_digest, recorded_config
+from batchlab.run.results import ResultsDir, check_location
+from batchlab.run.schema import REQUEST_COLUMNS
 
 
 def rows(strategy: str, rate: float, n: int, error: str = "") -> list[dict]:

@@ -9,7 +9,8 @@ import yaml
 from batchlab.core.config import load_config, load_user_config
 from batchlab.errors import ConfigError
 from batchlab.run import sweep
-from batchlab.run.results import REQUEST_COLUMNS, ResultsDir
+from batchlab.run.results import ResultsDir
+from batchlab.run.schema import REQUEST_COLUMNS
 from batchlab.run.sweep import execute, plan_sweep, run_sweep
 
 SMALL = ["traffic.rates=[5, 20]", "traffic.duration_s=20", "traffic.warmup_s=2", "report=false",
@@ -79,7 +80,7 @@ def test_warmup_rows_are_flagged_and_excluded_from_the_summary(tmp_path):
 def test_numpy_values_are_written_as_plain_numbers():
     import numpy as np
 
-    from batchlab.run.results import _fmt
+    from batchlab.run.schema import cell as _fmt
     assert _fmt(np.float64(0.5)) == "0.5" and _fmt(np.int64(3)) == 3 and _fmt(np.bool_(True)) == 1
     assert _fmt(float("nan")) == "" and _fmt(None) == ""
 

@@ -1,0 +1,86 @@
+"""The CSV schema of a results directory: one row per request (REQUEST_COLUMNS) in requests.csv,
+one row per point in summary.csv (`summary_row`), every row carrying the run's settings, and the
+canonical order points are written in."""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from typing import Any, get_args
+
+import numpy as np
+
+from batchlab.core.breakdown import PHASES
+from batchlab.core.config import RunConfig, Strategy
+from batchlab.core.metrics import per_request
+from batchlab.core.request import Request
+
+REQUEST_COLUMNS = [
+    "request_id", "strategy", "rate", "repeat", "seed", "backend", "model", "knobs", "point_hash",
+    "status", "error", "warmup", "prompt_len", "output_len", "max_new_tokens",
+    "arrival_time", "scheduled_time", "first_token_time", "completion_time",
+    "queue_wait", "ttft", "tpot", "e2e", "itl_max", "num_preemptions", "trigger",
+    *PHASES,
+]
+KEY = ("strategy", "rate", "repeat")
+LEDGER = ("num_rows", "rows_digest")      # the last two columns of a summary row: its request rows' count and digest
+STRATEGY_RANK = {s: i for i, s in enumerate(get_args(Strategy))}
+Key = tuple[str, float, int]
+
+
+def canonical(key: Key) -> tuple:
+    """The order points are written in: rate, then repeat, then strategy (naive, dynamic, ...)."""
+    strategy, rate, repeat = key
+    return rate, repeat, STRATEGY_RANK[strategy]
+
+
+def point_hash(cfg: RunConfig, strategy: str) -> str:
+    """Digest of everything that shapes one strategy's points (not the list of rates/repeats)."""
+    shape = {"backend": cfg.backend.model_dump(exclude={"api_key"}), "knobs": cfg.knobs(strategy),
+             "traffic": cfg.traffic.model_dump(exclude={"rates", "repeats"}), "slo": cfg.slo.model_dump()}
+    return hashlib.sha256(json.dumps(shape, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+
+def cell(v: Any) -> Any:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return ""
+    if isinstance(v, float):
+        return repr(float(v))              # numpy floats repr as 'np.float64(...)'
+    if isinstance(v, (bool, np.bool_)):
+        return int(v)
+    if isinstance(v, np.integer):
+        return int(v)
+    return v
+
+
+def summary_row(cfg: RunConfig, strategy: str, rate: float, repeat: int, model: str,
+                summary: dict[str, Any], meta: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One point's row of summary.csv: its key and settings, the metrics, then backend facts."""
+    return {"strategy": strategy, "rate": rate, "repeat": repeat, "seed": cfg.traffic.seed,
+            "backend": cfg.backend.kind, "model": model, "point_hash": point_hash(cfg, strategy),
+            **summary, **(meta or {})}
+
+
+def request_rows(cfg: RunConfig, strategy: str, rate: float, repeat: int, requests: list[Request],
+                 model: str) -> list[dict]:
+    common = {"strategy": strategy, "rate": rate, "repeat": repeat, "seed": cfg.traffic.seed,
+              "backend": cfg.backend.kind, "model": model, "point_hash": point_hash(cfg, strategy),
+              "knobs": ";".join(f"{k}={v}" for k, v in cfg.knobs(strategy).items())}
+    rows = []
+    for r in requests:
+        m = per_request(r)
+        gaps = [b - a for a, b in zip(r.token_times, r.token_times[1:])]
+        row = common | m | {
+            "request_id": r.request_id, "status": r.status.value, "error": r.error or "",
+            "warmup": r.arrival_time < cfg.traffic.warmup_s, "prompt_len": r.prompt_len,
+            "output_len": r.output_len, "max_new_tokens": r.max_new_tokens,
+            "arrival_time": r.arrival_time, "scheduled_time": r.scheduled_time,
+            "first_token_time": r.first_token_time, "completion_time": r.completion_time,
+            "itl_max": max(gaps) if gaps else None, "num_preemptions": r.num_preemptions,
+            "trigger": r.trigger,
+        }
+        for phase in PHASES:
+            row[phase] = r.breakdown.get(phase, 0.0 if r.status.value == "finished" else None)
+        rows.append({k: cell(row.get(k)) for k in REQUEST_COLUMNS})
+    return rows
