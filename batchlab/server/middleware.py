@@ -65,7 +65,7 @@ class LimitBody:
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > self.max_bytes:
-                    raise HTTPException(413, self._message(f"over {self.max_bytes} bytes"))
+                    raise HTTPException(413, self._message(f"over {self.max_bytes} bytes"), {"Connection": "close"})
             return message
         await self.app(scope, counting, send)
 

@@ -13,7 +13,6 @@ import asyncio
 import errno
 import os
 import socket
-import sys
 import threading
 import time
 
@@ -22,7 +21,7 @@ import uvicorn
 from batchlab.errors import ConfigError
 from batchlab.server.service import Server
 
-FLUSH_S = 0.5        # the end of the timeout kept for failing what still runs and flushing its error events
+FLUSH_S = 1.0        # the end of the timeout kept for failing what still runs, flushing its error events and exiting
 
 
 def listen(host: str, port: int) -> socket.socket:
@@ -52,6 +51,7 @@ class GracefulServer(uvicorn.Server):
         if self.signalled_at is not None:
             _exit_now(sig, "second signal: exiting now")
         self.signalled_at = time.monotonic()
+        _say(f"shutting down; requests in flight have {self._grace_s():g} s to finish (a second signal exits at once)")
         watchdog = threading.Timer(self.timeout_s, _exit_now,
                                    (sig, f"still running {self.timeout_s:g} s after the signal (--shutdown-timeout): exiting"))
         watchdog.daemon = True
@@ -62,16 +62,25 @@ class GracefulServer(uvicorn.Server):
         """uvicorn's shutdown (stop accepting, wait for connections, lifespan), with the drain
         running alongside: it ends the streams, so the connections close."""
         started = self.signalled_at if self.signalled_at is not None else time.monotonic()
-        grace = self.timeout_s - min(FLUSH_S, self.timeout_s / 2) - (time.monotonic() - started)
-        drain = asyncio.create_task(self.service.drain(self.service.clock.now() + max(0.0, grace)))
+        left = self._grace_s() - (time.monotonic() - started)
+        drain = asyncio.create_task(self.service.drain(self.service.clock.now() + max(0.0, left)))
         try:
             await super().shutdown(sockets)
         finally:
             drain.cancel()
 
+    def _grace_s(self) -> float:
+        """Seconds after the signal that requests in flight may take: the timeout less the flush."""
+        return self.timeout_s - min(FLUSH_S, self.timeout_s / 2)
+
 
 def _exit_now(sig: int, why: str) -> None:
     # NOTE: os._exit, not sys.exit: a forward pass in a worker thread or a stuck connection must
     # not hold the process past its promise; nothing is left to save (the server writes no files).
-    print(f"batchlab serve: {why}", file=sys.stderr, flush=True)
+    _say(why)
     os._exit(128 + sig)
+
+
+def _say(line: str) -> None:
+    # NOTE: os.write, not print: called from a signal handler, which may interrupt a print.
+    os.write(2, f"batchlab serve: {line}\n".encode())
