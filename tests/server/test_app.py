@@ -214,8 +214,9 @@ def drain(server, grace_s: float):
     return asyncio.run_coroutine_threadsafe(server.drain(server.clock.now() + grace_s), server._loop)
 
 
-def test_drain_ends_streams_still_running_at_its_deadline_with_an_error_event(serve):
-    with serve("continuous") as (url, server):
+@pytest.mark.parametrize("engine_thread", [False, True], ids=["loop-task", "engine-thread"])
+def test_drain_ends_streams_still_running_at_its_deadline_with_an_error_event(serve, engine_thread):
+    with serve("continuous", engine_thread=engine_thread) as (url, server):
         body = {"model": "toy", "prompt": "long one", "max_tokens": 3000, "stream": True}
         with httpx.Client(timeout=10) as h:
             streams = [h.stream("POST", url + "/v1/completions", json=body) for _ in range(3)]
