@@ -101,8 +101,12 @@ class Engine:
         args = () if arg is None else (arg,)
         if threading.get_ident() == self._loop_thread:
             fn(*args)
-        else:
+            return
+        try:
             self._loop.call_soon_threadsafe(fn, *args)
+        except RuntimeError:        # the engine thread's loop has closed (aborted or died): nothing to tell
+            if not self._loop.is_closed():
+                raise
 
     # --- engine side --------------------------------------------------------------------------
     def _bind(self) -> None:

@@ -215,7 +215,7 @@ def drain(server, grace_s: float):
 
 
 @pytest.mark.parametrize("engine_thread", [False, True], ids=["loop-task", "engine-thread"])
-def test_drain_ends_streams_still_running_at_its_deadline_with_an_error_event(serve, engine_thread):
+def test_drain_ends_streams_still_running_at_its_deadline_with_an_error_event(serve, engine_thread, capfd):
     with serve("continuous", engine_thread=engine_thread) as (url, server):
         body = {"model": "toy", "prompt": "long one", "max_tokens": 3000, "stream": True}
         with httpx.Client(timeout=10) as h:
@@ -234,6 +234,7 @@ def test_drain_ends_streams_still_running_at_its_deadline_with_an_error_event(se
         metrics = httpx.get(url + "/metrics").text
         assert 'batchlab_requests_total{status="failed"} 3.0' in metrics
         assert 'batchlab_refusals_total{code="503"} 1.0' in metrics
+    assert "Traceback" not in capfd.readouterr().err        # the stopped engine shut down cleanly too
 
 
 def test_drain_lets_requests_that_finish_before_the_deadline_finish(serve):
