@@ -10,6 +10,7 @@ strategy; the case counts are printed at the end (`pytest -s`) and must not fall
 """
 from __future__ import annotations
 
+import os
 from collections import Counter
 
 import pytest
@@ -22,7 +23,8 @@ from schemathesis.checks import positive_data_acceptance  # noqa: E402
 from batchlab.core.config import load_config  # noqa: E402
 from batchlab.server.app import build_server, create_app  # noqa: E402
 
-MAX_EXAMPLES = 100            # per operation and phase
+# Per operation and phase; ~30 s for both strategies here. BATCHLAB_FUZZ_EXAMPLES=1000 for a deeper run.
+MAX_EXAMPLES = int(os.environ.get("BATCHLAB_FUZZ_EXAMPLES", "100"))
 CONTEXT = 48                  # max_model_len: keeps generated max_tokens (and the simulated streams) short
 CASES: Counter[str] = Counter()
 STATUSES: Counter[str] = Counter()
