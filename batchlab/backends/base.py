@@ -66,6 +66,11 @@ class Backend(ABC):
         """Tokens of context (prompt + output) a request may use; None: no limit of its own."""
         return None
 
+    def vocab_size(self) -> int | None:
+        """Token ids this backend accepts: a prompt given as ids must use 0..vocab_size-1 (a server
+        answers 400 otherwise). None: no vocabulary of its own (ids are not checked)."""
+        return None
+
     def prepare(self, request: Request) -> None:
         """Called once when a request is created (e.g. tokenize it). Raise ValueError if it is
         invalid; the request is then recorded as failed with that reason and never runs."""

@@ -257,3 +257,6 @@ class ModelBackend(Backend):
 
     def max_context(self) -> int:
         return context_length(self._ensure_loaded().model)
+
+    def vocab_size(self) -> int:
+        return len(self._ensure_loaded().tokenizer)

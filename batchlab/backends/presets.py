@@ -8,7 +8,9 @@ compute. A preset derives the coefficients with stated efficiencies; `toy` sets 
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 
 from batchlab.backends.cost import StepCost
 from batchlab.errors import ConfigError
@@ -77,6 +79,25 @@ PRESETS = {
     "tinyllama-3090": lambda: derive("tinyllama-3090", TINYLLAMA, RTX_3090),
     "toy": _toy,
 }
+
+
+# Token ids a prompt may use on the simulator (it runs no tokenizer, but a server over it checks
+# prompt ids as a real model's would): the vocabulary of the model each preset describes.
+DEFAULT_VOCAB_SIZE = 32000        # Llama's SentencePiece vocabulary: toy, and profiles that name none
+VOCAB_SIZES = {"llama2-7b-a100": 32000, "mistral-7b-a100": 32768, "tinyllama-3090": 32000, "toy": 32000}
+
+
+def load_vocab_size(preset: str, profile: str | None = None) -> int:
+    """The preset's vocabulary size; a profile's `vocab_size` key if it has one, else 32000."""
+    if not profile:
+        return VOCAB_SIZES.get(preset, DEFAULT_VOCAB_SIZE)
+    try:
+        value = json.loads(Path(profile).read_text()).get("vocab_size", DEFAULT_VOCAB_SIZE)
+    except (OSError, json.JSONDecodeError, AttributeError) as e:
+        raise ConfigError(f"{profile}: not a batchlab profile: {e}") from None
+    if type(value) is not int or value < 1:
+        raise ConfigError(f"{profile}: vocab_size must be a positive integer (got {value!r})")
+    return value
 
 
 def load_cost(preset: str, profile: str | None = None) -> StepCost:

@@ -14,6 +14,7 @@ import numpy as np
 
 from batchlab.backends.base import Backend, OutOfMemory
 from batchlab.backends.cost import StepCost
+from batchlab.backends.presets import DEFAULT_VOCAB_SIZE
 from batchlab.core.breakdown import charge_stall
 from batchlab.core.clock import Clock, VirtualClock
 from batchlab.core.request import Request
@@ -25,9 +26,10 @@ class SimulatedBackend(Backend):
     levels = frozenset({"request", "iteration"})
     runs_decode_windows = True      # see _decode_window
 
-    def __init__(self, cost: StepCost, enforce_memory: bool = True):
+    def __init__(self, cost: StepCost, enforce_memory: bool = True, vocab_size: int = DEFAULT_VOCAB_SIZE):
         self.cost = cost
         self.enforce_memory = enforce_memory
+        self.vocab = vocab_size     # token ids a prompt may use (the preset's model's vocabulary)
         self.steps = 0              # forward passes charged so far
         self.busy_s = 0.0           # simulated seconds spent in steps
         self._stall_clock = 0.0     # cumulative prefill seconds of all steps (see _charge_stalls)
@@ -45,6 +47,9 @@ class SimulatedBackend(Backend):
 
     def memory_budget(self) -> MemoryBudget:
         return MemoryBudget(self.cost.kv_budget_bytes, self.cost.kv_bytes_per_token)
+
+    def vocab_size(self) -> int:
+        return self.vocab
 
     def num_kv_blocks(self, block_size: int) -> int:
         return max(1, self.cost.kv_budget_bytes // (block_size * self.cost.kv_bytes_per_token))
@@ -149,5 +154,6 @@ class SimulatedBackend(Backend):
 
 
 def from_config(cfg) -> SimulatedBackend:
-    from batchlab.backends.presets import load_cost
-    return SimulatedBackend(load_cost(cfg.backend.preset, cfg.backend.profile))
+    from batchlab.backends.presets import load_cost, load_vocab_size
+    preset, profile = cfg.backend.preset, cfg.backend.profile
+    return SimulatedBackend(load_cost(preset, profile), vocab_size=load_vocab_size(preset, profile))

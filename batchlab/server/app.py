@@ -3,10 +3,14 @@
 FastAPI routes HTTP to the service (server/service.py: admission, streaming, cancellation);
 the engine (server/engine.py) runs the same driver and scheduler as an offline sweep, so a
 strategy behaves identically in-process and behind HTTP. This module wires them together:
-routes, error handlers, /health, /metrics, and the `batchlab serve` command.
+routes, error handlers, /health, /metrics, and the `batchlab serve` command. Every error leaves
+in OpenAI's shape, Starlette's own (unknown path, wrong method, body too large) included, and
+every refusal is counted in /metrics; /openapi.json states the running server's limits
+(server/schema.py).
 """
 from __future__ import annotations
 
+import math
 import sys
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -16,16 +20,20 @@ from fastapi import FastAPI
 from fastapi import Request as HTTPRequest
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from batchlab.core.clock import RealClock
 from batchlab.core.config import RunConfig, load_user_config
 from batchlab.errors import ConfigError, user_errors
 from batchlab.server.engine import Engine
-from batchlab.server.middleware import CloseConnections, StampArrival
+from batchlab.server.middleware import CloseConnections, LimitBody, StampArrival
 from batchlab.server.protocol import APIError, ChatBody, CompletionBody, validation_message
+from batchlab.server.schema import openapi
 from batchlab.server.service import ServeOptions, Server
 
 SWITCH_INTERVAL_S = 0.0005
+ENDPOINTS = ("POST /v1/completions", "POST /v1/chat/completions", "GET /v1/models", "GET /health",
+             "GET /metrics", "GET /openapi.json")
 
 
 def create_app(server: Server, keep_alive: bool = True) -> FastAPI:
@@ -36,20 +44,32 @@ def create_app(server: Server, keep_alive: bool = True) -> FastAPI:
         await server.engine.stop()
 
     app = FastAPI(title="batchlab serve", lifespan=lifespan)
-    app.add_middleware(StampArrival, clock=server.clock)
+    # add_middleware puts each one outside the ones before it: StampArrival is outermost.
+    app.add_middleware(LimitBody, max_bytes=server.opts.max_body_bytes, on_refuse=server.metrics.observe_refusal)
     if not keep_alive:
         app.add_middleware(CloseConnections)
+    app.add_middleware(StampArrival, clock=server.clock)
+    app.openapi = lambda: openapi(app, server.opts.model_names, server.vocab, server.max_model_len)
 
     @app.exception_handler(APIError)
     async def api_error(request, exc: APIError):
-        if exc.status < 500:                    # 5xx: the engine already counted the failure
-            server.metrics.requests.labels("rejected" if exc.status == 429 else "invalid").inc()
-        return exc.response()
+        server.metrics.observe_refusal(exc.status)     # NOTE: a request that failed in the engine is
+        return exc.response()                           # answered, not raised (the engine counted it)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request, exc: RequestValidationError):
         message, param = validation_message(exc.errors())
         return await api_error(request, APIError(400, message, param))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request, exc: StarletteHTTPException):
+        """Starlette's own refusals (unknown path, wrong method, unreadable body, LimitBody's 413)."""
+        return await api_error(request, refusal(request.method, request.url.path, exc))
+
+    @app.exception_handler(Exception)
+    async def crashed(request, exc: Exception):
+        # NOTE: a bug, not a refusal; the traceback goes to the server log (Starlette re-raises it).
+        return APIError(500, f"internal server error: {type(exc).__name__}").response()
 
     @app.post("/v1/completions")
     async def completions(body: CompletionBody, request: HTTPRequest):
@@ -67,8 +87,9 @@ def create_app(server: Server, keep_alive: bool = True) -> FastAPI:
 
     @app.get("/health")
     async def health():
-        if not server.engine.alive:
-            return JSONResponse({"status": "error", "error": str(server.engine.error)}, status_code=503)
+        if server.draining or not server.engine.alive:
+            why = "shutting down" if server.draining else str(server.engine.error or server.engine.aborted or "stopped")
+            return JSONResponse({"status": "error", "error": why}, status_code=503)
         return {"status": "ok", "queue_depth": server.queue_depth(), "running": server.engine.running_count()}
 
     @app.get("/metrics")
@@ -81,9 +102,23 @@ def create_app(server: Server, keep_alive: bool = True) -> FastAPI:
     return app
 
 
+def refusal(method: str, path: str, exc: StarletteHTTPException) -> APIError:
+    """Starlette's HTTPException as an OpenAI-style error with a message that says what to do."""
+    status = exc.status_code
+    if status == 404:
+        return APIError(404, f"no such endpoint: {path} (this server answers {', '.join(ENDPOINTS)})",
+                        code="unknown_url")
+    if status == 405:
+        allowed = (exc.headers or {}).get("Allow", "")
+        return APIError(405, f"{method} is not allowed on {path} (allowed: {allowed})", code="method_not_allowed",
+                        headers=exc.headers)
+    return APIError(status, str(exc.detail), code="request_too_large" if status == 413 else None, headers=exc.headers)
+
+
 def build_server(cfg: RunConfig, strategy: str, names: tuple[str, ...] = (), max_queue: int = 256,
                  max_model_len: int | None = None, default_max_tokens: int = 16,
-                 engine_thread: bool = False, flush_idle_s: float | None = 1.0) -> Server:
+                 engine_thread: bool = False, flush_idle_s: float | None = 1.0,
+                 max_body_bytes: int = 1 << 20) -> Server:
     """The scheduler, backend and engine for `strategy` under `cfg`, not yet started."""
     from batchlab.backends import make_backend
     from batchlab.schedulers import make_scheduler
@@ -92,6 +127,9 @@ def build_server(cfg: RunConfig, strategy: str, names: tuple[str, ...] = (), max
         raise ConfigError(f"--strategy must be naive, dynamic or continuous (got {strategy!r})")
     if cfg.backend.kind not in ("sim", "hf"):
         raise ConfigError(f"batchlab serve runs backend.kind sim or hf, not {cfg.backend.kind!r}")
+    if max_model_len is not None and default_max_tokens >= max_model_len:
+        raise ConfigError(f"--default-max-tokens ({default_max_tokens}) must be below --max-model-len "
+                          f"({max_model_len}): a prompt needs at least one token")
     backend = make_backend(cfg)
     scheduler = make_scheduler(strategy, cfg, backend.memory_budget(),
                                backend.num_kv_blocks(cfg.continuous.block_size))
@@ -99,7 +137,7 @@ def build_server(cfg: RunConfig, strategy: str, names: tuple[str, ...] = (), max
         raise ConfigError(f"backend.kind {cfg.backend.kind!r} cannot run continuous batching")
     names = names or _default_names(cfg)
     opts = ServeOptions(tuple(names), max_queue, max_model_len, default_max_tokens, engine_thread=engine_thread,
-                        flush_idle_s=flush_idle_s)
+                        flush_idle_s=flush_idle_s, max_body_bytes=max_body_bytes)
     return Server(Engine(scheduler, backend, RealClock(), flush_idle_s=flush_idle_s), opts)
 
 
@@ -110,39 +148,72 @@ def _default_names(cfg: RunConfig) -> tuple[str, ...]:
     return tuple(dict.fromkeys([name, Path(name).name]))
 
 
-@click.command("serve")
+class OneLineUsageErrors(click.Command):
+    """A bad option (`--port 99999`, `--max-queue 0`) is one `error:` line and exit status 2, like
+    every other user mistake, rather than click's usage block."""
+
+    def parse_args(self, ctx, args):
+        try:
+            return super().parse_args(ctx, args)
+        except click.UsageError as e:
+            click.echo(f"error: {e.format_message()}", err=True)
+            ctx.exit(2)
+
+
+LOG_LEVELS = ["critical", "error", "warning", "info", "debug", "trace"]
+
+
+@click.command("serve", cls=OneLineUsageErrors)
 @click.argument("config", required=False, type=click.Path(dir_okay=False))
 @click.option("--strategy", default="dynamic", show_default=True,
               type=click.Choice(["naive", "dynamic", "continuous"]), help="Batching policy.")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Override a config key (repeatable).")
 @click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--port", default=8000, show_default=True, type=int)
+@click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535),
+              help="TCP port; 0: any free port (the banner names it).")
 @click.option("--model-name", "names", multiple=True, help="Served model name (repeatable; default: preset or model).")
 @click.option("--max-queue", default=256, show_default=True, type=click.IntRange(min=1),
               help="Waiting requests before new ones get 429.")
-@click.option("--max-model-len", default=None, type=click.IntRange(min=1), help="Context length (default: the model's).")
+@click.option("--max-model-len", default=None, type=click.IntRange(min=2), help="Context length (default: the model's).")
 @click.option("--default-max-tokens", default=16, show_default=True, type=click.IntRange(min=1))
+@click.option("--max-body-bytes", default=1 << 20, show_default=True, type=click.IntRange(min=1),
+              help="Larger request bodies get 413 without being read.")
+@click.option("--shutdown-timeout", default=10.0, show_default=True, type=click.FloatRange(min=0),
+              help="Seconds from SIGTERM/SIGINT to exit: requests in flight may finish until shortly before; then they "
+                   "end with an error. A second signal exits at once.")
 @click.option("--keep-alive/--no-keep-alive", default=True, show_default=True,
               help="Keep connections open between requests (off: for clients that reuse a pool across event loops).")
 @click.option("--engine-thread", is_flag=True, help="Run the scheduler loop on its own thread.")
 @click.option("--flush-idle-ms", default=1000.0, show_default=True, type=click.FloatRange(min=0),
               help="After this long without arrivals, partial batches run (naive would wait forever); 0: never.")
-@click.option("--log-level", default="warning", show_default=True)
+@click.option("--log-level", default="warning", show_default=True, type=click.Choice(LOG_LEVELS))
 @user_errors
 def serve_cmd(config, strategy, overrides, host, port, names, max_queue, max_model_len, default_max_tokens,
-              keep_alive, engine_thread, flush_idle_ms, log_level) -> None:
+              max_body_bytes, shutdown_timeout, keep_alive, engine_thread, flush_idle_ms, log_level) -> None:
     """Serve a batchlab scheduler + backend over the OpenAI API (simulator in real time, or HF)."""
     import uvicorn
 
+    from batchlab.server.process import GracefulServer, listen
+
+    for name, value in (("--flush-idle-ms", flush_idle_ms), ("--shutdown-timeout", shutdown_timeout)):
+        if not math.isfinite(value):
+            raise ConfigError(f"{name} must be a finite number (got {value})")
     cfg = load_user_config(config, overrides)
     server = build_server(cfg, strategy, tuple(names), max_queue, max_model_len, default_max_tokens, engine_thread,
-                          flush_idle_ms / 1000 if flush_idle_ms > 0 else None)
+                          flush_idle_ms / 1000 if flush_idle_ms > 0 else None, max_body_bytes)
+    sock = listen(host, port)           # before the banner: a port in use is an error line, not a hang
+    bound = sock.getsockname()[1]
     click.echo(f"batchlab serve: {strategy} over {cfg.backend.kind} as {', '.join(server.opts.model_names)} "
-               f"on http://{host}:{port}/v1", err=True)
+               f"on http://{host}:{bound}/v1", err=True)
     # NOTE: the event loop shares the GIL with the backend's worker thread (forward passes); at
     # the default 5 ms switch interval a waking step or stream can wait that long. 0.5 ms keeps
     # hand-offs short.
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     # NOTE: loop and http stay "auto": uvicorn then runs on uvloop and httptools, which the serve
     # extra installs (about 1 ms less TTFT than asyncio + h11 here: benchmarks/serving.py overhead).
-    uvicorn.run(create_app(server, keep_alive), host=host, port=port, log_level=log_level, access_log=False)
+    uv = uvicorn.Config(create_app(server, keep_alive), log_level=log_level, access_log=False,
+                        timeout_graceful_shutdown=max(shutdown_timeout, 0.1))
+    try:
+        GracefulServer(uv, server, shutdown_timeout).run(sockets=[sock])
+    except KeyboardInterrupt:           # uvicorn re-raises the SIGINT it shut down for
+        sys.exit(130)

@@ -7,6 +7,7 @@ the loop. Handlers stamp a request's arrival, `submit()` it and are woken by
 `notify(requests)` whenever tokens were stamped on them or they finished (the driver's
 `on_progress` and `on_done`); they read the stamps themselves. After `flush_idle_s` without
 arrivals the inbox counts as draining, so a naive batch never strands its last requests.
+`abort()` stops the driver mid-step on shutdown: every request it held fails with the reason.
 """
 from __future__ import annotations
 
@@ -35,6 +36,8 @@ class Engine:
         self.on_done = on_done
         self.notify: Notify = lambda reqs: None
         self.error: BaseException | None = None  # set if the engine loop died
+        self.aborted: str | None = None       # why abort() stopped the engine (shutdown)
+        self._driver: asyncio.Task | None = None  # the task running drive(), on the engine's loop
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: int | None = None
         self._inbox: Inbox | None = None
@@ -70,6 +73,12 @@ class Engine:
         if not r.is_done:
             self._call(self._inbox.cancel, r)
 
+    def abort(self, reason: str) -> None:
+        """Stop driving now, mid-step if need be: every request waiting or running fails with
+        `reason` (their handlers are notified). The engine does not start again."""
+        if self._inbox is not None:
+            self._call(self._abort_now, reason)
+
     async def stop(self, timeout: float = 10.0) -> None:
         if self._inbox is None:
             return
@@ -92,8 +101,12 @@ class Engine:
         args = () if arg is None else (arg,)
         if threading.get_ident() == self._loop_thread:
             fn(*args)
-        else:
+            return
+        try:
             self._loop.call_soon_threadsafe(fn, *args)
+        except RuntimeError:        # the engine thread's loop has closed (aborted or died): nothing to tell
+            if not self._loop.is_closed():
+                raise
 
     # --- engine side --------------------------------------------------------------------------
     def _bind(self) -> None:
@@ -114,10 +127,22 @@ class Engine:
         finally:
             self._ready.set()
 
+    def _abort_now(self, reason: str) -> None:
+        self.aborted = reason
+        if self._driver is not None:
+            self._driver.cancel()
+
     async def _drive(self) -> None:
+        self._driver = asyncio.current_task()
+        if self.aborted is not None:          # aborted before the driver got going
+            return await self.backend.close()
         try:
             await drive(self.scheduler, self.backend, self.clock, self._inbox,
                         on_done=self._done, on_progress=self.notify, on_launch=self.on_batch)
+        except asyncio.CancelledError:
+            if self.aborted is None:
+                raise
+            self._fail_everything(self.aborted)   # an ordered stop, not an engine error
         except BaseException as e:
             self.error = e
             self._fail_everything(f"engine stopped: {type(e).__name__}: {e}")
@@ -130,8 +155,9 @@ class Engine:
         self.notify([r])
 
     def _fail_everything(self, error: str) -> None:
-        stuck = list(self.scheduler.waiting) + list(self.scheduler.running) + list(self._inbox.live)
+        stuck = list(dict.fromkeys([*self.scheduler.waiting, *self.scheduler.running, *self._inbox.live]))
         for r in stuck:
             if not r.is_done:
                 r.fail(error)
+                self.on_done(r)
         self.notify(stuck)

@@ -39,7 +39,11 @@ class ServerMetrics:
         self.queue_wait = Histogram("batchlab_queue_wait_seconds", "Arrival to first scheduled",
                                     buckets=LATENCY_BUCKETS, registry=reg)
         self.requests = Counter("batchlab_requests", "Requests by outcome: finished, failed, cancelled, "
-                                "rejected (queue full, 429), invalid (4xx)", ["status"], registry=reg)
+                                "rejected (429 queue full, 503 shutting down), invalid (every other 4xx)",
+                                ["status"], registry=reg)
+        self.refusals = Counter("batchlab_refusals", "Requests refused before reaching the engine, by HTTP "
+                                "status (400, 404, 405, 413, 429, 503): each is also counted in "
+                                "batchlab_requests as invalid or rejected", ["code"], registry=reg)
         self.prompt_tokens = Counter("batchlab_prompt_tokens", "Prompt tokens of finished requests", registry=reg)
         self.generation_tokens = Counter("batchlab_generation_tokens", "Output tokens of finished requests",
                                          registry=reg)
@@ -47,6 +51,12 @@ class ServerMetrics:
         self.peak_memory = Gauge("batchlab_peak_memory_bytes", "Backend peak memory since start-up; the "
                                  "kind label says which number it is (e.g. peak RSS above baseline)",
                                  ["kind"], registry=reg)
+
+    def observe_refusal(self, status: int) -> None:
+        """An error answer sent before the request reached the engine (malformed, unknown path,
+        too large, queue full, shutting down)."""
+        self.requests.labels("rejected" if status in (429, 503) else "invalid").inc()
+        self.refusals.labels(str(status)).inc()
 
     def observe_done(self, r: Request) -> None:
         if r.status is not Status.FINISHED:

@@ -2,18 +2,26 @@
 
 Bodies are pydantic models, so a wrong type becomes one 400 naming the field. Unknown fields are
 accepted and ignored (as vLLM does), including `ignore_eos` and `min_tokens`: every batchlab
-backend already produces exactly `max_tokens` tokens. Errors use OpenAI's shape,
-{"error": {"message", "type", "param", "code"}}, which the official client turns into
-BadRequestError (400), NotFoundError (404) and RateLimitError (429).
+backend already produces exactly `max_tokens` tokens. Every error the server sends uses OpenAI's
+shape, {"error": {"message", "type", "param", "code"}}, which the official client turns into
+BadRequestError (400), NotFoundError (404), RateLimitError (429) and so on.
 """
 from __future__ import annotations
 
 import json
 import time
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
+
+
+def _whole_number(value: Any) -> Any:
+    """JSON Schema counts 5.0 as an integer, so the server does too (5.5, "5" and true stay errors)."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+Int = Annotated[StrictInt, BeforeValidator(_whole_number)]
 
 
 class StreamOptions(BaseModel):
@@ -23,20 +31,16 @@ class StreamOptions(BaseModel):
 class _Body(BaseModel):
     model_config = ConfigDict(extra="allow")
     model: StrictStr
-    max_tokens: StrictInt | None = None
-    max_completion_tokens: StrictInt | None = None
+    max_tokens: Int | None = None
+    max_completion_tokens: Int | None = None
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
-    n: StrictInt = 1
-    temperature: float | None = None
-
-    @property
-    def wanted_tokens(self) -> int | None:
-        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+    n: Int = 1
+    temperature: StrictFloat | StrictInt | None = None     # accepted, ignored: outputs are greedy
 
 
 class CompletionBody(_Body):
-    prompt: StrictStr | list[StrictInt] | list[StrictStr] | list[list[StrictInt]]
+    prompt: StrictStr | list[Int] | list[StrictStr] | list[list[Int]]
 
 
 class Message(BaseModel):
@@ -55,8 +59,12 @@ class ChatBody(_Body):
     messages: list[Message] = Field(min_length=1)
 
 
+ERROR_TYPES = {404: "not_found_error", 429: "rate_limit_error", 503: "service_unavailable"}
+
+
 class APIError(Exception):
-    """Raised by handlers; rendered as an OpenAI-style JSON error."""
+    """Raised by handlers for a request the server refuses; rendered as an OpenAI-style JSON error
+    (`type`: invalid_request_error for a 4xx not named in ERROR_TYPES, server_error for a 5xx)."""
 
     def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
                  headers: dict[str, str] | None = None):
@@ -64,8 +72,7 @@ class APIError(Exception):
         self.status, self.message, self.param, self.code, self.headers = status, message, param, code, headers
 
     def response(self) -> JSONResponse:
-        kind = {400: "invalid_request_error", 404: "not_found_error", 429: "rate_limit_error",
-                503: "service_unavailable"}.get(self.status, "server_error")
+        kind = ERROR_TYPES.get(self.status, "invalid_request_error" if self.status < 500 else "server_error")
         body = {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}}
         return JSONResponse(body, status_code=self.status, headers=self.headers)
 
@@ -78,6 +85,10 @@ def validation_message(errors: list[dict]) -> tuple[str, str | None]:
     where = ".".join(loc) or "body"
     if e.get("type") == "json_invalid":
         return "request body is not valid JSON", None
+    if not loc:                 # NOTE: also a body sent without Content-Type: application/json
+        return "request body must be a JSON object (Content-Type: application/json)", None
+    if param == "prompt":       # a union: pydantic names the first alternative tried, which misleads
+        return "prompt must be a string, a list of token ids (integers), or a list of one of either", param
     return f"{where}: {e.get('msg', 'invalid value')}", param
 
 

@@ -4,7 +4,9 @@ A request is stamped on arrival, validated (400/404, OpenAI-style errors), refus
 Retry-After when `max_queue` requests already wait, then submitted to the engine. The engine
 wakes the request's Stream whenever tokens were stamped on it; the stream reads the stamps and
 writes them as server-sent events (or one JSON answer). A client that disconnects has its
-request cancelled: dropped from the queue, or from the running set at the next step.
+request cancelled: dropped from the queue, or from the running set at the next step. On
+shutdown (`drain`) new requests get 503, and what is still running at the deadline fails: its
+stream ends with an error event.
 """
 from __future__ import annotations
 
@@ -22,6 +24,8 @@ from batchlab.server.metrics import ServerMetrics
 from batchlab.server.protocol import DONE, APIError, ChatBody, Chunks, CompletionBody
 from batchlab.server.text import TextCodec
 
+DRAIN_POLL_S = 0.02               # how often a draining server looks whether its streams have ended
+
 
 @dataclass(frozen=True)
 class ServeOptions:
@@ -32,6 +36,7 @@ class ServeOptions:
     retry_after_s: int = 1            # Retry-After header on 429
     engine_thread: bool = False       # run the driver on its own thread (for a backend that blocks the loop)
     flush_idle_s: float | None = 1.0  # seconds without arrivals before partial batches are flushed
+    max_body_bytes: int = 1 << 20     # larger request bodies get 413 (--max-body-bytes)
 
 
 @dataclass(eq=False)
@@ -49,6 +54,8 @@ class Server:
         self.engine, self.opts = engine, opts
         self.codec = TextCodec()              # the backend's tokenizer once it has loaded (start)
         self.max_model_len = opts.max_model_len or 4096
+        self.vocab: int | None = None         # prompt token ids must be below this (backend.vocab_size())
+        self.draining = False                 # shutting down: new requests get 503
         self.clock = engine.clock
         self.streams: dict[Request, Stream] = {}
         self.metrics = ServerMetrics(self.queue_depth, lambda: engine.running_count())
@@ -68,6 +75,7 @@ class Server:
         backend = self.engine.backend
         self.codec = TextCodec(backend.tokenizer())
         self.max_model_len = self.opts.max_model_len or backend.max_context() or 4096
+        self.vocab = backend.vocab_size()
         self.engine.backend.reset_peak_memory()   # peaks are measured from here: loaded and warm
 
     def _wake(self, reqs: list[Request]) -> None:
@@ -96,14 +104,10 @@ class Server:
                                 f"{', '.join(self.opts.model_names)}", "model", "model_not_found")
         if body.n != 1:
             raise APIError(400, "n must be 1 (one choice per request)", "n")
-        max_tokens = body.wanted_tokens if body.wanted_tokens is not None else self.opts.default_max_tokens
-        if max_tokens <= 0:
-            raise APIError(400, f"max_tokens must be at least 1, got {max_tokens}", "max_tokens")
         text, ids, n = self._prompt(body, chat)
-        if n + max_tokens > self.max_model_len:
-            raise APIError(400, f"This model's maximum context length is {self.max_model_len} tokens; "
-                                f"the request needs {n} prompt + {max_tokens} output tokens", "prompt",
-                           "context_length_exceeded")
+        max_tokens = self._output_len(body, n)
+        if self.draining:
+            raise APIError(503, "the server is shutting down", code="shutting_down")
         if not self.engine.alive:
             raise APIError(503, f"the engine has stopped: {self.engine.error}")
         if self.queue_depth() >= self.opts.max_queue:
@@ -120,7 +124,10 @@ class Server:
 
     def _prompt(self, body, chat: bool) -> tuple[str, list[int] | None, int]:
         if chat:
-            prompt = self.codec.chat_prompt([(m.role, m.text) for m in body.messages])
+            try:
+                prompt = self.codec.chat_prompt([(m.role, m.text) for m in body.messages])
+            except ValueError as e:
+                raise APIError(400, str(e), "messages") from None
         else:
             prompt = body.prompt
             if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
@@ -129,10 +136,34 @@ class Server:
                 prompt = prompt[0]
         if (isinstance(prompt, str) and not prompt.strip()) or (isinstance(prompt, list) and not prompt):
             raise APIError(400, "prompt must not be empty", "prompt")
-        if isinstance(prompt, list) and self.codec.vocab and not all(0 <= t < self.codec.vocab for t in prompt):
-            raise APIError(400, f"prompt token ids must be in 0..{self.codec.vocab - 1}", "prompt")
+        if isinstance(prompt, list) and self.vocab is not None and not all(0 <= t < self.vocab for t in prompt):
+            raise APIError(400, f"prompt token ids must be in 0..{self.vocab - 1}", "prompt")
         ids, n = self.codec.encode(prompt)
         return (prompt if isinstance(prompt, str) else ""), ids, max(n, 1)
+
+    def _output_len(self, body, prompt_len: int) -> int:
+        """max_completion_tokens, else max_tokens, else the default; each must be at least 1 and fit
+        the context with the prompt. NOTE: when both are given both are checked, so an invalid
+        value never passes silently because the other one was used."""
+        given = {k: v for k, v in (("max_tokens", body.max_tokens),
+                                   ("max_completion_tokens", body.max_completion_tokens)) if v is not None}
+        for key, value in (given or {"max_tokens": self.opts.default_max_tokens}).items():
+            if value <= 0:
+                raise APIError(400, f"{key} must be at least 1, got {value}", key)
+            if prompt_len + value > self.max_model_len:
+                raise APIError(400, f"This model's maximum context length is {self.max_model_len} tokens; "
+                                    f"the request needs {prompt_len} prompt + {value} output tokens ({key})",
+                               "prompt", "context_length_exceeded")
+        return given.get("max_completion_tokens", given.get("max_tokens", self.opts.default_max_tokens))
+
+    async def drain(self, deadline: float) -> None:
+        """Shutdown: new requests get 503; requests in flight may finish until `deadline` (a clock
+        reading); then the engine stops and the rest fail, their streams ending with an error event."""
+        self.draining = True
+        while self.streams and self.clock.now() < deadline:
+            await self.clock.sleep(min(DRAIN_POLL_S, max(0.0, deadline - self.clock.now())))
+        if self.streams:
+            self.engine.abort("the server is shutting down")
 
     # --- responses ----------------------------------------------------------------------------
     async def _events(self, s: Stream, include_usage: bool):
@@ -178,8 +209,8 @@ class Server:
         r = s.request
         if not r.is_done:
             return Response(status_code=499)     # the client left; nobody reads this
-        if r.status is Status.FAILED:
-            raise APIError(500, r.error or "failed")
+        if r.status is Status.FAILED:            # NOTE: returned, not raised: the engine counted it
+            return APIError(503 if self.draining else 500, r.error or "failed").response()
         text = "".join(self.codec.delta(r, 0, r.output_len, {}))
         return JSONResponse(s.chunks.full(text, usage(r)) | {"batchlab_timing": timing(r)})
 

@@ -18,7 +18,6 @@ PLACEHOLDER = ["lorem", "ipsum", "dolor", "sit", "amet", "consectetur", "adipisc
 class TextCodec:
     def __init__(self, tokenizer: Any | None = None):
         self.tokenizer = tokenizer
-        self.vocab = len(tokenizer) if tokenizer is not None else None
 
     @property
     def exact(self) -> bool:
@@ -37,8 +36,11 @@ class TextCodec:
         """The chat turned into one prompt: the tokenizer's chat template if it has one."""
         tok = self.tokenizer
         if tok is not None and getattr(tok, "chat_template", None):
-            return tok.apply_chat_template([{"role": r, "content": c} for r, c in messages],
-                                           tokenize=False, add_generation_prompt=True)
+            try:
+                return tok.apply_chat_template([{"role": r, "content": c} for r, c in messages],
+                                               tokenize=False, add_generation_prompt=True)
+            except Exception as e:  # noqa: BLE001 - templates raise what they like (jinja's raise_exception)
+                raise ValueError(f"messages: the chat template refused them: {e}") from None
         return "".join(f"{role}: {content}\n" for role, content in messages) + "assistant:"
 
     def delta(self, r: Request, start: int, end: int, state: dict) -> list[str]:

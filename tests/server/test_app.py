@@ -1,6 +1,9 @@
 """`batchlab serve` over the simulator (toy preset, real time), driven by the official openai client."""
 from __future__ import annotations
 
+import asyncio
+import json
+
 import httpx
 import openai
 import pytest
@@ -145,3 +148,105 @@ def test_openai_backend_measures_our_server_end_to_end(serve):
             t = backend.server_timing[r.request_id]
             assert r.arrival_time <= t["arrival"] <= t["first_token"] <= r.token_times[0]
             assert t["last_token"] <= r.token_times[-1]
+
+
+def error_of(response, status: int) -> dict:
+    """The OpenAI error object of a refusal, after checking its status and shape."""
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["message"]
+    return error
+
+
+def test_every_refusal_is_an_openai_error_and_is_counted(serve):
+    with serve("continuous", max_body_bytes=2000) as (url, _):
+        as_json = {"content-type": "application/json"}
+
+        def chunked():
+            for _ in range(50):
+                yield b"x" * 1000
+        assert error_of(httpx.get(url + "/v1/nothing"), 404)["code"] == "unknown_url"
+        wrong_method = httpx.delete(url + "/v1/completions")
+        assert error_of(wrong_method, 405)["code"] == "method_not_allowed" and wrong_method.headers["allow"] == "POST"
+        assert "GET" in error_of(httpx.post(url + "/health"), 405)["message"]
+        assert "not valid JSON" in error_of(httpx.post(url + "/v1/completions", content=b"{not json", headers=as_json),
+                                            400)["message"]
+        assert "Content-Type" in error_of(httpx.post(url + "/v1/completions", content=b'{"model": "toy"}'), 400)["message"]
+        assert "JSON object" in error_of(httpx.post(url + "/v1/completions", json=[1, 2]), 400)["message"]
+        big = {"model": "toy", "prompt": "word " * 1000}
+        assert error_of(httpx.post(url + "/v1/completions", json=big), 413)["code"] == "request_too_large"
+        assert error_of(httpx.post(url + "/v1/completions", content=chunked(), headers=as_json), 413)["code"] \
+            == "request_too_large"
+        assert httpx.post(url + "/v1/completions", json={"model": "toy", "prompt": "small", "max_tokens": 1}).status_code == 200
+        metrics = httpx.get(url + "/metrics").text
+        for needle in ('batchlab_refusals_total{code="404"} 1.0', 'batchlab_refusals_total{code="405"} 2.0',
+                       'batchlab_refusals_total{code="400"} 3.0', 'batchlab_refusals_total{code="413"} 2.0',
+                       'batchlab_requests_total{status="invalid"} 8.0', 'batchlab_requests_total{status="finished"} 1.0'):
+            assert needle in metrics
+
+
+def test_prompt_token_ids_outside_the_vocabulary_are_refused_on_the_simulator(serve):
+    with serve("continuous") as (url, _):                # preset toy: a 32000-token vocabulary
+        for prompt in ([-1, 5], [10**12], [2**70], [[32000]], [5, 32000]):
+            error = error_of(httpx.post(url + "/v1/completions", json={"model": "toy", "prompt": prompt}), 400)
+            assert error["param"] == "prompt" and "0..31999" in error["message"]
+        for prompt in ([1.5], [True], ["a", 1], [[1], [2]]):
+            assert error_of(httpx.post(url + "/v1/completions", json={"model": "toy", "prompt": prompt}), 400)["param"] \
+                == "prompt"
+        for prompt in ([0, 31999], [[7]], [7.0]):       # 7.0 is an integer to JSON Schema, so to us
+            ok = httpx.post(url + "/v1/completions", json={"model": "toy", "prompt": prompt, "max_tokens": 2})
+            assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 2
+
+
+def test_both_spellings_of_max_tokens_are_checked_and_max_completion_tokens_wins(serve):
+    with serve("continuous", max_model_len=64) as (url, _):
+        def post(**fields):
+            return httpx.post(url + "/v1/completions", json={"model": "toy", "prompt": "a b"} | fields)
+        assert error_of(post(max_tokens=0, max_completion_tokens=3), 400)["param"] == "max_tokens"
+        assert error_of(post(max_tokens=3, max_completion_tokens=100), 400)["code"] == "context_length_exceeded"
+        assert error_of(post(max_tokens=4.5), 400)["param"] == "max_tokens"
+        assert post(max_tokens=5, max_completion_tokens=2).json()["usage"]["completion_tokens"] == 2
+        assert post(max_tokens=4.0).json()["usage"]["completion_tokens"] == 4
+
+
+def drain(server, grace_s: float):
+    """Start the server's shutdown drain on its own event loop; returns the future."""
+    return asyncio.run_coroutine_threadsafe(server.drain(server.clock.now() + grace_s), server._loop)
+
+
+@pytest.mark.parametrize("engine_thread", [False, True], ids=["loop-task", "engine-thread"])
+def test_drain_ends_streams_still_running_at_its_deadline_with_an_error_event(serve, engine_thread, capfd):
+    with serve("continuous", engine_thread=engine_thread) as (url, server):
+        body = {"model": "toy", "prompt": "long one", "max_tokens": 3000, "stream": True}
+        with httpx.Client(timeout=10) as h:
+            streams = [h.stream("POST", url + "/v1/completions", json=body) for _ in range(3)]
+            lines = [s.__enter__().iter_lines() for s in streams]
+            for it in lines:
+                assert next(it).startswith("data: {")          # each is streaming
+            drain(server, 0.0).result(10)
+            for it, s in zip(lines, streams):
+                rest = [line for line in it if line]
+                assert rest[-1] == "data: [DONE]" and "shutting down" in json.loads(rest[-2][6:])["error"]["message"]
+                s.__exit__(None, None, None)
+            late = h.post(url + "/v1/completions", json=body | {"stream": False})
+            assert error_of(late, 503)["code"] == "shutting_down"
+            assert h.get(url + "/health").status_code == 503
+        metrics = httpx.get(url + "/metrics").text
+        assert 'batchlab_requests_total{status="failed"} 3.0' in metrics
+        assert 'batchlab_refusals_total{code="503"} 1.0' in metrics
+    assert "Traceback" not in capfd.readouterr().err        # the stopped engine shut down cleanly too
+
+
+def test_drain_lets_requests_that_finish_before_the_deadline_finish(serve):
+    with serve("continuous") as (url, server):
+        body = {"model": "toy", "prompt": "short", "max_tokens": 40, "stream": True,
+                "stream_options": {"include_usage": True}}
+        with httpx.Client(timeout=10) as h, h.stream("POST", url + "/v1/completions", json=body) as resp:
+            it = resp.iter_lines()
+            assert next(it).startswith("data: {")
+            drained = drain(server, 30.0)
+            events = [line for line in it if line]
+        assert events[-1] == "data: [DONE]" and json.loads(events[-2][6:])["usage"]["completion_tokens"] == 40
+        assert not any('"error"' in e for e in events)
+        drained.result(10)                 # returns as soon as nothing is in flight, not at the deadline
+        assert server.engine.aborted is None

@@ -20,7 +20,9 @@ import pytest
 
 from tests.server.conftest import free_port
 
-SEED = Path(__file__).resolve().parents[3] / "shared" / "seeds" / "continuous-batching-and-slo-tuning.txt"
+# The shared folder sits beside the checkout (or beside the folder of worktrees): the nearest one up.
+SEED = next((p / "shared" / "seeds" / "continuous-batching-and-slo-tuning.txt" for p in Path(__file__).resolve().parents[3:]
+             if (p / "shared" / "seeds").is_dir()), Path("shared/seeds/continuous-batching-and-slo-tuning.txt"))
 
 
 def seed_loadtest() -> str:
