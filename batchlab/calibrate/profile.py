@@ -127,12 +127,15 @@ def profile_backend(backend: Backend, strategy: str, grid: Grid = Grid(), progre
     return Profile(level, samples, fit, cost)
 
 
-def save(profile: Profile, path: Path, setup: dict[str, Any], grid: Grid) -> None:
+def save(profile: Profile, path: Path, setup: dict[str, Any], grid: Grid, vocab_size: int | None = None) -> None:
+    """The profile JSON: the fitted StepCost, the fit's error, the grid, the setup, every sample, and
+    the backend's vocabulary (so `batchlab serve` over the simulator checks token ids like the model)."""
     pred = profile.fit.predict(profile.samples)
     rows = [asdict(s) | {"fit_seconds": float(p)} for s, p in zip(profile.samples, pred)]
     path.parent.mkdir(parents=True, exist_ok=True)
+    vocab = {"vocab_size": vocab_size} if vocab_size else {}
     profile.cost.to_json(path, level=profile.level, **profile.fit.summary(), grid=asdict(grid),
-                         setup=setup, samples=rows)
+                         setup=setup, samples=rows, **vocab)
 
 
 def _ints(text: str, flag: str) -> tuple[int, ...]:
@@ -186,9 +189,10 @@ def _profile_main(config, overrides, preset, strategy, batch_sizes, contexts, pr
         prof = profile_backend(backend, strategy, grid, progress=lambda m: click.echo(f"  {m}"))
         # NOTE: other processes' load is the main error source on a shared machine: keep it with the data.
         setup = backend.describe() | {"load_avg_1min": [load_before, os.getloadavg()[0]], "cpu_count": os.cpu_count()}
+        vocab = backend.vocab_size()
     finally:
         asyncio.run(backend.close())
-    save(prof, path, setup, grid)
+    save(prof, path, setup, grid, vocab)
     c, f = prof.cost, prof.fit
     click.echo(f"fit ({prof.level}-level, {f.num_samples} steps): overhead {1e3 * c.overhead_s:.3f} ms/step, "
                f"kv {1e6 * c.kv_s_per_token:.3f} us/context token, prefill {1e6 * c.prefill_s_per_token:.2f} us/token, "

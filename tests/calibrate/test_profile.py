@@ -45,7 +45,9 @@ def test_cli_profiles_a_sim_backend_and_the_profile_drives_the_simulator(tmp_pat
     data = json.loads(out.read_text())
     assert data["level"] == "request" and data["fit_rms_rel_error"] < 1e-6 and len(data["samples"]) == data["fit_samples"]
     from batchlab.backends.presets import load_cost as lc
+    from batchlab.backends.presets import load_vocab_size
     assert lc("ignored", str(out)).decode_s_per_row == pytest.approx(load_cost("toy").decode_s_per_row)
+    assert data["vocab_size"] == 32000 and load_vocab_size("ignored", str(out)) == 32000   # the backend's, kept
 
 
 @pytest.mark.parametrize("args, needle", [
