@@ -145,8 +145,8 @@ async def _run_batch(scheduler: Scheduler, backend: Backend, clock: Clock, batch
     watch = asyncio.ensure_future(_watch(batch.requests, clock, on_progress)) if on_progress else None
     try:
         await backend.run_batch(batch.requests, clock)
-    except OutOfMemory:
-        scheduler.finish_batch(batch, clock.now(), oom=True)
+    except OutOfMemory as e:   # the backend's message says why (sizes, budget): keep it
+        scheduler.finish_batch(batch, clock.now(), oom=f"out of memory — {e}" if str(e) else True)
         _drain_rejected(scheduler, on_done)
         return
     except Exception as e:  # a failed batch fails its requests, not the run
