@@ -67,7 +67,8 @@ class SimulatedBackend(Backend):
         p = max(r.prompt_len for r in requests)
         o = max(r.max_new_tokens for r in requests)
         if self.enforce_memory and len(requests) * (p + o) * self.cost.kv_bytes_per_token > self.cost.kv_budget_bytes:
-            raise OutOfMemory(f"{len(requests)} rows x {p + o} padded tokens exceed the KV budget")
+            n, budget = len(requests), self.cost.kv_budget_bytes // self.cost.kv_bytes_per_token
+            raise OutOfMemory(f"a batch of {n} padded to {p + o:,} tokens needs {n * (p + o):,} KV tokens, budget {budget:,}")
         durations = self.batch_step_times([r.prompt_len for r in requests], [r.max_new_tokens for r in requests])
         start = clock.now()
         stamps = (start + np.cumsum(durations)).tolist()

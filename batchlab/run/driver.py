@@ -8,6 +8,8 @@ arrival already stamped. Failed requests keep their status and error and are rep
 A server never knows that no more requests will come, so a live inbox may declare the traffic
 paused after `flush_idle_s` without arrivals: the scheduler is then told it is draining, exactly
 as at the end of a trace (naive batching would otherwise strand its last partial batch).
+Given an `Occupancy`, the driver also keeps its own count of requests in the system, which the
+Little's-law check (core/metrics.py) holds against the stamps.
 """
 from __future__ import annotations
 
@@ -25,6 +27,49 @@ from batchlab.schedulers.base import Scheduler
 Callback = Callable[[Request], None]
 Progress = Callable[[list[Request]], None]
 POLL_S = 0.001           # how often a running request-level batch is checked for new tokens (on_progress)
+
+
+class Occupancy:
+    """The driver's own count of requests in the system (its waiting + running), for the
+    Little's-law check: kept as changes (time, +1 or -1), one append per arrival and departure.
+    A request counts from its planned arrival, copied when the driver releases it (a request
+    that arrived while a batch ran is released after the fact, so changes are not in time order),
+    until the driver hands it back. A finished request leaves at its last token as stamped at
+    hand-back, never later than the hand-back (a row of a request-level batch ends before its
+    batch returns, and only the backend saw when); a stamp changed afterwards, or one later than
+    the hand-back, shows in the check. A failed request is taken out of the count altogether
+    (its arrival is cancelled): it has no E2E for lambda x W. Drivers of several replicas may
+    share one Occupancy: their changes then sum to the whole system's count."""
+
+    __slots__ = ("changes", "_since")
+
+    def __init__(self) -> None:
+        self.changes: list[tuple[float, int]] = []
+        self._since: dict[Request, float] = {}    # released, not yet handed back -> its arrival
+
+    def arrived(self, r: Request) -> None:
+        self._since[r] = r.arrival_time
+        self.changes.append((r.arrival_time, 1))
+
+    def left(self, r: Request, now: float) -> None:
+        since = self._since.pop(r, None)
+        if since is None:                         # never released by a driver: not counted
+            return
+        if r.status is Status.FINISHED and r.token_times:
+            self.changes.append((min(max(r.token_times[-1], since), now), -1))
+        else:
+            self.changes.append((since, -1))
+
+    def rebased(self, t0: float) -> list[tuple[float, int]]:
+        """The changes in seconds from the point's start (as run/point.py rebases the stamps)."""
+        return [(t - t0, d) for t, d in self.changes]
+
+    def counting(self, on_done: Callback, clock: Clock) -> Callback:
+        """`on_done`, after taking the request out of the count."""
+        def done(r: Request) -> None:
+            self.left(r, clock.now())
+            on_done(r)
+        return done
 
 
 class Inbox:
@@ -72,26 +117,35 @@ class Inbox:
         paused = self.paused_at
         return self.exhausted or (paused is not None and now >= paused)
 
-    def release(self, now: float, scheduler: Scheduler) -> None:
+    def release(self, now: float, scheduler: Scheduler, occupancy: Occupancy | None = None) -> None:
         while self.planned and self.planned[0].arrival_time <= now:
-            scheduler.add(self.planned.popleft())
+            self._hand(self.planned.popleft(), scheduler, occupancy)
         while self.live:
-            scheduler.add(self.live.popleft())
+            self._hand(self.live.popleft(), scheduler, occupancy)
+
+    @staticmethod
+    def _hand(r: Request, scheduler: Scheduler, occupancy: Occupancy | None) -> None:
+        if occupancy is not None:
+            occupancy.arrived(r)
+        scheduler.add(r)
 
 
 async def drive(scheduler: Scheduler, backend: Backend, clock: Clock, inbox: Inbox,
                 on_done: Callback = lambda r: None, on_progress: Progress | None = None,
-                on_launch: Callable[[int], None] | None = None) -> None:
+                on_launch: Callable[[int], None] | None = None, occupancy: Occupancy | None = None) -> None:
     """Run until the inbox is exhausted and every request is finished or failed.
     `on_done` gets every request that finished or failed; `on_progress` requests that got new
-    tokens (a server streams them); `on_launch` the size of every batch or step launched."""
+    tokens (a server streams them); `on_launch` the size of every batch or step launched;
+    `occupancy` every arrival and departure (see Occupancy)."""
+    if occupancy is not None:
+        on_done = occupancy.counting(on_done, clock)
     idle_since = clock.now()
     stalled: dict[Request, tuple[float, int]] = {}   # preempted -> (when, tokens it had)
     # Decode windows only where every arrival is known in advance and the backend runs them.
     scheduler.multi_step = backend.runs_decode_windows and not inbox.open
     while True:
         now = clock.now()
-        inbox.release(now, scheduler)
+        inbox.release(now, scheduler, occupancy)
         _drop_cancelled(scheduler, backend, inbox, on_done)
         out = scheduler.schedule(now, draining=inbox.draining(now))
         _drain_rejected(scheduler, on_done)
@@ -145,8 +199,8 @@ async def _run_batch(scheduler: Scheduler, backend: Backend, clock: Clock, batch
     watch = asyncio.ensure_future(_watch(batch.requests, clock, on_progress)) if on_progress else None
     try:
         await backend.run_batch(batch.requests, clock)
-    except OutOfMemory:
-        scheduler.finish_batch(batch, clock.now(), oom=True)
+    except OutOfMemory as e:   # the backend's message says why (sizes, budget): keep it
+        scheduler.finish_batch(batch, clock.now(), oom=f"out of memory — {e}" if str(e) else True)
         _drain_rejected(scheduler, on_done)
         return
     except Exception as e:  # a failed batch fails its requests, not the run

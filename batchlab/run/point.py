@@ -4,6 +4,9 @@ The simulator runs on a VirtualClock; real backends on the RealClock. Either way
 scheduler class and the same driver run the point; a backend that batches for itself (a
 ServerBackend) is handed the trace instead. Times in the results are seconds from the point's
 start (the clock reading when the first planned arrival is offset 0).
+The driver(s) keep their own count of requests in the system (run/driver.py Occupancy) for the
+Little's-law check over [warm-up end, end of traffic]; a server backend has no driver, so there
+the check falls back to the count the stamps give (summary column little_source).
 """
 from __future__ import annotations
 
@@ -14,10 +17,10 @@ from typing import Any
 from batchlab.backends.base import Backend, ServerBackend
 from batchlab.core.clock import Clock, RealClock, VirtualClock
 from batchlab.core.config import RunConfig
-from batchlab.core.metrics import measured, summarize
+from batchlab.core.metrics import measured, stamped_in_system, summarize
 from batchlab.core.request import Request
 from batchlab.core.traffic import TraceItem, build_trace, make_requests
-from batchlab.run.driver import Inbox, drive
+from batchlab.run.driver import Inbox, Occupancy, drive
 from batchlab.schedulers import make_scheduler
 
 
@@ -29,6 +32,7 @@ class PointResult:
     requests: list[Request]
     summary: dict[str, Any]
     meta: dict[str, Any] = field(default_factory=dict)
+    in_system: list[tuple[float, int]] = field(default_factory=list)   # Little's-law count: (s, +-1), see little_source
 
 
 def runnable(requests: list[Request]) -> list[Request]:
@@ -36,18 +40,19 @@ def runnable(requests: list[Request]) -> list[Request]:
 
 
 async def run_trace(cfg: RunConfig, strategy: str, trace: list[TraceItem], backend: Backend,
-                    clock: Clock) -> tuple[list[Request], float]:
-    """Drive one strategy over one trace; returns the requests and the run's start time."""
+                    clock: Clock, occupancy: Occupancy | None = None) -> tuple[list[Request], float]:
+    """Drive one strategy over one trace; returns the requests and the run's start time.
+    `occupancy` collects the driver's count of requests in the system (untouched by a server)."""
     if isinstance(backend, ServerBackend):          # the server batches for itself
         return await backend.run_trace(trace, clock)
     if cfg.backend.kind == "sim" and cfg.backend.replicas > 1:   # N replicas behind a router
         from batchlab.run.replicas import run_replicas
-        return await run_replicas(cfg, strategy, trace, backend, clock)
+        return await run_replicas(cfg, strategy, trace, backend, clock, occupancy)
     scheduler = make_scheduler(strategy, cfg, backend.memory_budget(),
                                backend.num_kv_blocks(cfg.continuous.block_size))
     t0 = clock.now()
     requests = make_requests(trace, t0, backend.prepare)
-    await drive(scheduler, backend, clock, Inbox(runnable(requests)))
+    await drive(scheduler, backend, clock, Inbox(runnable(requests)), occupancy=occupancy)
     return requests, t0
 
 
@@ -55,19 +60,33 @@ def run_point(cfg: RunConfig, strategy: str, rate: float, repeat: int, backend: 
               trace: list[TraceItem] | None = None) -> PointResult:
     trace = trace if trace is not None else build_trace(cfg.traffic, rate, repeat)
     clock: Clock = VirtualClock() if backend.virtual_time else RealClock()
+    occupancy = Occupancy()
 
     async def main():
         await backend.start(clock)
         backend.reset_peak_memory()
-        return await run_trace(cfg, strategy, trace, backend, clock)
+        return await run_trace(cfg, strategy, trace, backend, clock, occupancy)
 
     wall = time.perf_counter()
     requests, t0 = clock.run(main())
     wall = time.perf_counter() - wall
-    summary = summarize(measured(_rebased(requests, t0), cfg.traffic.warmup_s), cfg.slo)
+    requests = _rebased(requests, t0)
+    # NOTE: without a driver (a server) the stamps' count stands in, over every request, warm-up
+    # ones too, so both edges of the window are counted alike (summary column little_source)
+    in_system, source = ((occupancy.rebased(t0), "driver") if occupancy.changes
+                         else (stamped_in_system(requests), "stamps"))
+    summary = summarize(measured(requests, cfg.traffic.warmup_s), cfg.slo, in_system,
+                        (cfg.traffic.warmup_s, traffic_end(cfg, requests))) | {"little_source": source}
     meta = {"wall_s": wall, **backend.peak_memory(),
             **backend.point_facts(t0 + cfg.traffic.warmup_s, summary)}
-    return PointResult(strategy, rate, repeat, requests, summary, meta)
+    return PointResult(strategy, rate, repeat, requests, summary, meta, in_system)
+
+
+def traffic_end(cfg: RunConfig, requests: list[Request]) -> float:
+    """When the offered traffic stops: the configured horizon, or a trace file's last arrival."""
+    if cfg.traffic.arrival == "trace":
+        return max((r.arrival_time for r in requests), default=0.0)
+    return cfg.traffic.warmup_s + cfg.traffic.duration_s
 
 
 def _rebased(requests: list[Request], t0: float) -> list[Request]:

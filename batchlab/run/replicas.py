@@ -3,7 +3,8 @@
 Each replica is its own scheduler + backend + driver coroutine, all on one VirtualClock. A router
 coroutine (run/router.py picks the replica) releases the trace at its planned arrival times. A
 replica that is mid-batch sees its new request when the batch ends, but the request keeps its
-planned arrival stamp, so queueing behind a busy replica is measured.
+planned arrival stamp, so queueing behind a busy replica is measured. The replicas' drivers
+share one Occupancy, so the Little's-law check counts the whole system: the sum over replicas.
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from batchlab.core.clock import Clock
 from batchlab.core.config import RunConfig
 from batchlab.core.request import Request
 from batchlab.core.traffic import TraceItem, make_requests
-from batchlab.run.driver import Inbox, drive
+from batchlab.run.driver import Inbox, Occupancy, drive
 from batchlab.run.router import ROUTERS, Router
 from batchlab.schedulers import Scheduler, make_scheduler
 
@@ -58,9 +59,11 @@ async def route(requests: list[Request], replicas: list[Replica], router: Router
         rep.inbox.close()
 
 
-async def serve_replicated(requests: list[Request], replicas: list[Replica], router: Router, clock: Clock) -> None:
+async def serve_replicated(requests: list[Request], replicas: list[Replica], router: Router, clock: Clock,
+                           occupancy: Occupancy | None = None) -> None:
     """Run the replicas' drivers and the router together until every request is done."""
-    drivers = [asyncio.ensure_future(drive(rep.scheduler, rep.backend, clock, rep.inbox, on_done=rep.done))
+    drivers = [asyncio.ensure_future(drive(rep.scheduler, rep.backend, clock, rep.inbox, on_done=rep.done,
+                                           occupancy=occupancy))
                for rep in replicas]
     try:
         await route(requests, replicas, router, clock)
@@ -71,10 +74,10 @@ async def serve_replicated(requests: list[Request], replicas: list[Replica], rou
 
 
 async def run_replicas(cfg: RunConfig, strategy: str, trace: list[TraceItem], backend: Backend,
-                       clock: Clock) -> tuple[list[Request], float]:
+                       clock: Clock, occupancy: Occupancy | None = None) -> tuple[list[Request], float]:
     """`run_trace` for `backend.replicas` > 1: same inputs, same outputs, N replicas inside."""
     replicas = make_replicas(cfg, strategy, backend, cfg.backend.replicas)
     t0 = clock.now()
     requests = make_requests(trace, t0, backend.prepare)
-    await serve_replicated(requests, replicas, ROUTERS[cfg.backend.router](), clock)
+    await serve_replicated(requests, replicas, ROUTERS[cfg.backend.router](), clock, occupancy)
     return requests, t0

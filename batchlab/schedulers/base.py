@@ -3,7 +3,8 @@
 A scheduler never touches a model, a socket, a file or a clock: the driver (run/driver.py)
 passes `now` in and executes what `schedule()` returns:
   - `Batch`: request-level; the backend runs these requests to completion, then the driver
-    calls `finish_batch()` (with `oom=True` if the batch did not fit in memory);
+    calls `finish_batch()` (with `oom` set if the batch did not fit in memory: True, or the
+    reason to record on requests that fail for it);
   - `Step`: iteration-level; the backend runs one forward pass over `chunks`, then the driver
     calls `finish_step()`;
   - `Idle`: nothing to do until `wake_at` (or until a request arrives, if None).
@@ -49,7 +50,7 @@ class Scheduler(ABC):
     @abstractmethod
     def schedule(self, now: float, draining: bool = False) -> Batch | Step | Idle: ...
 
-    def finish_batch(self, batch: Batch, now: float, oom: bool = False) -> None:
+    def finish_batch(self, batch: Batch, now: float, oom: bool | str = False) -> None:
         raise NotImplementedError(f"{type(self).__name__} does not run request-level batches")
 
     def finish_step(self, step: Step, now: float) -> list[Request]:
@@ -68,12 +69,14 @@ class RequestLevelScheduler(Scheduler):
         self.running = batch
         return Batch(batch, trigger)
 
-    def finish_batch(self, batch: Batch, now: float, oom: bool = False) -> None:
-        """Naive batching has no back-off: an out-of-memory batch fails (and is recorded)."""
+    def finish_batch(self, batch: Batch, now: float, oom: bool | str = False) -> None:
+        """Naive batching has no back-off: an out-of-memory batch fails (and is recorded), with
+        the reason when `oom` carries one (the backend's message: what did not fit, and why)."""
         self.running = []
         if oom:
+            reason = oom if isinstance(oom, str) else "out of memory"
             for r in batch.requests:
-                r.fail("out of memory")
+                r.fail(reason)
             self.rejected.extend(batch.requests)
 
     def requeue(self, batch: Batch) -> None:

@@ -188,14 +188,21 @@ def test_a_request_without_token_ids_is_refused_clearly(lm):
 
 
 def test_backend_efficiency_compares_achieved_with_what_the_step_time_allows():
+    # Expectations from first principles, not from backend_efficiency's formula: a decode pass
+    # of B rows takes t(B) and emits B tokens, so an engine that does nothing else emits B / t(B)
+    # tokens/s; time spent otherwise lowers what it achieves in proportion.
     from batchlab.backends.hf_engine import StepRecord, backend_efficiency
-    t = lambda rows: 0.001 + 0.0005 * rows                   # measured decode step time
-    recs = [StepRecord(0.0, t(b), b, b, 0, b) for b in (4, 8, 10, 10, 10, 12)]
-    occupancy = sum(r.rows * r.duration for r in recs) / sum(r.duration for r in recs)
-    ideal = occupancy / t(occupancy)
-    assert backend_efficiency(recs, ideal)["backend_eff"] == pytest.approx(1.0)
-    assert backend_efficiency(recs, ideal / 2)["backend_eff"] == pytest.approx(0.5)
-    assert backend_efficiency(recs, ideal)["occupancy"] == pytest.approx(occupancy)
+    t = lambda rows: 0.001 + 0.0005 * rows                   # measured decode step time: t(10) = 6 ms
+    busy = [StepRecord(i * t(10), t(10), 10, 10, 0, 10) for i in range(20)]
+    wall = sum(r.duration for r in busy)                     # 0.12 s, 200 tokens
+    assert backend_efficiency(busy, 200 / wall)["backend_eff"] == pytest.approx(1.0)
+    assert backend_efficiency(busy, 200 / (2 * wall))["backend_eff"] == pytest.approx(0.5)   # idle half the time
+    # one prefill pass as long as ten decode passes, emitting 10 first tokens: 10 decode passes
+    # + the prefill = 110 tokens in the time of 20 decode passes, which could have emitted 200
+    mixed = busy[:10] + [StepRecord(wall / 2, 10 * t(10), 10, 500, 500, 10)]
+    achieved = 110 / sum(r.duration for r in mixed)
+    out = backend_efficiency(mixed, achieved)
+    assert out["backend_eff"] == pytest.approx(110 / 200) and out["occupancy"] == pytest.approx(10)
     prefill_only = [StepRecord(0.0, 0.01, 2, 50, 50, 2)]
     assert math.isnan(backend_efficiency(prefill_only, 100.0)["backend_eff"])    # nothing to fit
 

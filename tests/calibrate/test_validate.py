@@ -1,3 +1,4 @@
+from dataclasses import replace
 
 import pytest
 from click.testing import CliRunner
@@ -7,22 +8,36 @@ from batchlab.calibrate.validate import load_profiles, profile_for, report_lines
 from batchlab.core.config import load_config
 from batchlab.errors import ConfigError
 
+TIME_FIELDS = ("overhead_s", "weight_s", "kv_s_per_token", "prefill_s_per_token", "decode_s_per_row", "prefill_step_s")
 
-def toy_profile(tmp_path, level="any", name="toy.json"):
+
+def toy_profile(tmp_path, level="any", name="toy.json", scale=1.0):
+    """The toy preset as a profile; `scale` multiplies every step-time term (a miscalibration)."""
     path = tmp_path / name
-    load_cost("toy").to_json(path, level=level)
+    toy = load_cost("toy")
+    replace(toy, **{k: scale * getattr(toy, k) for k in TIME_FIELDS}).to_json(path, level=level)
     return str(path)
 
 
-def test_simulator_validated_against_itself_has_zero_error(tmp_path):
+def test_validation_detects_step_times_that_are_30_percent_too_slow(tmp_path):
+    # The "real" run is the toy preset; the profile claims every step costs 1.3x as much.
     cfg = load_config(None, ["backend.preset=toy", "traffic.rates=[5,20]", "traffic.duration_s=8",
                              "traffic.warmup_s=1", "traffic.prompt_len=32", "traffic.output_len=16"])
-    table = validate(cfg, [toy_profile(tmp_path)], tmp_path / "v")
+    table = validate(cfg, [toy_profile(tmp_path, scale=1.3)], tmp_path / "v").set_index(["strategy", "rate"])
     assert len(table) == 6
-    for m in ("ttft_p50", "ttft_p99", "tpot_p50", "throughput_tok_s"):
-        assert table[f"{m}_err"].abs().max() == 0.0
+    # TPOT is step time alone: +30% everywhere
+    assert table["tpot_p50_err"].to_numpy() == pytest.approx(0.30, abs=0.01)
+    # continuous TTFT is one prefill step at light load: +30%; request-level TTFT is mostly the
+    # wait for a batch to fill, which the step time barely moves
+    assert table.loc[("continuous", 5.0), "ttft_p50_err"] == pytest.approx(0.30, abs=0.01)
+    assert abs(table.loc[("naive", 5.0), "ttft_p50_err"]) < 0.05
+    # below capacity throughput follows the arrivals, so it hides the error: why TPOT is checked
+    assert table["throughput_tok_s_err"].abs().max() < 0.01
+    assert "tpot_p50 30.0%" in report_lines(table.reset_index())[-1]
     assert (tmp_path / "v" / "validation.csv").is_file() and (tmp_path / "v" / "real" / "summary.csv").is_file()
-    assert "max |error|" in report_lines(table)[-1]
+    # secondary: the exact profile reproduces the run (the simulator is deterministic)
+    exact = validate(cfg, [toy_profile(tmp_path, name="exact.json")], tmp_path / "e")
+    assert exact["tpot_p50_err"].abs().max() == 0.0
 
 
 def test_profiles_are_matched_to_each_strategys_path(tmp_path):

@@ -65,3 +65,83 @@ def test_knee_line_names_every_strategy_and_needs_an_slo():
 def test_percentages_round_before_the_sign_and_skip_undefined_ratios():
     assert verdict.pct(-0.004) == "+0%" and verdict.pct(-0.25) == "−25%"
     assert verdict.pct(float("nan")) == "—" and verdict.pct(float("inf")) == "—"
+
+
+FORBIDDEN = ("nan", "inf", "by —")
+
+
+def clean(lines):
+    return all(not any(f in line.lower() for f in FORBIDDEN) for line in lines)
+
+
+def test_a_strategy_that_failed_every_request_is_named_with_the_recorded_reason(tmp_path):
+    # The toy preset holds 28,800 KV tokens: naive's batches of 16 prompts of 8,000 tokens padded
+    # to 8,492 never fit, while dynamic backs off to batches that do. Through the CSV files, as
+    # the report reads them.
+    from batchlab.core.config import load_config
+    from batchlab.report import stats
+    from batchlab.report.report import load_requests, load_results
+    from batchlab.run.sweep import run_sweep
+    cfg = load_config(None, ["backend.preset=toy", "strategies=[naive,dynamic]", "traffic.rates=[1]",
+                             "traffic.duration_s=40", "traffic.warmup_s=0", "traffic.prompt_len=8000",
+                             "traffic.output_len=492", "naive.batch_size=16", "dynamic.max_batch_size=16",
+                             "report=false"])
+    out = run_sweep(cfg, tmp_path / "r")
+    summary, setup, _ = load_results(out)
+    assert list(summary["finished"]) == [0, summary["num_requests"].iloc[1]]    # naive none, dynamic all
+    lines = verdict.verdict_lines(summary, setup, {("dynamic", "naive"): stats.compare(summary, load_requests(out), "dynamic", "naive")})
+    assert lines[0] == ("naive failed every request: out of memory — a batch of 16 padded to 8,492 tokens "
+                        "needs 135,872 KV tokens, budget 28,800.")
+    assert not any(line.startswith("Dynamic batching") for line in lines)    # nothing to compare with
+    assert clean(lines)
+
+
+def failing_cmp(a_failed, b_failed, e2e=(-0.3, -0.35, -0.25), a_value=1.0, b_value=1.5):
+    base = {"a": "dynamic", "b": "naive", "a_requests": 600, "b_requests": 600, "a_failed": a_failed,
+            "b_failed": b_failed, "a_finished": 600 - a_failed, "b_finished": 600 - b_failed}
+    rel, lo, hi = e2e
+    note = f"dynamic failed more requests ({a_failed} of 600 vs {b_failed} of 600)" if a_failed > b_failed else ""
+    lat = {**row(rel, lo, hi), "a_value": a_value, "b_value": b_value, "note": note}
+    lat["supported"] = lat["supported"] and not note
+    return pd.DataFrame([{"rate": 20.0, "metric": "throughput_tok_s", **base, **row(0.05, method="one run per strategy"),
+                          "a_value": 105.0, "b_value": 100.0, "note": ""},
+                         {"rate": 20.0, "metric": "e2e_p50", **base, **lat}])
+
+
+def test_failure_counts_are_named_and_more_failures_are_never_called_faster():
+    line = verdict.compare_line(failing_cmp(12, 0), "dynamic", "naive", 20.0, {})
+    assert "reduced p50 E2E latency" not in line
+    assert ("showed −30% p50 E2E latency, but dynamic failed more requests (12 of 600 vs 0 of 600), "
+            "so it is not called faster") in line
+    assert line.endswith("; failed requests: dynamic 12 of 600, naive 0 of 600.")
+    fewer = verdict.compare_line(failing_cmp(0, 12), "dynamic", "naive", 20.0, {})
+    assert "reduced p50 E2E latency by −30%" in fewer and "failed requests: dynamic 0 of 600, naive 12 of 600" in fewer
+    none = verdict.compare_line(failing_cmp(0, 0), "dynamic", "naive", 20.0, {})
+    assert "failed" not in none
+
+
+def test_a_percentile_that_failures_reach_is_said_in_words():
+    c = failing_cmp(0, 400, e2e=(np.nan, np.nan, np.nan), b_value=np.inf)
+    c["estimate"] = -np.inf
+    line = verdict.compare_line(c, "dynamic", "naive", 20.0, {})
+    assert "could not compare p50 E2E latency: naive's failed requests reach it" in line and clean([line])
+
+
+def test_no_sentence_shows_nan_inf_or_a_dash_for_a_number():
+    zero_base = row(np.nan, method="one run per strategy")          # b's throughput was 0: no ratio
+    assert clean([verdict.claim(pd.Series({**zero_base, "estimate": 50.0, "a_value": 50.0, "b_value": 0.0}),
+                                "throughput", "improved", "reduced")])
+    assert clean([verdict.claim(pd.Series({**zero_base, "estimate": np.nan}), "throughput", "improved", "reduced")])
+    open_ended = row(0.4, 0.1, np.inf)                                # failures reach some replicates
+    text = verdict.claim(open_ended, "p50 E2E latency", "raised", "reduced")
+    assert text.startswith("raised p50 E2E latency by +40% (95% CI +10% to unbounded") and clean([text])
+
+
+def test_failure_lines_name_the_rates_unless_it_failed_at_all_of_them():
+    s = pd.DataFrame({"strategy": ["naive", "naive", "dynamic", "dynamic"], "rate": [5.0, 20.0, 5.0, 20.0],
+                      "num_requests": [100, 400, 100, 400], "finished": [100, 0, 100, 400],
+                      "top_error": ["", "out of memory — too big", "", ""]})
+    assert verdict.failure_lines(s) == ["naive failed every request at 20 req/s: out of memory — too big."]
+    s["finished"] = [0, 0, 100, 400]
+    assert verdict.failure_lines(s) == ["naive failed every request: out of memory — too big."]
+    assert verdict.failure_lines(s.drop(columns="top_error"))[0].endswith("no reason recorded (see requests.csv).")

@@ -5,7 +5,7 @@ import pytest
 from batchlab.backends.cost import StepCost
 from batchlab.backends.simulated import SimulatedBackend
 from batchlab.core.config import load_config
-from batchlab.core.metrics import batch_sizes
+from batchlab.core.metrics import batch_sizes, measured, summarize
 from batchlab.run.point import run_point
 
 FAST = StepCost(overhead_s=1e-4, weight_s=0.0, kv_s_per_token=0.0, prefill_s_per_token=0.0,
@@ -44,13 +44,31 @@ def test_dynamic_batch_size_at_light_load(lam, wait_ms, cap):
         assert abs(sizes.mean() / (1 + lam * wait_ms / 1000) - 1) < 0.03
 
 
-@pytest.mark.parametrize("strategy", ["naive", "dynamic", "continuous"])
-def test_littles_law_holds_on_the_stamps(strategy):
-    cfg = ["traffic.prompt_len={dist: uniform, low: 10, high: 200}",
-           "traffic.output_len={dist: uniform, low: 10, high: 200}", "traffic.duration_s=600", "traffic.warmup_s=0"]
-    c = load_config(None, cfg)
+def long_run(strategy, *extra):
     from batchlab.backends.presets import load_cost
-    res = run_point(c, strategy, 5.0, 0, SimulatedBackend(load_cost("llama2-7b-a100")))
-    s = res.summary
-    assert s["failed"] == 0
-    assert abs(s["little_L"] / s["little_lambda_W"] - 1) < 0.02
+    c = load_config(None, ["traffic.prompt_len={dist: uniform, low: 10, high: 200}",
+                           "traffic.output_len={dist: uniform, low: 10, high: 200}", "traffic.duration_s=600",
+                           "traffic.warmup_s=20", *extra])
+    return c, run_point(c, strategy, 5.0, 0, SimulatedBackend(load_cost("llama2-7b-a100")))
+
+
+@pytest.mark.parametrize("strategy", ["naive", "dynamic", "continuous"])
+def test_littles_law_holds_between_the_drivers_count_and_the_stamps(strategy):
+    s = long_run(strategy)[1].summary
+    assert s["failed"] == 0 and s["little_source"] == "driver"
+    assert abs(s["little_L"] / s["little_lambda_W"] - 1) < 0.02 and abs(s["little_gap"]) < 0.02
+
+
+def test_littles_law_flags_stamps_moved_after_the_run_on_a_long_run():
+    cfg, res = long_run("continuous")
+    window = (cfg.traffic.warmup_s, cfg.traffic.warmup_s + cfg.traffic.duration_s)
+    shift = 0.1 * res.summary["e2e_mean"]                  # every completion 10% of a mean E2E late
+    for r in res.requests:
+        r.token_times[-1] += shift
+    moved = summarize(measured(res.requests, window[0]), in_system=res.in_system, window=window)
+    assert moved["little_gap"] == pytest.approx(1 / 1.1 - 1, abs=0.02)   # about -9%, 5x the intact bound
+
+
+def test_with_two_replicas_the_summed_count_still_holds():
+    s = long_run("dynamic", "backend.replicas=2")[1].summary
+    assert s["little_source"] == "driver" and abs(s["little_gap"]) < 0.02
