@@ -42,10 +42,10 @@ class DynamicScheduler(RequestLevelScheduler):
             return self.launch(n, now, "age")
         return Idle(wake_at=deadline)
 
-    def finish_batch(self, batch: Batch, now: float, oom: bool = False) -> None:
+    def finish_batch(self, batch: Batch, now: float, oom: bool | str = False) -> None:
         self.running = []
         if oom and len(batch.requests) == 1:
-            super().finish_batch(batch, now, oom=True)   # does not fit even alone: fail, don't loop
+            super().finish_batch(batch, now, oom=oom)    # does not fit even alone: fail (with why), don't loop
             return
         if oom:
             self.requeue(batch)

@@ -84,3 +84,4 @@ def test_a_request_that_ooms_alone_fails_with_a_reason_instead_of_looping():
     clock = VirtualClock()
     clock.run(drive(DynamicScheduler(DynamicConfig(max_wait_ms=0)), backend, clock, Inbox(reqs)))
     assert reqs[0].status.value == "failed" and "out of memory" in reqs[0].error
+    assert "1 rows > 0" in reqs[0].error          # the backend's reason survives the back-off path
