@@ -107,10 +107,11 @@ def test_failed_requests_show_while_the_sweep_runs(tmp_path):
     p = batchlab("run", "--out", str(tmp_path / "r"), *oom)
     assert p.returncode == 0, p.stderr
     lines = p.stderr.strip().splitlines()
-    assert re.fullmatch(r"warning: naive @ 8 req/s \(repeat 0\): (\d+) of \1 requests failed \(out of memory\)", lines[0])
+    assert re.fullmatch(r"warning: naive @ 8 req/s \(repeat 0\): (\d+) of \1 requests failed \(out of memory — "
+                        r"a batch of 16 padded to [0-9,]+ tokens needs [0-9,]+ KV tokens, budget [0-9,]+\)", lines[0])
     assert re.search(r"1/1 +(\d+) failed", p.stdout)             # the progress bar's running count
     p = batchlab("run", "--out", str(tmp_path / "q"), "--quiet", *oom)
-    assert "requests failed (out of memory)" in p.stderr          # --quiet hides the bar, not the failures
+    assert "requests failed (out of memory — a batch of 16" in p.stderr          # --quiet hides the bar, not the failures
 
 
 def test_the_readme_sequence_keeps_two_experiments_apart(tmp_path):

@@ -67,6 +67,13 @@ def warn(line: str) -> None:
     err_console.print(f"warning: {line}", markup=False, highlight=False, soft_wrap=True)
 
 
+def _cell(v, fmt: str) -> str:
+    """A number, "failed" for a percentile that reaches failed requests (inf), "-" for none."""
+    if v is None or pd.isna(v):
+        return "-"
+    return "failed" if v == float("inf") else fmt.format(v)
+
+
 def print_tables(summary: pd.DataFrame) -> None:
     med = medians(summary)
     for rate, rows in med.groupby("rate"):
@@ -75,8 +82,7 @@ def print_tables(summary: pd.DataFrame) -> None:
         for _, label, _ in TABLE:
             t.add_column(label, justify="right")
         for _, row in rows.iterrows():
-            t.add_row(row["strategy"], *(fmt.format(row[k]) if k in row and pd.notna(row[k]) else "-"
-                                         for k, _, fmt in TABLE))
+            t.add_row(row["strategy"], *(_cell(row.get(k), fmt) for k, _, fmt in TABLE))
         console.print(t)
 
 

@@ -20,7 +20,7 @@ def load_results(results_dir: Path) -> tuple[pd.DataFrame, dict, dict]:
     summary_csv = results_dir / "summary.csv"
     if not summary_csv.is_file():
         raise ConfigError(f"{results_dir}: no summary.csv (run `batchlab run --out {results_dir}` first)")
-    summary = _numeric(pd.read_csv(summary_csv))
+    summary = _numeric(pd.read_csv(summary_csv), failed_latencies=True)
     summary = summary.dropna(subset=["strategy", "rate"])       # a row that names no point is no point
     if summary.empty:
         raise ConfigError(f"{results_dir}: summary.csv holds no finished point yet")
@@ -42,12 +42,19 @@ def load_requests(results_dir: Path) -> pd.DataFrame | None:
 TEXT = {"request_id", "strategy", "backend", "model", "knobs", "point_hash", "status", "error", "trigger"}
 
 
-def _numeric(df: pd.DataFrame) -> pd.DataFrame:
+def _numeric(df: pd.DataFrame, failed_latencies: bool = False) -> pd.DataFrame:
     """Numbers as floats, an empty file's included (pandas reads those as text), and inf as
-    missing: a stamp or metric of inf (a trace time of inf) is no time a plot or table can show.
-    A column with any text in it (a backend's fact) stays as it is."""
+    missing: a stamp of inf (a trace time of inf) is no time a plot or table can show. A column
+    with any text in it (a backend's fact) stays as it is.
+    NOTE: with `failed_latencies`, +inf stays in summary latency columns: there it means the
+    percentile reaches failed requests (core/metrics.py counts a failure as an infinite latency),
+    which tables print as "failed" and curves leave out."""
     for c in df:
         v = pd.to_numeric(df[c], errors="coerce")
         if c not in TEXT and v.notna().sum() == df[c].notna().sum():
-            df[c] = v.astype(float).replace([np.inf, -np.inf], np.nan)
+            keep = failed_latencies and c.startswith(LATENCIES)
+            df[c] = v.astype(float).replace([-np.inf] if keep else [np.inf, -np.inf], np.nan)
     return df
+
+
+LATENCIES = ("ttft_", "tpot_", "e2e_", "queue_wait_")

@@ -13,6 +13,7 @@ as an uninterrupted one.
 from __future__ import annotations
 
 import contextlib
+import csv
 import json
 import os
 import sys
@@ -117,8 +118,10 @@ class ResultsDir:
             what = ("no such directory" if not self.path.exists() else "no finished point yet" if exp is not None
                     else "not a batchlab results directory")
             raise ConfigError(f"{self.path}: no summary.csv ({what}; run `batchlab run --out {self.path}` first)")
-        if exp is None:                       # made by an older batchlab (no ledger): read as it is
-            header, records, _ = read_records(self.summary_csv)
+        if exp is None:                       # made by an older batchlab or by hand (no ledger): read as it is
+            with self.summary_csv.open(newline="") as f:     # NOTE: any line end; only a ledger insists on EOL
+                rows = list(csv.reader(f))
+            header, records = (rows[0], rows[1:]) if rows else (None, [])
             if not records or not {*KEY, "point_hash", "num_requests"} <= set(header or ()):
                 raise ConfigError(f"{self.path}: not a batchlab results directory (summary.csv has no point "
                                   "rows with the columns batchlab writes)")

@@ -84,6 +84,10 @@ def edit_cells(out: Path) -> Path:
     for col in ("arrival_time", "scheduled_time", "first_token_time", "completion_time", "queue_wait", "ttft", "e2e"):
         r.loc[last, col] = "inf"
     r.to_csv(out / "requests.csv", index=False)
+    # Edited by hand, the files no longer match the ledger (row digests) a sweep keeps, and a
+    # report of that directory would drop every edited point as torn; without experiment.json the
+    # directory is a hand-made one, read as it is.
+    (out / "experiment.json").unlink()
     return out
 
 
@@ -164,9 +168,11 @@ def test_a_strategy_that_failed_every_request_says_why_and_leaves_its_curve(rend
     requests = pd.read_csv(r.out / "requests.csv")
     failed = requests[(requests["strategy"] == "naive") & (requests["rate"] == 20) & (requests["warmup"] == 0)]
     assert len(failed) and (failed["status"] == "failed").all()       # the case is what it claims to be
-    assert f"- naive: no requests finished (all {len(failed)} failed: {failed['error'].iloc[0]})" \
-        in rate_section(r.md, 20)
-    assert table_row(r.md, 20, "naive")[1:-2] == ["—"] * 10            # every metric cell; SLO met and failed stay
+    # each out-of-memory batch says what did not fit, so the reasons differ by batch: the most common is named first
+    common = failed["error"].value_counts().index[0]
+    assert f"- naive: no requests finished (all {len(failed)} failed: {common}" in rate_section(r.md, 20)
+    # every metric cell (SLO met and failed stay): no rate, and every latency percentile reaches a failure
+    assert table_row(r.md, 20, "naive")[1:-2] == ["—"] * 2 + ["failed"] * 7 + ["—"]
     assert "no requests finished" not in rate_section(r.md, 5)
     assert "naive at 20 req/s" in r.md.split("## Plots")[1].split("![")[0]
     assert re.search(r"^\| 20 \| naive \| no requests finished \|", r.md, re.M)          # the breakdown
@@ -252,7 +258,7 @@ def test_missing_points_nan_and_inf_cells_become_dashes_and_gaps_in_the_curves(r
     assert "not run" not in rate_section(r.md, 5)
     assert table_row(r.md, 20, "dynamic")[1] == "—"                         # tok/s: NaN
     assert table_row(r.md, 5, "naive")[4] == "—"                            # TTFT p99: NaN
-    assert table_row(r.md, 5, "continuous")[8] == "—"                       # E2E p99: inf
+    assert table_row(r.md, 5, "continuous")[8] == "failed"                  # E2E p99: inf, a failure reached it
     assert len(curve(r, "tradeoff.png", "continuous").get_xdata()) == 1     # ran at one rate
     assert len(curve(r, "tradeoff.png", "naive").get_xdata()) == 2
     assert len(curve(r, "tradeoff.png", "naive", panel=1).get_xdata()) == 1  # its p99 TTFT at 5 is NaN
