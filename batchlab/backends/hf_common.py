@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 import re
 import resource
-import socket
 import threading
 from dataclasses import dataclass
 from functools import lru_cache
@@ -34,7 +33,7 @@ from batchlab.errors import ConfigError
 # about 8k tokens of a 7B model in fp32. Set backend.memory_budget_bytes to change it.
 DEFAULT_CPU_BUDGET_BYTES = 1 << 30
 MIN_RESERVE_BYTES = 256 << 20       # GPU: never plan to fill the device to the last 256 MiB
-HUB_PROBE_S = 3.0                   # seconds the model hub has to accept a connection before we call it unreachable
+HUB_PROBE_S = 3.0                   # seconds the model hub has to answer before we call it unreachable
 
 
 @dataclass(frozen=True)
@@ -120,7 +119,7 @@ def check_model(name: str | None) -> list[str]:
     that is cached locally or downloadable now. Decided in seconds: the hub gets HUB_PROBE_S.
 
     NOTE: for an uncached hub name we refuse rather than let transformers retry for ~50 s
-    when the hub is unreachable: the probe is one TCP connection with a deadline, and a user
+    when the hub is unreachable: the probe is one HTTP request with a deadline, and a user
     without a network gets the fix (download elsewhere, or pass a path) at once."""
     if name in (None, "", TINY_ALIAS):
         return []
@@ -175,21 +174,22 @@ def hub_reachable() -> bool:
 
 @lru_cache(maxsize=8)
 def _probe(endpoint: str, timeout_s: float) -> bool:
-    """Can a TCP connection to the endpoint's host be opened within `timeout_s` (DNS included)?
-    NOTE: in a daemon thread, because name resolution has no timeout of its own."""
-    m = re.match(r"(https?)://([^/:]+)(?::(\d+))?", endpoint)
-    if not m:
-        return False
-    host, port = m.group(2), int(m.group(3) or (443 if m.group(1) == "https" else 80))
+    """Does the endpoint answer an HTTP request (any status) within `timeout_s`?
+    NOTE: urllib honours HTTPS_PROXY like huggingface_hub does; it runs in a daemon thread
+    because name resolution has no timeout of its own."""
+    import urllib.error
+    import urllib.request
     ok = threading.Event()
 
-    def connect():
+    def ask():
         try:
-            socket.create_connection((host, port), timeout=timeout_s).close()
+            urllib.request.urlopen(urllib.request.Request(endpoint, method="HEAD"), timeout=timeout_s).close()
             ok.set()
-        except OSError:
+        except urllib.error.HTTPError:        # it answered, if only to refuse
+            ok.set()
+        except (OSError, ValueError):
             pass
-    worker = threading.Thread(target=connect, daemon=True)
+    worker = threading.Thread(target=ask, daemon=True)
     worker.start()
     worker.join(timeout_s)
     return ok.is_set()

@@ -258,7 +258,8 @@ def served_models(base_url: str, key: str = "EMPTY", transport: httpx.BaseTransp
         raise ConfigError(redact(f"{url}: HTTP {resp.status_code}: {error_message(resp)} (the API key is read from "
                                  f"{KEY_ENV}, or the variable backend.api_key_env names)", key))
     if resp.status_code != 200:
-        return redact(f"HTTP {resp.status_code}: {error_message(resp)}", key)
+        detail = error_message(resp)
+        return redact(f"HTTP {resp.status_code}" + (f": {detail}" if detail else ""), key)
     try:
         ids = [str(m["id"]) for m in resp.json()["data"]]
     except (ValueError, KeyError, TypeError):

@@ -302,3 +302,19 @@ def test_preflight_checks_device_and_model_and_load_errors_are_config_errors(tmp
     with pytest.raises(ConfigError) as e:
         RealClock().run(b.start(RealClock()))
     assert str(e.value).startswith(f"cannot load backend.model '{tmp_path}': ") and "\n" not in str(e.value)
+
+
+def test_the_hub_probe_says_reachable_only_when_something_answers(no_hub, monkeypatch):
+    import http.server
+    import threading
+    server = http.server.HTTPServer(("127.0.0.1", 0), http.server.BaseHTTPRequestHandler)   # answers 501
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        assert bounded(lambda: hc._probe(url, 5.0)) is True
+        monkeypatch.setenv("HF_ENDPOINT", url)      # reachable: an uncached name is left to download at load
+        assert hc.check_model("someorg/not-cached-yet") == []
+    finally:
+        server.shutdown()
+    # Still listening but no longer answering (a black hole): the probe gives up at its deadline.
+    assert bounded(lambda: hc._probe(url, 2.0)) is False
