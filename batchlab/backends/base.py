@@ -15,15 +15,17 @@ here is not part of the contract.
 from __future__ import annotations
 
 import asyncio
+import re
 from abc import ABC, abstractmethod
 from typing import Any, ClassVar
 
 from batchlab.core.clock import Clock
-from batchlab.core.request import Request
+from batchlab.core.request import Request, Status
 from batchlab.core.traffic import TraceItem, make_requests
 from batchlab.core.work import MemoryBudget, Step
 
 SPIN_S = 0.0015          # the last stretch before a planned send is waited by yielding, not by a 1 ms timer
+FAIL_FAST_AFTER = 20     # a server run stops sending once this many first requests all failed the same way
 
 
 class OutOfMemory(RuntimeError):
@@ -142,17 +144,37 @@ class ServerBackend(Backend):
 
     async def run_trace(self, trace: list[TraceItem], clock: Clock) -> tuple[list[Request], float]:
         """Send every request of the trace at its planned time; returns the requests (failed
-        ones included) and the clock reading their arrival offsets start from."""
+        ones included) and the clock reading their arrival offsets start from.
+        Fails fast: once the first FAIL_FAST_AFTER requests sent have all failed the same way
+        (same error once numbers are removed: a wrong model name, a refused option, a dead
+        server), the rest are recorded as failed without being sent and those still in flight
+        are cancelled; every failure already recorded is kept as it was."""
         self.send_lags = []
         async with self.session(len(trace)) as session:
             t0 = clock.now() + self.lead_s   # NOTE: after opening the session (a client's setup takes ms)
             requests = make_requests(trace, t0, self.prepare)
-            tasks = []
-            for r in sorted((r for r in requests if not r.is_done), key=lambda r: (r.arrival_time, r.index)):
+            todo = sorted((r for r in requests if not r.is_done), key=lambda r: (r.arrival_time, r.index))
+            tasks: list[asyncio.Task] = []
+            first, failure = todo[:FAIL_FAST_AFTER], None
+            for i, r in enumerate(todo):
                 await wait_until(clock, r.arrival_time)
+                if first and i >= FAIL_FAST_AFTER and all(q.is_done for q in first):
+                    failure, first = common_failure(first, todo[:i]), []     # decided once
+                if failure:
+                    break
                 self.send_lags.append(clock.now() - r.arrival_time)
                 tasks.append(asyncio.create_task(self.send(r, session, clock)))
-            await asyncio.gather(*tasks)
+            if failure:
+                for task in tasks:
+                    task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=bool(failure))
+            if failure:
+                why = f"the first {FAIL_FAST_AFTER} requests all failed with: {failure}"
+                for r in todo[len(tasks):]:
+                    r.fail(f"not sent: {why}")
+                for r in todo[:len(tasks)]:
+                    if not r.is_done:
+                        r.fail(f"cancelled in flight: {why}")
             await self.settle(session, clock)
         return requests, t0
 
@@ -177,3 +199,12 @@ async def wait_until(clock: Clock, t: float) -> None:
         await clock.sleep(t - clock.now() - SPIN_S)
     while clock.now() < t:
         await clock.sleep(0)
+
+
+def common_failure(first: list[Request], sent: list[Request]) -> str | None:
+    """The error all of `first` (finished) failed with, numbers aside, as the first one's text;
+    None if they failed differently, or if any request sent so far succeeded."""
+    if not all(r.error for r in first) or any(r.status is Status.FINISHED for r in sent):
+        return None
+    shapes = {re.sub(r"\d+", "#", r.error) for r in first}
+    return first[0].error if len(shapes) == 1 else None

@@ -14,10 +14,14 @@ NOTE: httpx rather than the official `openai` client: one parsed JSON line per c
 less CPU than the client's pydantic objects (the load generator shares two cores with the server),
 its pool limits and timeouts are explicit, it never retries behind our back, and
 `httpx.MockTransport` fakes servers in unit tests. Server tests use the official client.
+Before a run, `preflight` asks the server's `/models` whether it serves the configured model, so
+a wrong name fails in one line instead of in thousands of recorded requests. The API key comes
+from the environment only, and is masked in every error text recorded.
 """
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
 
 import httpx
@@ -26,9 +30,12 @@ import numpy as np
 from batchlab.backends.base import ServerBackend
 from batchlab.core.breakdown import finish
 from batchlab.core.clock import Clock
+from batchlab.core.config import one_line
 from batchlab.core.request import Request, Status
 from batchlab.errors import ConfigError
 
+MODELS_TIMEOUT_S = 5.0   # preflight: seconds the server has to answer GET /models
+KEY_ENV = "OPENAI_API_KEY"   # where the API key is read from unless backend.api_key_env names another variable
 LAG_WARN_S = 0.005       # send lag p99 above this flags the run: the load generator, not the server, was slow
 WORDS = "the quick brown fox jumps over a lazy dog while seven small birds sing".split()
 
@@ -50,6 +57,10 @@ class OpenAIBackend(ServerBackend):
         self.transport = transport               # tests inject httpx.MockTransport
         self.server_timing: dict[str, dict] = {}  # request id -> batchlab serve's own stamps, if sent
         self.sent_at: dict[str, float] = {}       # request id -> when httpx began writing it to the socket
+
+    def redact(self, text: str) -> str:
+        """`text` with the API key masked (a server may quote the key it refused)."""
+        return redact(text, self.api_key)
 
     def describe(self) -> dict[str, Any]:
         return {"backend": "openai", "model": self.model, "base_url": self.base_url,
@@ -91,7 +102,7 @@ class OpenAIBackend(ServerBackend):
                                      extensions={"trace": trace}) as resp:
                 if resp.status_code != 200:
                     await resp.aread()
-                    r.fail(f"HTTP {resp.status_code}: {error_message(resp)}")
+                    r.fail(self.redact(f"HTTP {resp.status_code}: {error_message(resp)}"))
                     return
                 usage = await read_stream(resp, clock, chunks)
                 if usage and "batchlab_timing" in usage:
@@ -100,7 +111,7 @@ class OpenAIBackend(ServerBackend):
             r.fail(f"timeout after {self.timeout_s:g} s ({type(e).__name__})")
             return
         except (httpx.HTTPError, json.JSONDecodeError, ServerError) as e:
-            r.fail(f"{type(e).__name__}: {e}")
+            r.fail(self.redact(f"{type(e).__name__}: {e}"))
             return
         settle(r, chunks, usage)
 
@@ -187,10 +198,10 @@ def error_message(resp: httpx.Response) -> str:
         err = resp.json()
         if isinstance(err, dict):
             detail = err.get("error", err.get("detail", err))
-            return str(detail.get("message", detail) if isinstance(detail, dict) else detail)[:300]
+            return one_line(str(detail.get("message", detail) if isinstance(detail, dict) else detail)[:300])
     except (json.JSONDecodeError, UnicodeDecodeError):
         pass
-    return resp.text[:300]
+    return one_line(resp.text[:300])
 
 
 def send_lag_summary(lags: list[float]) -> dict[str, Any]:
@@ -213,10 +224,76 @@ def synthetic_text(index: int, n: int) -> str:
     return " ".join(WORDS[(index + k) % len(WORDS)] for k in range(n))
 
 
+def redact(text: str, key: str | None) -> str:
+    if key and key != "EMPTY" and len(key) >= 4:
+        text = text.replace(key, "***")
+    return text
+
+
+def api_key(env_name: str | None = None, setting: str = "backend.api_key_env") -> str:
+    """The API key, from the environment only: the variable `env_name` (named by `setting`),
+    else OPENAI_API_KEY, else "EMPTY" (what servers without authentication expect)."""
+    if env_name:
+        key = os.environ.get(env_name, "").strip()
+        if not key:
+            raise ConfigError(f"{setting}: the environment variable {env_name} is not set")
+        return key
+    return os.environ.get(KEY_ENV, "").strip() or "EMPTY"
+
+
+def served_models(base_url: str, key: str = "EMPTY", transport: httpx.BaseTransport | None = None,
+                  timeout_s: float = MODELS_TIMEOUT_S) -> list[str] | str:
+    """The model ids GET {base_url}/models lists; a string (why) if it answered without a list.
+    A server that does not answer, or refuses the key, is a ConfigError."""
+    url = base_url.rstrip("/") + "/models"
+    try:
+        with httpx.Client(timeout=timeout_s, transport=transport, headers={"Authorization": f"Bearer {key}"}) as client:
+            resp = client.get(url)
+    except httpx.TimeoutException:
+        raise ConfigError(f"backend.base_url: {url} did not answer within {timeout_s:g} s") from None
+    except httpx.HTTPError as e:
+        raise ConfigError(redact(f"backend.base_url: cannot reach {url} ({type(e).__name__}: {e}); "
+                                 "is the server running?", key)) from None
+    if resp.status_code in (401, 403):
+        raise ConfigError(redact(f"{url}: HTTP {resp.status_code}: {error_message(resp)} (the API key is read from "
+                                 f"{KEY_ENV}, or the variable backend.api_key_env names)", key))
+    if resp.status_code != 200:
+        detail = error_message(resp)
+        return redact(f"HTTP {resp.status_code}" + (f": {detail}" if detail else ""), key)
+    try:
+        ids = [str(m["id"]) for m in resp.json()["data"]]
+    except (ValueError, KeyError, TypeError):
+        return "the answer is not a model list"
+    return ids
+
+
+def check_server(base_url: str, model: str | None, key: str = "EMPTY",
+                 transport: httpx.BaseTransport | None = None, timeout_s: float = MODELS_TIMEOUT_S) -> list[str]:
+    """Refuse (ConfigError, one line) a server that does not answer or does not serve `model`,
+    naming the models it does serve; returns warning lines (e.g. it cannot list its models)."""
+    served = served_models(base_url, key, transport, timeout_s)
+    if isinstance(served, str):
+        return [f"cannot list the models at {base_url}/models ({served}); backend.model {model!r} is unchecked"]
+    listed = ", ".join(served[:10]) + (f" and {len(served) - 10} more" if len(served) > 10 else "")
+    if not model:
+        raise ConfigError(f"backend.kind 'openai' needs backend.model; {base_url} serves: {listed or 'nothing'}")
+    if model not in served:
+        raise ConfigError(f"backend.model {model!r} is not served at {base_url}; it serves: {listed or 'nothing'}")
+    return []
+
+
+def preflight(cfg) -> list[str]:
+    """Before anything is written: the URL, the key's variable, and the model, checked live."""
+    b = cfg.backend
+    if not b.base_url:
+        raise ConfigError("backend.kind 'openai' needs backend.base_url (e.g. http://127.0.0.1:8000/v1)")
+    return check_server(b.base_url, b.model, api_key(b.api_key_env))
+
+
 def from_config(cfg) -> OpenAIBackend:
     b = cfg.backend
     if not b.base_url or not b.model:
         raise ConfigError("backend.kind 'openai' needs backend.base_url (e.g. http://127.0.0.1:8000/v1) "
                           "and backend.model (the served model name)")
-    return OpenAIBackend(b.base_url, b.model, b.api_key, b.timeout_s, b.prompt_format,
+    return OpenAIBackend(b.base_url, b.model, api_key(b.api_key_env), b.timeout_s, b.prompt_format,
                          b.length_control, b.max_connections)

@@ -7,6 +7,8 @@ arrives at its planned times whatever the server does, which is how real users b
 only way to see a queue build. Both send through the OpenAI backend (one client, streaming,
 chunk stamps, exact usage counts) and summarise with core/metrics; the open loop also reports
 the generator's own arrival-time error (planned vs actual send), so its numbers can be trusted.
+Before any load, GET /models checks the server answers and serves the model. The API key is read
+from the environment (OPENAI_API_KEY, or the variable --api-key-env names), never from a flag.
 """
 from __future__ import annotations
 
@@ -16,11 +18,11 @@ from pathlib import Path
 from typing import Any
 
 import click
-import httpx
+from pydantic import ValidationError
 
-from batchlab.backends.openai import OpenAIBackend
+from batchlab.backends.openai import OpenAIBackend, api_key, check_server, served_models
 from batchlab.core.clock import RealClock
-from batchlab.core.config import SLOConfig, TrafficConfig
+from batchlab.core.config import MAX_BATCH, MAX_LENGTH, MAX_REQUESTS_PER_POINT, SLOConfig, TrafficConfig, format_error
 from batchlab.core.metrics import summarize
 from batchlab.core.request import Request
 from batchlab.core.traffic import build_trace
@@ -72,12 +74,25 @@ def open_loop(backend: OpenAIBackend, traffic: TrafficConfig, rate: float,
             "errors": sorted({r.error for r in requests if r.error})[:3]}, requests
 
 
-def served_model(url: str) -> str:
+def pick_model(url: str, model: str | None, key: str) -> str:
+    """`model` if the server serves it (else ConfigError naming what it serves); without one,
+    the first model the server lists."""
+    if model:
+        for w in check_server(url, model, key):
+            click.echo(f"warning: {w}", err=True)
+        return model
+    served = served_models(url, key)
+    if isinstance(served, str) or not served:
+        raise ConfigError(f"cannot list models at {url}/models ({served or 'none listed'}); pass --model")
+    return served[0]
+
+
+def traffic_config(**kw) -> TrafficConfig:
+    """The open loop's traffic, checked like a config's (finite, bounded, capped per point)."""
     try:
-        data = httpx.get(url.rstrip("/") + "/models", timeout=10).json()["data"]
-        return data[0]["id"]
-    except (httpx.HTTPError, KeyError, IndexError, ValueError) as e:
-        raise ConfigError(f"cannot list models at {url}/models ({e}); pass --model") from None
+        return TrafficConfig(**kw)
+    except ValidationError as e:
+        raise ConfigError(format_error(e)) from None
 
 
 def _ms(v: float) -> str:
@@ -108,8 +123,8 @@ def _levels(text: str) -> list[int]:
         levels = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
         raise ConfigError(f"--concurrency: expected comma-separated integers, got {text!r}") from None
-    if not levels or min(levels) < 1:
-        raise ConfigError("--concurrency: levels must be >= 1")
+    if not levels or min(levels) < 1 or max(levels) > MAX_BATCH:
+        raise ConfigError(f"--concurrency: levels must be from 1 to {MAX_BATCH:,}")
     return levels
 
 
@@ -117,7 +132,7 @@ def _levels(text: str) -> list[int]:
 @click.argument("url")
 @click.option("--model", default=None, help="Model name (default: the first one /v1/models lists).")
 @click.option("--concurrency", default="1,4,16,64", show_default=True, help="Closed loop: users per level.")
-@click.option("--per-user", default=1, show_default=True, type=click.IntRange(min=1),
+@click.option("--per-user", default=1, show_default=True, type=click.IntRange(min=1, max=MAX_REQUESTS_PER_POINT),
               help="Closed loop: requests each user sends (1 = the seed's one-shot burst).")
 @click.option("--rate", type=click.FloatRange(min=0, min_open=True), multiple=True,
               help="Open loop: arrival rate in req/s (repeatable); replaces the closed loop.")
@@ -126,34 +141,42 @@ def _levels(text: str) -> list[int]:
               help="Gamma shape: < 1 burstier than Poisson.")
 @click.option("--duration", default=10.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
               help="Open loop: seconds of arrivals.")
-@click.option("--prompt-len", default=64, show_default=True, type=click.IntRange(min=1))
-@click.option("--output-len", default=64, show_default=True, type=click.IntRange(min=1))
+@click.option("--prompt-len", default=64, show_default=True, type=click.IntRange(min=1, max=MAX_LENGTH))
+@click.option("--output-len", default=64, show_default=True, type=click.IntRange(min=1, max=MAX_LENGTH))
 @click.option("--prompt-format", type=click.Choice(["tokens", "text"]), default="tokens", show_default=True)
 @click.option("--length-control", type=click.Choice(["ignore_eos", "generation_config", "none"]),
               default="ignore_eos", show_default=True, help="generation_config for transformers serve.")
-@click.option("--seed", default=0, show_default=True)
-@click.option("--timeout", default=600.0, show_default=True, help="Per-request timeout, seconds.")
+@click.option("--seed", default=0, show_default=True, type=click.IntRange(min=0))
+@click.option("--timeout", default=600.0, show_default=True, type=click.FloatRange(min=0, min_open=True, max=86_400),
+              help="Per-request timeout, seconds.")
+@click.option("--api-key-env", default=None, metavar="NAME",
+              help="Environment variable holding the API key (default: OPENAI_API_KEY if set).")
 @click.option("--out", type=click.Path(dir_okay=False), default=None, help="Write the results as JSON here.")
 @user_errors
 def loadtest_cmd(url, model, concurrency, per_user, rate, arrival, burstiness, duration, prompt_len, output_len,
-                 prompt_format, length_control, seed, timeout, out) -> None:
+                 prompt_format, length_control, seed, timeout, api_key_env, out) -> None:
     """Load an OpenAI-compatible server at URL (e.g. http://127.0.0.1:8000/v1)."""
     url = url.rstrip("/")
     if not url.startswith(("http://", "https://")):
         raise ConfigError(f"URL must start with http:// or https://, got {url!r}")
-    model = model or served_model(url)
-    backend = OpenAIBackend(url, model, timeout_s=timeout, prompt_format=prompt_format,
+    levels = [] if rate else _levels(concurrency)
+    if levels and max(levels) * per_user > MAX_REQUESTS_PER_POINT:
+        raise ConfigError(f"--concurrency x --per-user: {max(levels) * per_user:,} requests in one level; "
+                          f"the limit is {MAX_REQUESTS_PER_POINT:,}")
+    traffic = traffic_config(arrival=arrival, burstiness=burstiness, rates=list(rate), duration_s=duration,
+                             warmup_s=0.0, seed=seed, prompt_len=prompt_len, output_len=output_len) if rate else None
+    key = api_key(api_key_env, "--api-key-env")
+    model = pick_model(url, model, key)
+    backend = OpenAIBackend(url, model, api_key=key, timeout_s=timeout, prompt_format=prompt_format,
                             length_control=length_control)
     results: list[dict] = []
-    if rate:
-        traffic = TrafficConfig(arrival=arrival, burstiness=burstiness, rates=list(rate), duration_s=duration,
-                                warmup_s=0.0, seed=seed, prompt_len=prompt_len, output_len=output_len)
+    if traffic is not None:
         for lam in rate:
             summary, _ = open_loop(backend, traffic, lam)
             print_open(summary)
             results.append(summary)
     else:
-        for c in _levels(concurrency):
+        for c in levels:
             row = closed_loop(backend, c, per_user, prompt_len, output_len)
             print_closed(row)
             results.append(row)

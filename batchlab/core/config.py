@@ -3,37 +3,62 @@
 pydantic does the checking (unknown keys, wrong types, bounds), so every mistake becomes one
 line naming the key, e.g. `traffic.rates.0: must be > 0 (got -5)`. `--set a.b=VALUE` overrides
 are parsed as YAML scalars, so `--set traffic.rates=[5,10]` and `--set naive.batch_size=8` work.
+Every number is finite and bounded (the MAX_* constants below), and one sweep point may generate
+at most MAX_REQUESTS_PER_POINT requests and MAX_TOKENS_PER_POINT tokens: a typo such as
+`rates=[1e9]` is refused here instead of allocating until the machine runs out of memory.
+Keys that the chosen backend ignores are not errors but warnings (`config_warnings`).
 """
 from __future__ import annotations
 
+import math
+import re
 from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from batchlab.errors import ConfigError
+
+# Sane bounds. Each is far above any real use and far below what would exhaust a machine.
+MAX_RATE = 100_000.0                  # req/s offered to one point
+MIN_RATE = 1e-6                       # req/s (about one request in 12 days)
+MAX_SECONDS = 604_800.0               # one week: durations, warm-up, SLOs, rate-step times
+MAX_LENGTH = 1_048_576                # tokens in one prompt or one output (2^20)
+MAX_BATCH = 65_536                    # requests in one batch or step
+MAX_REQUESTS_PER_POINT = 1_000_000    # ~1 KB of stamps and bookkeeping each: about 1 GB per point
+MAX_TOKENS_PER_POINT = 200_000_000    # prompt + output tokens, expected: ids and stamps are 8+ bytes each
 
 PositiveInt = Annotated[int, Field(gt=0)]
 PositiveFloat = Annotated[float, Field(gt=0)]
 NonNegFloat = Annotated[float, Field(ge=0)]
+Seconds = Annotated[float, Field(gt=0, le=MAX_SECONDS)]
+Tokens = Annotated[int, Field(gt=0, le=MAX_LENGTH)]
+BatchSize = Annotated[int, Field(gt=0, le=MAX_BATCH)]
+Rate = Annotated[float, Field(gt=0, le=MAX_RATE)]
+
+# Config keys whose values are never echoed in an error line (they may hold a secret).
+_SECRET_KEYS = ("api_key", "api_key_env", "base_url")
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=False)
+    # NOTE: allow_inf_nan=False: an inf or NaN anywhere would turn into an endless arrival loop or
+    # a NaN step time; pydantic refuses them with "Input should be a finite number".
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=False, allow_inf_nan=False)
 
 
 class LengthDist(_Model):
     """A token-length distribution. `fixed` uses `value`; `uniform` low..high inclusive;
-    `lognormal` has median `median` and shape `sigma`, clipped to [low, high]; `sharegpt`
-    samples from a ShareGPT-format JSON file (`path`, counting words as a token estimate)."""
+    `lognormal` has median `median` and shape `sigma`, clipped to [low, high] (high unset:
+    MAX_LENGTH); `sharegpt` samples from a ShareGPT-format JSON file (`path`, counting words as
+    a token estimate)."""
     dist: Literal["fixed", "uniform", "lognormal", "sharegpt"] = "fixed"
-    value: PositiveInt | None = None
-    low: PositiveInt = 1
-    high: PositiveInt | None = None
-    median: PositiveFloat | None = None
-    sigma: PositiveFloat = 0.5
+    value: Tokens | None = None
+    low: Tokens = 1
+    high: Tokens | None = None
+    median: Annotated[float, Field(gt=0, le=MAX_LENGTH)] | None = None
+    sigma: Annotated[float, Field(gt=0, le=10)] = 0.5
     path: str | None = None
 
     @model_validator(mode="after")
@@ -46,6 +71,26 @@ class LengthDist(_Model):
             raise ValueError(f"high ({self.high}) must be >= low ({self.low})")
         return self
 
+    def mean(self) -> float:
+        """Expected tokens per request. For `sharegpt` only a lower bound (`low`) before the file
+        is read; core/traffic.check_inputs redoes the check with the file's real lengths."""
+        if self.dist == "fixed":
+            return float(self.value)
+        if self.dist == "uniform":
+            return (self.low + self.high) / 2
+        if self.dist == "lognormal":
+            return _clipped_lognormal_mean(self.median, self.sigma, self.low, self.high or MAX_LENGTH)
+        return float(self.low)
+
+
+def _clipped_lognormal_mean(median: float, sigma: float, lo: float, hi: float) -> float:
+    """E[clip(X, lo, hi)] for X lognormal with the given median and sigma (closed form)."""
+    mu = math.log(median)
+    cdf = lambda z: 0.5 * (1 + math.erf(z / math.sqrt(2)))
+    a, b = (math.log(lo) - mu) / sigma, (math.log(hi) - mu) / sigma
+    inside = math.exp(mu + sigma**2 / 2) * (cdf(b - sigma) - cdf(a - sigma))
+    return lo * cdf(a) + inside + hi * (1 - cdf(b))
+
 
 def _as_length(v: Any) -> Any:
     if isinstance(v, bool):
@@ -55,74 +100,117 @@ def _as_length(v: Any) -> Any:
     return v
 
 
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
 class BackendConfig(_Model):
     kind: Literal["sim", "hf", "hf-cb", "openai"] = "sim"
     preset: str = "llama2-7b-a100"          # sim: a named model+device preset (backends/presets.py)
     profile: str | None = None              # sim: a measured profile JSON (overrides preset)
-    replicas: PositiveInt = 1               # sim: replicas behind a router
+    replicas: Annotated[int, Field(gt=0, le=1024)] = 1   # sim: replicas behind a router
     router: Literal["round_robin", "least_outstanding"] = "round_robin"
     model: str | None = None                # hf / openai: hub name or local path / served model name
-    dtype: str = "auto"                     # hf: auto | float32 | float16 | bfloat16
-    device: str = "auto"                    # hf: auto | cpu | cuda | mps
-    threads: PositiveInt | None = None      # hf on CPU: torch intra-op threads (None: torch's default)
+    dtype: Literal["auto", "float32", "fp32", "float16", "fp16", "bfloat16", "bf16"] = "auto"  # hf
+    device: str = "auto"                    # hf: auto | cpu | cuda | cuda:N | mps
+    threads: Annotated[int, Field(gt=0, le=1024)] | None = None  # hf on CPU: torch intra-op threads (None: torch's default)
     base_url: str | None = None             # openai: e.g. http://127.0.0.1:8000/v1
-    api_key: str = "EMPTY"
-    memory_budget_bytes: PositiveInt | None = None   # KV budget for the memory trigger (None: from device)
-    warmup_batches: Annotated[int, Field(ge=0)] = 2  # real backends: batches run before measuring
-    timeout_s: PositiveFloat = 600.0        # openai: per-request timeout
+    # openai: the environment variable holding the API key (None: OPENAI_API_KEY if set, else no
+    # key). NOTE: the key itself never goes in a config: config.yaml is written next to results.
+    api_key_env: str | None = None
+    memory_budget_bytes: Annotated[int, Field(gt=0, le=1 << 50)] | None = None  # KV budget for the memory trigger (None: from device)
+    warmup_batches: Annotated[int, Field(ge=0, le=1000)] = 2  # real backends: batches run before measuring
+    timeout_s: Annotated[float, Field(gt=0, le=86_400)] = 600.0   # openai: per-request timeout
     prompt_format: Literal["tokens", "text"] = "tokens"   # openai: prompt as token ids (exact length) or text
     length_control: Literal["ignore_eos", "generation_config", "none"] = "ignore_eos"  # openai: how exact output lengths are asked for
-    max_connections: PositiveInt | None = None  # openai: HTTP connection pool size (None: sized from the trace)
+    max_connections: Annotated[int, Field(gt=0, le=MAX_BATCH)] | None = None  # openai: HTTP connection pool size (None: sized from the trace)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_secrets(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "api_key" in data:
+            raise ValueError("api_key is never read from a config file or --set (it would be written to "
+                             "config.yaml): export OPENAI_API_KEY, or put the key in another variable and name "
+                             "that variable with backend.api_key_env")
+        return data
+
+    @field_validator("api_key_env")
+    @classmethod
+    def _env_name(cls, v: str | None) -> str | None:
+        if v is not None and not _ENV_NAME.fullmatch(v):
+            raise ValueError("must name an environment variable (letters, digits, _), not hold the key itself")
+        return v
+
+    @field_validator("device")
+    @classmethod
+    def _device(cls, v: str) -> str:
+        if not re.fullmatch(r"auto|cpu|mps|cuda(:\d{1,3})?", v):
+            raise ValueError("expected auto, cpu, cuda, cuda:N or mps")
+        return v
+
+    @field_validator("base_url")
+    @classmethod
+    def _url(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        m = re.fullmatch(r"https?://([^/@\s]+@)?[^/@\s]+(/\S*)?", v)
+        if not m:
+            raise ValueError("expected http://HOST[:PORT]/PATH, e.g. http://127.0.0.1:8000/v1")
+        if m.group(1):
+            raise ValueError("credentials in the URL would be written to config.yaml; put the key in "
+                             "OPENAI_API_KEY (or the variable backend.api_key_env names)")
+        return v
 
 
 class NaiveConfig(_Model):
-    batch_size: PositiveInt = 16            # requests per batch; the batch waits for exactly this many
+    batch_size: BatchSize = 16              # requests per batch; the batch waits for exactly this many
 
 
 class DynamicConfig(_Model):
-    max_batch_size: PositiveInt = 16        # size trigger and hard cap
-    max_wait_ms: NonNegFloat = 50.0         # age trigger: oldest request's wait, milliseconds
-    oom_probe_after: PositiveInt = 20       # clean batches before the adaptive cap grows by one
+    max_batch_size: BatchSize = 16          # size trigger and hard cap
+    max_wait_ms: Annotated[float, Field(ge=0, le=MAX_SECONDS * 1000)] = 50.0  # age trigger: oldest request's wait, milliseconds
+    oom_probe_after: Annotated[int, Field(gt=0, le=1_000_000)] = 20   # clean batches before the adaptive cap grows by one
 
 
 class ContinuousConfig(_Model):
-    max_num_seqs: PositiveInt = 256         # sequences in one step
-    max_num_batched_tokens: PositiveInt = 8192  # tokens (prefill + decode) in one step
-    num_kv_blocks: PositiveInt | None = None    # KV cache size in blocks (None: from the backend's memory)
-    block_size: PositiveInt = 16            # tokens per KV block
-    chunk_size: PositiveInt | None = None   # chunked prefill: prompt tokens per step per request (None: whole)
+    max_num_seqs: BatchSize = 256           # sequences in one step
+    max_num_batched_tokens: Annotated[int, Field(gt=0, le=1 << 24)] = 8192  # tokens (prefill + decode) in one step
+    num_kv_blocks: Annotated[int, Field(gt=0, le=1 << 24)] | None = None   # KV cache size in blocks (None: from the backend's memory)
+    block_size: Tokens = 16                 # tokens per KV block
+    chunk_size: Tokens | None = None        # chunked prefill: prompt tokens per step per request (None: whole)
     preemption: Literal["recompute", "reserve"] = "recompute"  # out of blocks: preempt newest, or book all up front
 
 
 class SLOConfig(_Model):
-    ttft_s: PositiveFloat | None = None     # seconds
-    tpot_s: PositiveFloat | None = None
-    e2e_s: PositiveFloat | None = None
+    ttft_s: Seconds | None = None           # seconds
+    tpot_s: Seconds | None = None
+    e2e_s: Seconds | None = None
 
 
 class RateStep(_Model):
     """Burst test: the arrival rate switches from the point's rate to `to_rate` at `at_s`,
     and back to the point's rate at `until_s` (None: it stays at `to_rate`)."""
-    at_s: PositiveFloat                     # seconds from the run's start
-    to_rate: PositiveFloat                  # req/s
-    until_s: PositiveFloat | None = None    # seconds from the run's start
+    at_s: Seconds                           # seconds from the run's start
+    to_rate: Rate                           # req/s
+    until_s: Seconds | None = None          # seconds from the run's start
 
     @model_validator(mode="after")
     def _check(self):
         if self.until_s is not None and self.until_s <= self.at_s:
             raise ValueError(f"until_s ({self.until_s}) must be after at_s ({self.at_s})")
+        if self.to_rate < MIN_RATE:
+            raise ValueError(f"to_rate must be at least {MIN_RATE:g} req/s (got {self.to_rate:g})")
         return self
 
 
 class TrafficConfig(_Model):
     arrival: Literal["poisson", "gamma", "constant", "trace"] = "poisson"
-    burstiness: PositiveFloat = 1.0         # gamma shape: 1 = Poisson, < 1 burstier
+    burstiness: Annotated[float, Field(ge=0.01, le=1000)] = 1.0   # gamma shape: 1 = Poisson, < 1 burstier
     trace_file: str | None = None           # CSV: arrival_time, prompt_len, output_len
-    rates: list[PositiveFloat] = Field(default_factory=lambda: [5.0, 20.0, 50.0], min_length=1)  # req/s
-    duration_s: PositiveFloat = 60.0        # traffic per point, after warm-up
-    warmup_s: NonNegFloat = 5.0             # arrivals in the first warmup_s are excluded from metrics
-    seed: int = 0
-    repeats: PositiveInt = 1
+    rates: list[Rate] = Field(default_factory=lambda: [5.0, 20.0, 50.0], min_length=1, max_length=1000)  # req/s
+    duration_s: Seconds = 60.0              # traffic per point, after warm-up
+    warmup_s: Annotated[float, Field(ge=0, le=MAX_SECONDS)] = 5.0  # arrivals in the first warmup_s are excluded from metrics
+    seed: Annotated[int, Field(ge=0, le=2**63 - 1)] = 0
+    repeats: Annotated[int, Field(gt=0, le=1000)] = 1
     prompt_len: LengthDist = LengthDist(dist="fixed", value=128)
     output_len: LengthDist = LengthDist(dist="fixed", value=128)
     rate_step: RateStep | None = None
@@ -133,7 +221,44 @@ class TrafficConfig(_Model):
     def _check(self):
         if self.arrival == "trace" and not self.trace_file:
             raise ValueError("arrival 'trace' needs traffic.trace_file")
+        if self.arrival == "trace":
+            return self                     # the file sets the load: core/traffic.read_trace_file caps it
+        for i, rate in enumerate(self.rates):
+            if rate < MIN_RATE:
+                raise ValueError(f"rates.{i}: must be at least {MIN_RATE:g} req/s (got {rate:g})")
+            if rate in self.rates[:i]:
+                raise ValueError(f"rates.{i}: {rate:g} req/s is listed twice")
+            check_point_size(self.expected_requests(rate), self.expected_requests(rate) * self.mean_tokens(), rate)
         return self
+
+    @property
+    def horizon_s(self) -> float:
+        """Seconds of arrivals in one point: warm-up plus measured traffic."""
+        return self.warmup_s + self.duration_s
+
+    def expected_requests(self, rate: float) -> float:
+        """Mean number of arrivals in one point at `rate` req/s, a rate step's to_rate included."""
+        step = self.rate_step
+        if step is None or step.at_s >= self.horizon_s:
+            return rate * self.horizon_s
+        inside = min(step.until_s or self.horizon_s, self.horizon_s) - step.at_s
+        return rate * (self.horizon_s - inside) + step.to_rate * inside
+
+    def mean_tokens(self) -> float:
+        """Expected prompt + output tokens of one request."""
+        return self.prompt_len.mean() + self.output_len.mean()
+
+
+def check_point_size(requests: float, tokens: float, rate: float | None = None) -> None:
+    """Refuse a point that would generate more than the caps allow (ValueError, one line)."""
+    at = f" at {rate:g} req/s" if rate is not None else ""
+    if requests > MAX_REQUESTS_PER_POINT:
+        raise ValueError(f"a point{at} would generate about {requests:.3g} requests (warmup_s + duration_s, "
+                         f"rate_step included); the limit is {MAX_REQUESTS_PER_POINT:,} requests per point: "
+                         "lower traffic.rates or traffic.duration_s")
+    if tokens > MAX_TOKENS_PER_POINT:
+        raise ValueError(f"a point{at} would generate about {tokens:.3g} prompt + output tokens; the limit is "
+                         f"{MAX_TOKENS_PER_POINT:,} tokens per point: shorten the lengths or the traffic")
 
 
 # "server": the backend batches for itself (an OpenAI-compatible server, transformers' own
@@ -154,6 +279,10 @@ class RunConfig(_Model):
     out: str = "results/latest"
     report: bool = True                     # write report.md and plots at the end of `run`
 
+    # Dotted keys the user gave (config file and --set, not the packaged defaults): only those
+    # can earn a "does not apply" warning. None: not built by load_config; every set field counts.
+    _given: frozenset[str] | None = PrivateAttr(default=None)
+
     @model_validator(mode="after")
     def _strategies_fit_backend(self):
         server = self.backend.kind in SERVER_KINDS
@@ -161,6 +290,8 @@ class RunConfig(_Model):
         if wrong:
             need = "[server]" if server else "naive, dynamic and/or continuous"
             raise ValueError(f"strategies: backend.kind '{self.backend.kind}' takes {need}, not {', '.join(wrong)}")
+        if len(set(self.strategies)) < len(self.strategies):
+            raise ValueError(f"strategies: each strategy may be listed once (got {', '.join(self.strategies)})")
         return self
 
     def knobs(self, strategy: str) -> dict[str, Any]:
@@ -174,21 +305,111 @@ class RunConfig(_Model):
         return {f"{strategy}.{k}": v for k, v in section.items()}
 
 
-def _format_error(err: ValidationError) -> str:
+# backend.* keys each kind reads (`kind` itself applies to all).
+_HF_KEYS = {"model", "dtype", "device", "threads", "memory_budget_bytes", "warmup_batches"}
+BACKEND_KEYS: dict[str, set[str]] = {
+    "sim": {"preset", "profile", "replicas", "router"},
+    "hf": _HF_KEYS,
+    "hf-cb": _HF_KEYS,
+    "openai": {"model", "base_url", "api_key_env", "timeout_s", "prompt_format", "length_control", "max_connections"},
+}
+# Strategy sections (or single knobs) a kind never reads.
+IGNORED_SECTIONS: dict[str, tuple[str, ...]] = {
+    "sim": (), "hf": (),
+    "hf-cb": ("naive", "dynamic", "continuous.chunk_size", "continuous.preemption"),
+    "openai": ("naive", "dynamic", "continuous"),
+}
+
+
+def config_warnings(cfg: RunConfig) -> list[str]:
+    """One line per key the user set that this run will not read (print as `warning: ...`)."""
+    given = cfg._given if cfg._given is not None else _set_keys(cfg)
+    kind = cfg.backend.kind
+    out = []
+    for key in sorted(given):
+        section, _, rest = key.partition(".")
+        name = rest.split(".")[0]
+        if section == "backend" and name and name != "kind" and name not in BACKEND_KEYS[kind]:
+            out.append(f"backend.{name} does not apply to backend.kind '{kind}' (ignored)")
+        elif any(key == s or key.startswith(s + ".") for s in IGNORED_SECTIONS[kind]):
+            out.append(f"{key} does not apply to backend.kind '{kind}' (ignored)")
+        elif section == "traffic":
+            reason = _traffic_ignores(cfg.traffic, name)
+            if reason:
+                out.append(f"traffic.{name} does not apply {reason} (ignored)")
+    return list(dict.fromkeys(out))
+
+
+def _traffic_ignores(t: TrafficConfig, name: str) -> str | None:
+    if t.arrival == "trace" and name in ("rates", "prompt_len", "output_len", "rate_step", "burstiness", "seed"):
+        return "to arrival 'trace' (the file sets arrivals and lengths)"
+    if name == "burstiness" and t.arrival != "gamma":
+        return f"to arrival '{t.arrival}' (only gamma has a shape)"
+    if name == "trace_file" and t.arrival != "trace":
+        return f"to arrival '{t.arrival}' (set traffic.arrival=trace to replay it)"
+    return None
+
+
+def _set_keys(model: BaseModel, prefix: str = "") -> set[str]:
+    keys = set()
+    for name in model.model_fields_set:
+        value = getattr(model, name)
+        keys |= _set_keys(value, f"{prefix}{name}.") if isinstance(value, BaseModel) else {prefix + name}
+    return keys
+
+
+def _leaves(tree: Any, prefix: str = "") -> set[str]:
+    if not isinstance(tree, dict) or not tree:
+        return {prefix.rstrip(".")} if prefix else set()
+    out = set()
+    for k, v in tree.items():
+        out |= _leaves(v, f"{prefix}{k}.")
+    return out
+
+
+def format_error(err: ValidationError) -> str:
+    """A pydantic error as one line per problem, joined with '; ', naming each key."""
     lines = []
     for e in err.errors():
-        loc = ".".join(str(p) for p in e["loc"] if not str(p).startswith(("function-", "tagged-")))
+        loc = ".".join(_printable(p) for p in e["loc"] if not str(p).startswith(("function-", "tagged-")))
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
             msg = "unknown key"
         got = e.get("input")
-        tail = "" if e["type"] in ("extra_forbidden", "missing") or isinstance(got, dict) else f" (got {got!r})"
+        quiet = (e["type"] in ("extra_forbidden", "missing") or isinstance(got, dict)
+                 or any(str(p) in _SECRET_KEYS for p in e["loc"]))
+        tail = "" if quiet else f" (got {_short(got)})"
         lines.append(f"{loc or 'config'}: {msg}{tail}")
-    return "; ".join(lines)
+    return one_line("; ".join(lines))
+
+
+def _printable(part: Any) -> str:
+    s = str(part)
+    return s if s.isprintable() and len(s) <= 60 else _short(s)
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def one_line(text: str) -> str:
+    """Collapse line breaks (YAML and library messages have them): an error is one line."""
+    return " ".join(text.split()) if ("\n" in text or "\r" in text) else text
+
+
+def _yaml_problem(e: yaml.YAMLError) -> str:
+    """A YAML error in one line: what went wrong and where."""
+    mark = getattr(e, "problem_mark", None)
+    problem = getattr(e, "problem", None) or str(e)
+    where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+    return one_line(f"{problem}{where}")
 
 
 def _set_path(tree: dict, dotted: str, value: Any) -> None:
     keys = dotted.split(".")
+    if any(not k.strip() for k in keys):
+        raise ConfigError(f"--set {dotted!r}: empty key name (expected e.g. traffic.rates=[5,10])")
     node = tree
     for k in keys[:-1]:
         nxt = node.setdefault(k, {})
@@ -207,32 +428,49 @@ def parse_overrides(items: list[str]) -> list[tuple[str, Any]]:
         try:
             value = yaml.safe_load(raw) if raw.strip() else raw
         except yaml.YAMLError as e:
-            raise ConfigError(f"--set {key}: cannot parse {raw!r}: {e}") from None
+            raise ConfigError(f"--set {key}: cannot parse {_short(raw)}: {_yaml_problem(e)}") from None
+        except RecursionError:
+            raise ConfigError(f"--set {key}: value nested too deeply") from None
         out.append((key.strip(), value))
     return out
 
 
+def _read_yaml(p: Path) -> dict:
+    if not p.is_file():
+        raise ConfigError(f"config file not found: {p}")
+    try:
+        loaded = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{p}: not UTF-8 text (byte {e.start})") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{p}: not valid YAML: {_yaml_problem(e)}") from None
+    except RecursionError:
+        raise ConfigError(f"{p}: nested too deeply") from None
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"{p}: the top level must be a mapping of sections")
+    return loaded
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] = (), base: dict | None = None) -> RunConfig:
-    """Read YAML (or start from `base`/defaults), apply `--set` overrides, validate."""
+    """Read YAML (or start from `base`/defaults), apply `--set` overrides, validate.
+    Every mistake is a ConfigError with one line; `config_warnings(cfg)` lists ignored keys."""
     tree: dict = dict(base or {})
+    given: set[str] = set()
     if path is not None:
-        p = Path(path)
-        if not p.is_file():
-            raise ConfigError(f"config file not found: {p}")
-        try:
-            loaded = yaml.safe_load(p.read_text()) or {}
-        except yaml.YAMLError as e:
-            raise ConfigError(f"{p}: not valid YAML: {e}") from None
-        if not isinstance(loaded, dict):
-            raise ConfigError(f"{p}: the top level must be a mapping of sections")
-        tree = loaded
+        tree = _read_yaml(Path(path))
+        given |= _leaves(tree)
     for key, value in parse_overrides(list(overrides)):
         _set_path(tree, key, value)
+        given |= _leaves(value, key + ".") if isinstance(value, dict) and value else {key}
     try:
-        return RunConfig.model_validate(tree)
+        cfg = RunConfig.model_validate(tree)
     except ValidationError as e:
         where = f"{path}: " if path else ""
-        raise ConfigError(where + _format_error(e)) from None
+        raise ConfigError(where + format_error(e)) from None
+    except RecursionError:
+        raise ConfigError(f"{path or '--set'}: nested too deeply") from None
+    cfg._given = frozenset(given)
+    return cfg
 
 
 def default_config_text() -> str:

@@ -12,6 +12,7 @@ from batchlab.core.clock import RealClock  # noqa: E402
 from batchlab.core.config import RunConfig  # noqa: E402
 from batchlab.core.request import Request, Status  # noqa: E402
 from batchlab.core.traffic import TraceItem, make_requests  # noqa: E402
+from batchlab.errors import ConfigError  # noqa: E402
 from batchlab.run.driver import Inbox, drive  # noqa: E402
 from batchlab.run.point import run_point  # noqa: E402
 from batchlab.schedulers import make_scheduler  # noqa: E402
@@ -221,3 +222,99 @@ def test_tokens_reach_their_requests_while_the_batch_is_still_generating():
     stamper(torch.tensor([[5, 6, 7, 11], [8, 9, 10, 12]]), None)
     assert a.output_token_ids == [7, 11] and a.token_times == [1.0, 2.0]
     assert b.output_token_ids == [10] and b.token_times == [1.0]     # b reached its target
+
+
+# -- preflight: backend.model checked before anything is written -----------------------------------
+
+def bounded(fn, seconds: float = 60.0):
+    """Run fn() in a thread; fail if it has not returned or raised within `seconds` (a generous
+    bound for a promise of 'seconds', not a benchmark)."""
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(fn).result(timeout=seconds)
+
+
+@pytest.fixture
+def no_hub(tmp_path, monkeypatch):
+    """An empty Hugging Face cache and a hub endpoint that refuses connections (a closed port)."""
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub-cache"))
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    return tmp_path / "hub-cache"
+
+
+def test_model_paths_that_do_not_hold_a_model_fail_in_one_line(tmp_path, tiny_model_dir):
+    assert hc.check_model(str(tiny_model_dir)) == [] and hc.check_model("tiny") == [] and hc.check_model(None) == []
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "file.bin").write_text("x")
+    cases = {"/no/such/model/dir": "no such directory: /no/such/model/dir",
+             "./relative/../nope": "no such directory",
+             str(tmp_path / "empty"): "is not a model directory (no config.json in it)",
+             str(tmp_path / "file.bin"): "is a file; expected a model directory"}
+    for name, message in cases.items():
+        with pytest.raises(ConfigError) as e:
+            hc.check_model(name)
+        assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_an_uncached_hub_name_without_a_reachable_hub_fails_in_seconds(no_hub):
+    with pytest.raises(ConfigError) as e:
+        bounded(lambda: hc.check_model("someorg/some-model-7b"))
+    assert "not a local directory nor in the Hugging Face cache" in str(e.value)
+    assert "cannot be reached" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_hf_hub_offline_refuses_an_uncached_name_without_probing(no_hub, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(hc, "hub_reachable", lambda: pytest.fail("probed the hub although offline"))
+    with pytest.raises(ConfigError, match="HF_HUB_OFFLINE is set"):
+        hc.check_model("someorg/some-model-7b")
+
+
+def test_a_cached_hub_name_passes_and_loads_offline(no_hub, tiny_model_dir):
+    """Lay the tiny model out as huggingface_hub caches a download; it loads with no hub."""
+    import shutil
+    repo = no_hub / "models--someorg--tiny-cached"
+    snap = repo / "snapshots" / ("0" * 40)
+    shutil.copytree(tiny_model_dir, snap)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("0" * 40)
+    warnings = bounded(lambda: hc.check_model("someorg/tiny-cached"))
+    assert warnings == ["backend.model 'someorg/tiny-cached': the hub is unreachable; loading the cached copy"]
+    from batchlab.core.config import BackendConfig
+    lm = bounded(lambda: hc.load(BackendConfig(kind="hf", model="someorg/tiny-cached", device="cpu")))
+    assert lm.name == "someorg/tiny-cached" and lm.model.config.num_hidden_layers == 4
+
+
+def test_preflight_checks_device_and_model_and_load_errors_are_config_errors(tmp_path):
+    from batchlab.backends import preflight
+    with pytest.raises(ConfigError, match="no such directory"):
+        preflight(make_cfg("/no/such/model/dir"))
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match="no CUDA device here"):
+            preflight(make_cfg(tmp_path, backend__device="cuda"))
+    (tmp_path / "config.json").write_text("{}")           # passes the cheap check, still not a model
+    b = HFBackend(make_cfg(tmp_path).backend)
+    with pytest.raises(ConfigError) as e:
+        RealClock().run(b.start(RealClock()))
+    assert str(e.value).startswith(f"cannot load backend.model '{tmp_path}': ") and "\n" not in str(e.value)
+
+
+def test_the_hub_probe_says_reachable_only_when_something_answers(no_hub, monkeypatch):
+    import http.server
+    import threading
+    server = http.server.HTTPServer(("127.0.0.1", 0), http.server.BaseHTTPRequestHandler)   # answers 501
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        assert bounded(lambda: hc._probe(url, 5.0)) is True
+        monkeypatch.setenv("HF_ENDPOINT", url)      # reachable: an uncached name is left to download at load
+        assert hc.check_model("someorg/not-cached-yet") == []
+    finally:
+        server.shutdown()
+    # Still listening but no longer answering (a black hole): the probe gives up at its deadline.
+    assert bounded(lambda: hc._probe(url, 2.0)) is False

@@ -104,3 +104,11 @@ def test_it_refuses_a_virtual_clock():
     with pytest.raises(ValueError, match="RealClock"):
         clock.run(HFCBBackend(cfg.backend, cfg.continuous).start(clock))
     assert asyncio.iscoroutinefunction(HFCBBackend.run_trace)
+
+
+def test_a_model_that_cannot_be_loaded_is_one_config_error_line(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    b = HFCBBackend(load_config(None, CB + [f"backend.model={tmp_path}"]).backend, load_config(None, CB).continuous)
+    with pytest.raises(ConfigError) as e:
+        RealClock().run(b.start(RealClock()))
+    assert "cannot load backend.model" in str(e.value) and "\n" not in str(e.value)

@@ -4,11 +4,14 @@ A real server (ours) drives it in tests/server/test_app.py; here every error pat
 from __future__ import annotations
 
 import json
+import socket
 
 import httpx
 import pytest
 
-from batchlab.backends.openai import OpenAIBackend, from_config, token_stamps
+from batchlab.backends import preflight
+from batchlab.backends.base import FAIL_FAST_AFTER
+from batchlab.backends.openai import OpenAIBackend, check_server, from_config, token_stamps
 from batchlab.core.clock import RealClock
 from batchlab.core.config import load_config
 from batchlab.core.request import Request, Status
@@ -147,3 +150,112 @@ def test_config_needs_url_and_model():
     cfg = load_config(None, ["backend.kind=openai", "strategies=[server]"])
     with pytest.raises(ConfigError, match="base_url"):
         from_config(cfg)
+
+
+# -- fail fast, keys, preflight -------------------------------------------------------------------
+
+def test_a_wrong_model_stops_the_point_after_the_first_failures_and_keeps_them():
+    calls = []
+
+    def handler(request):
+        calls.append(request)
+        return httpx.Response(404, json={"error": {"message": "The model `m` does not exist."}})
+    b = backend(handler)
+    trace = [TraceItem(i * 0.02, 4, 2) for i in range(60)]     # 1.2 s of arrivals; answers are instant
+    clock = RealClock()
+    requests, _ = clock.run(b.run_trace(trace, clock))
+    assert len(requests) == 60 and all(r.status is Status.FAILED for r in requests)
+    assert [r.error for r in requests[:FAIL_FAST_AFTER]] == ["HTTP 404: The model `m` does not exist."] * FAIL_FAST_AFTER
+    unsent = [r for r in requests if r.error.startswith("not sent: the first 20 requests all failed with: HTTP 404")]
+    assert unsent and len(calls) + len(unsent) == 60
+
+
+def test_the_api_key_is_sent_but_masked_in_every_recorded_error():
+    seen = {}
+
+    def handler(request):
+        seen["auth"] = request.headers["authorization"]
+        return httpx.Response(401, json={"error": {"message": "Incorrect API key provided: sk-secret-987"}})
+    r = send_one(backend(handler, api_key="sk-secret-987"), Request("x", 3, 2, 0.0))
+    assert seen["auth"] == "Bearer sk-secret-987"
+    assert r.error == "HTTP 401: Incorrect API key provided: ***"
+
+
+def openai_cfg(*extra):
+    return load_config(None, ["backend.kind=openai", "strategies=[server]", "backend.model=m",
+                              "backend.base_url=http://fake/v1", *extra])
+
+
+def test_the_key_comes_from_the_environment_only(monkeypatch):
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    assert from_config(openai_cfg()).api_key == "EMPTY"
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-from-env")
+    assert from_config(openai_cfg()).api_key == "sk-from-env"
+    monkeypatch.setenv("MY_KEY", "sk-mine")
+    assert from_config(openai_cfg("backend.api_key_env=MY_KEY")).api_key == "sk-mine"
+    with pytest.raises(ConfigError, match="backend.api_key_env: the environment variable NOT_SET_HERE is not set"):
+        from_config(openai_cfg("backend.api_key_env=NOT_SET_HERE"))
+    assert "sk-" not in json.dumps(openai_cfg("backend.api_key_env=MY_KEY").model_dump())
+
+
+def models_handler(status=200, body=None):
+    def handler(request):
+        assert request.url.path == "/v1/models"
+        if body is None:
+            return httpx.Response(status, json={"object": "list", "data": [{"id": "served-a"}, {"id": "served-b"}]})
+        return httpx.Response(status, json=body) if isinstance(body, dict) else httpx.Response(status, text=body)
+    return httpx.MockTransport(handler)
+
+
+def test_preflight_accepts_a_served_model_and_refuses_others_naming_what_is_served():
+    assert check_server("http://fake/v1", "served-b", transport=models_handler()) == []
+    with pytest.raises(ConfigError) as e:
+        check_server("http://fake/v1", "wrong", transport=models_handler())
+    assert str(e.value) == "backend.model 'wrong' is not served at http://fake/v1; it serves: served-a, served-b"
+    with pytest.raises(ConfigError, match="needs backend.model; http://fake/v1 serves: served-a, served-b"):
+        check_server("http://fake/v1", None, transport=models_handler())
+
+
+def test_preflight_refuses_a_refused_key_without_showing_it_and_warns_when_models_cannot_be_listed():
+    with pytest.raises(ConfigError) as e:
+        check_server("http://fake/v1", "m", "sk-secret-55",
+                     transport=models_handler(401, {"error": {"message": "bad key sk-secret-55"}}))
+    assert "HTTP 401" in str(e.value) and "OPENAI_API_KEY" in str(e.value) and "sk-secret-55" not in str(e.value)
+    [w] = check_server("http://fake/v1", "m", transport=models_handler(404, "Not Found"))
+    assert "HTTP 404" in w and "'m' is unchecked" in w
+    [w] = check_server("http://fake/v1", "m", transport=models_handler(200, "<html>hello</html>"))
+    assert "not a model list" in w
+
+
+def test_preflight_on_a_server_that_does_not_answer_is_one_line():
+    def slow(request):
+        raise httpx.ConnectTimeout("timed out", request=request)
+    with pytest.raises(ConfigError, match="http://fake/v1/models did not answer within 5 s"):
+        check_server("http://fake/v1", "m", transport=httpx.MockTransport(slow))
+    with socket.socket() as s:                # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(ConfigError) as e:
+        preflight(openai_cfg(f"backend.base_url=http://127.0.0.1:{port}/v1"))
+    assert f"cannot reach http://127.0.0.1:{port}/v1/models" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_run_against_a_live_server_writes_no_key_anywhere(tmp_path, monkeypatch):
+    pytest.importorskip("fastapi")
+    from click.testing import CliRunner
+
+    from batchlab.cli import main
+    from tests.server.conftest import running_server
+
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-live-secret-4242")
+    with running_server("continuous") as (url, _):
+        res = CliRunner().invoke(main, ["run", "--quiet", "--out", str(tmp_path / "out"),
+                                        "--set", "backend.kind=openai", "--set", "strategies=[server]",
+                                        "--set", f"backend.base_url={url}/v1", "--set", "backend.model=toy",
+                                        "--set", "traffic.rates=[20]", "--set", "traffic.duration_s=0.5",
+                                        "--set", "traffic.warmup_s=0", "--set", "traffic.prompt_len=4",
+                                        "--set", "traffic.output_len=2"])
+    assert res.exit_code == 0, res.output
+    files = [p for p in (tmp_path / "out").rglob("*") if p.is_file()]
+    assert any(p.name == "config.yaml" for p in files) and any(p.name == "requests.csv" for p in files)
+    assert not [p for p in files if b"sk-live-secret-4242" in p.read_bytes()]

@@ -49,3 +49,42 @@ def test_cli_bad_input_is_one_line_and_exit_2():
     assert res.exit_code == 2 and "must start with http://" in res.output
     res = CliRunner().invoke(loadtest_cmd, ["http://127.0.0.1:9/v1", "--model", "m", "--concurrency", "a,b"])
     assert res.exit_code == 2 and "--concurrency" in res.output
+
+
+def one_error_line(res) -> str:
+    assert res.exit_code == 2, res.output
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in res.output
+    return lines[0]
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--rate", "inf"], "rates.0: Input should be a finite number"),
+    (["--rate", "1e9"], "rates.0: Input should be less than or equal to 100000"),
+    (["--rate", "5", "--duration", "nan"], "duration_s: Input should be a finite number"),
+    (["--concurrency", "100000"], "--concurrency: levels must be from 1 to 65,536"),
+    (["--concurrency", "1000", "--per-user", "5000"], "the limit is 1,000,000"),
+    (["--api-key-env", "SURELY_NOT_SET_1234"], "--api-key-env: the environment variable SURELY_NOT_SET_1234 is not set"),
+])
+def test_cli_bad_numbers_and_keys_are_one_line_before_any_request(args, message, monkeypatch):
+    monkeypatch.delenv("SURELY_NOT_SET_1234", raising=False)
+    res = CliRunner().invoke(loadtest_cmd, ["http://127.0.0.1:9/v1", "--model", "m", *args])
+    assert message in one_error_line(res)
+
+
+def test_cli_checks_the_model_is_served_and_names_the_served_ones():
+    with running_server("continuous") as (url, _):
+        res = CliRunner().invoke(loadtest_cmd, [url + "/v1", "--model", "nope", "--concurrency", "1"])
+    assert "backend.model 'nope' is not served" in one_error_line(res)
+    assert "it serves: toy, local-model" in res.stderr
+
+
+def test_cli_reads_the_key_from_the_environment_and_writes_it_nowhere(tmp_path, monkeypatch):
+    monkeypatch.setenv("MY_SERVER_KEY", "sk-loadtest-secret-77")
+    out = tmp_path / "lt.json"
+    with running_server("continuous") as (url, _):
+        res = CliRunner().invoke(loadtest_cmd, [url + "/v1", "--api-key-env", "MY_SERVER_KEY", "--concurrency", "2",
+                                                "--prompt-len", "4", "--output-len", "2", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    assert json.loads(out.read_text())[0]["failed"] == 0
+    assert "sk-loadtest-secret-77" not in out.read_text() and "sk-loadtest-secret-77" not in res.output
