@@ -19,7 +19,7 @@ from batchlab.core.config import RunConfig
 from batchlab.run.schema import STRATEGY_RANK, Key, canonical
 
 GROWS = ("strategies", "traffic.rates", "traffic.repeats")       # may grow inside one experiment
-NO_EFFECT = ("name", "out", "report", "backend.api_key")        # do not change what a point means
+NO_EFFECT = ("name", "out", "report", "backend.api_key_env")    # do not change what a point means
 INPUT_FILES = ("traffic.trace_file", "backend.profile", "traffic.prompt_len.path", "traffic.output_len.path")
 def experiment(cfg: RunConfig) -> dict[str, Any]:
     """What a point of this config means: the config less GROWS and NO_EFFECT, plus the content

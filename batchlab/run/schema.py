@@ -36,7 +36,7 @@ def canonical(key: Key) -> tuple:
 
 def point_hash(cfg: RunConfig, strategy: str) -> str:
     """Digest of everything that shapes one strategy's points (not the list of rates/repeats)."""
-    shape = {"backend": cfg.backend.model_dump(exclude={"api_key"}), "knobs": cfg.knobs(strategy),
+    shape = {"backend": cfg.backend.model_dump(exclude={"api_key_env"}), "knobs": cfg.knobs(strategy),
              "traffic": cfg.traffic.model_dump(exclude={"rates", "repeats"}), "slo": cfg.slo.model_dump()}
     return hashlib.sha256(json.dumps(shape, sort_keys=True, default=str).encode()).hexdigest()[:12]
 

@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from batchlab.backends import make_backend
+from batchlab.backends import make_backend, preflight
 from batchlab.backends.base import Backend
-from batchlab.core.config import RunConfig
+from batchlab.core.config import RunConfig, config_warnings
 from batchlab.core.request import Status
 from batchlab.core.traffic import build_trace, read_trace_file, trace_rate
 from batchlab.errors import ConfigError
@@ -122,10 +122,10 @@ def plan_sweep(cfg: RunConfig, out: str | Path) -> SweepPlan:
         build_trace(cfg.traffic, rate, repeat)          # bad trace or ShareGPT files end here
     # NOTE: each trace is built again when its points run: holding every pending trace at once
     # would multiply memory by the number of points.
-    # TODO(preflight): plan.warnings += preflight(cfg)  -- batchlab.backends.preflight (being added): raises
-    # ConfigError for a backend that cannot work (a model path that does not exist, a server without this
-    # model) and returns warning lines. It belongs exactly here: after every input check, before the
-    # backend is made (a model load) and before the first file is written.
+    # NOTE: after every input check, before the backend is made (a model load) and before the first file
+    # is written: a backend that cannot work (a model path that does not exist, a server without this
+    # model) ends here in one line. A finished sweep (nothing to run) only needs the key warnings.
+    plan.warnings += preflight(cfg) if todo else config_warnings(cfg)
     if todo:
         plan.backend = make_backend(cfg)
     return plan

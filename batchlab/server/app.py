@@ -22,6 +22,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from batchlab.backends import make_backend, preflight
 from batchlab.core.clock import RealClock
 from batchlab.core.config import RunConfig, load_user_config
 from batchlab.errors import ConfigError, user_errors
@@ -120,7 +121,6 @@ def build_server(cfg: RunConfig, strategy: str, names: tuple[str, ...] = (), max
                  engine_thread: bool = False, flush_idle_s: float | None = 1.0,
                  max_body_bytes: int = 1 << 20) -> Server:
     """The scheduler, backend and engine for `strategy` under `cfg`, not yet started."""
-    from batchlab.backends import make_backend
     from batchlab.schedulers import make_scheduler
 
     if strategy == "server" or strategy not in ("naive", "dynamic", "continuous"):
@@ -199,6 +199,8 @@ def serve_cmd(config, strategy, overrides, host, port, names, max_queue, max_mod
         if not math.isfinite(value):
             raise ConfigError(f"{name} must be a finite number (got {value})")
     cfg = load_user_config(config, overrides)
+    for line in preflight(cfg):         # a model path or preset that cannot work ends here, in one line
+        click.echo(f"warning: {line}", err=True)
     server = build_server(cfg, strategy, tuple(names), max_queue, max_model_len, default_max_tokens, engine_thread,
                           flush_idle_ms / 1000 if flush_idle_ms > 0 else None, max_body_bytes)
     sock = listen(host, port)           # before the banner: a port in use is an error line, not a hang

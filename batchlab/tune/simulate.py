@@ -11,9 +11,11 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
+from pydantic import ValidationError
 
 from batchlab.backends.cost import StepCost
-from batchlab.core.config import RunConfig
+from batchlab.core.config import RunConfig, format_error
+from batchlab.errors import ConfigError
 from batchlab.tune.closed_form import ClosedForm, step_model
 from batchlab.tune.target import BATCH_BOUND, Target, mean_length
 
@@ -52,7 +54,10 @@ def sim_config(target: Target, cap: int, replicas: int, rate: float, max_wait_ms
                     "output_len": target.output_len.model_dump(exclude_none=True)},
         "report": False,
     }
-    return RunConfig.model_validate(tree)
+    try:
+        return RunConfig.model_validate(tree)
+    except ValidationError as e:       # e.g. a tuned rate past the per-point request cap
+        raise ConfigError(f"tune: a simulated check is out of bounds: {format_error(e)}") from None
 
 
 def simulate(cost: StepCost, target: Target, cap: int, replicas: int, rate: float,
