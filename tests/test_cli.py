@@ -130,3 +130,21 @@ def test_the_readme_sequence_keeps_two_experiments_apart(tmp_path):
     assert "max_wait_ms: 20.0" in (latest / "config.yaml").read_text()
     assert batchlab("report", "results/latest", cwd=tmp_path).returncode == 0
     assert (second / "report.md").is_file() and not (first / "report.md").exists()
+
+
+def test_a_machine_error_mid_run_is_one_line_not_a_traceback(tmp_path, monkeypatch):
+    """Disk full (ENOSPC) while a point is written: one error line, exit 1, and the command can resume."""
+    import errno
+
+    from click.testing import CliRunner
+
+    from batchlab.cli import main
+    from batchlab.run import results
+
+    def full(path, text):
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+    monkeypatch.setattr(results, "append_synced", full)
+    res = CliRunner().invoke(main, ["run", "--out", str(tmp_path / "r"), "--quiet", "--set", "traffic.rates=[5]",
+                                    "--set", "traffic.duration_s=5", "--set", "report=false"])
+    assert res.exit_code == 1 and "Traceback" not in res.output
+    assert "error: No space left on device" in res.output and "resume" in res.output
