@@ -22,7 +22,7 @@ from pathlib import Path
 from batchlab.backends.presets import load_cost
 from batchlab.backends.simulated import SimulatedBackend
 from batchlab.core.clock import VirtualClock
-from batchlab.core.config import ContinuousConfig, load_user_config
+from batchlab.core.config import MAX_BATCH, ContinuousConfig, load_user_config
 from batchlab.core.request import Request
 from batchlab.run.driver import Inbox, drive
 from batchlab.run.point import run_point
@@ -55,7 +55,8 @@ def batchlab_run(toy, n: int, seed: int) -> tuple[float, float]:
     work = toy.make_workload(n, seed)
     reqs = [Request(f"r{i}", w.prompt_len, w.output_len,
                     w.arrived_at, index=i) for i, w in enumerate(work)]
-    cfg = ContinuousConfig(max_num_seqs=1 << 30, max_num_batched_tokens=1 << 40, block_size=toy.KV_BLOCK_SIZE)
+    # NOTE: the largest caps a config accepts; the toy KV budget binds long before either
+    cfg = ContinuousConfig(max_num_seqs=MAX_BATCH, max_num_batched_tokens=1 << 24, block_size=toy.KV_BLOCK_SIZE)
     sched = ContinuousScheduler(cfg, toy.KV_BLOCKS_AVAILABLE, policy="reserve")
     backend = SimulatedBackend(load_cost("toy"))
     clock = VirtualClock()

@@ -69,12 +69,14 @@ def meets_slo(m: dict[str, float | None], slo: SLOConfig) -> bool:
     return True
 
 
-def percentile(values: np.ndarray, q: float) -> np.ndarray:
+def percentile(values: np.ndarray, q: float, presorted: bool = False) -> np.ndarray:
     """numpy's linear percentile along the last axis, bit for bit, except that +inf (a request
     that failed) is a value like any other and NaN (a missing value) is skipped. numpy returns
     NaN for a percentile on or next to an inf (it computes 0 x inf and inf - inf); here one that
     lands on a finite value is that value, and one that reaches an inf is inf."""
-    x = np.sort(np.asarray(values, dtype=np.float64), axis=-1)    # NaN sorts last
+    x = np.asarray(values, dtype=np.float64)
+    if not presorted:                   # `values` already sorted along the last axis (NaN last)
+        x = np.sort(x, axis=-1)         # NaN sorts last
     if x.shape[-1] == 0:
         return np.full(x.shape[:-1], np.nan)
     n = np.sum(~np.isnan(x), axis=-1, keepdims=True)
@@ -91,10 +93,10 @@ def percentile(values: np.ndarray, q: float) -> np.ndarray:
 
 
 def _pcts(values: Iterable[float | None], name: str) -> dict[str, float]:
-    arr = np.asarray([v for v in values if v is not None], dtype=np.float64)
+    arr = np.sort(np.asarray([v for v in values if v is not None], dtype=np.float64))   # once, not per q
     out = {}
     for q in PERCENTILES:
-        out[f"{name}_p{q}"] = float(percentile(arr, q)) if arr.size else float("nan")
+        out[f"{name}_p{q}"] = float(percentile(arr, q, presorted=True)) if arr.size else float("nan")
     out[f"{name}_mean"] = float(arr.mean()) if arr.size else float("nan")
     return out
 
