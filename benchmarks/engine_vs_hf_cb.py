@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 from pathlib import Path
 
@@ -138,8 +139,11 @@ async def measure(hf: HFBackend, c: int, repeats: int, burst_x: int, clock) -> d
         "concurrency": c, "requests": len(trace), "output_tokens": sum(t.output_len for t in trace),
         "tok_s": {n: med(n, "tok_s") for n in runs},
         "ttft_p50_s": {n: med(n, "ttft_p50") for n in runs},
+        "tok_s_per_repeat": {n: [r["tok_s"] for r in runs[n]] for n in runs},
         "ours_over_hf_cb": statistics.median(a["tok_s"] / b["tok_s"] for a, b in zip(runs["ours"], runs["hf-cb"])),
         "ours_over_generate": statistics.median(a["tok_s"] / b["tok_s"] for a, b in zip(runs["ours"], runs["generate"])),
+        "ours_over_hf_cb_per_repeat": [a["tok_s"] / b["tok_s"] for a, b in zip(runs["ours"], runs["hf-cb"])],
+        "ours_over_generate_per_repeat": [a["tok_s"] / b["tok_s"] for a, b in zip(runs["ours"], runs["generate"])],
         "step_ms": {"ours": 1e3 * statistics.median(s[0] for s in steps),
                     "generate": 1e3 * statistics.median(s[1] for s in steps)},
         "step_ratio": statistics.median(a / b for a, b in steps),
@@ -157,6 +161,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     ap.add_argument("--out", default="results/bench/engine_vs_hf_cb.json")
     args = ap.parse_args()
+    load_before = os.getloadavg()
     if args.threads:
         torch.set_num_threads(args.threads)
     hf = HFBackend(BackendConfig(model="tiny", device="cpu", dtype="float32", warmup_batches=1),
@@ -168,10 +173,10 @@ def main() -> None:
         await step_times(hf, 8, clock, 16, 8)               # warm the engine
         return [await measure(hf, c, args.repeats, args.burst, clock) for c in args.concurrency]
     levels = clock.run(run_all())
-    report(levels, hf.describe(), args)
+    report(levels, hf.describe(), args, {"before": load_before, "after": os.getloadavg()})
 
 
-def report(levels: list[dict], setup: dict, args) -> None:
+def report(levels: list[dict], setup: dict, args, load: dict) -> None:
     print(f"\nsetup: {setup['model']} on {setup['device']} ({setup['dtype']}), torch threads {torch.get_num_threads()}, "
           f"repeats {args.repeats}, burst {args.burst} x C requests")
     print(f"{'C':>4} {'ours tok/s':>10} {'hf-cb':>8} {'generate':>9} {'ours/hf-cb':>10} {'ours/gen':>8} "
@@ -188,7 +193,11 @@ def report(levels: list[dict], setup: dict, args) -> None:
           f"step time <= {STEP_TARGET}x generate(): {'met' if ok_step else 'NOT met'}")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"setup": setup, "threads": torch.get_num_threads(), "levels": levels}, indent=2))
+    command = "python benchmarks/engine_vs_hf_cb.py " + " ".join(
+        [f"--concurrency {' '.join(map(str, args.concurrency))}", f"--repeats {args.repeats}", f"--burst {args.burst}"]
+        + ([f"--threads {args.threads}"] if args.threads else []) + [f"--out {args.out}"])
+    out.write_text(json.dumps({"command": command, "setup": setup, "threads": torch.get_num_threads(),
+                               "load_avg_1_5_15": load, "cpus": os.cpu_count(), "levels": levels}, indent=2) + "\n")
     print(f"wrote {out}")
 
 

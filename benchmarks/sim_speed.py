@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import os
 import statistics
 import sys
@@ -78,7 +79,9 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--requests", type=int, default=5000)
     ap.add_argument("--skip-hour", action="store_true")
+    ap.add_argument("--json", default=None, help="Write the figures (and how they were made) to this file.")
     args = ap.parse_args()
+    load_before = os.getloadavg()
     toy = load_toy()
     toy_run(toy, 500, 7), batchlab_run(toy, 500, 7)              # warm-up
     toy_t, ours_t = [], []
@@ -94,13 +97,23 @@ def main() -> None:
     print(f"  batchlab : median {ours_med:.3f} s wall  ({args.requests / ours_med:,.0f} simulated req/s of wall time)"
           f"  simulated throughput {our_thr:,.0f} tok/s")
     print(f"  speed ratio batchlab/toy = {toy_med / ours_med:.2f} (target >= 1.0)")
+    hours = {}
     if not args.skip_hour:
-        for label, overrides in [("default sweep settings", ()),
-                                 ("outputs of 32-256 tokens: past capacity, a prefill in almost every step",
-                                  ("traffic.output_len={dist: uniform, low: 32, high: 256}",))]:
+        for key, label, overrides in [("default", "default sweep settings", ()),
+                                      ("long_outputs", "outputs of 32-256 tokens: past capacity, a prefill in almost every step",
+                                       ("traffic.output_len={dist: uniform, low: 32, high: 256}",))]:
             wall, n, s = hour_at_50(*overrides)
+            hours[key] = {"wall_s": wall, "requests": n, "throughput_tok_s": s["throughput_tok_s"]}
             print(f"one hour at 50 req/s, continuous, {label}: {n:,} requests in {wall:.1f} s wall "
                   f"(target < 60 s); simulated throughput {s['throughput_tok_s']:,.0f} tok/s")
+    if args.json:
+        out = {"command": f"python benchmarks/sim_speed.py --repeats {args.repeats} --json {args.json}",
+               "requests": args.requests, "toy_wall_s": toy_t, "batchlab_wall_s": ours_t,
+               "ratio_per_repeat": [a / b for a, b in zip(toy_t, ours_t)],
+               "toy_throughput_tok_s": toy_thr, "batchlab_throughput_tok_s": our_thr, "hour_at_50": hours,
+               "load_avg_1_5_15": {"before": load_before, "after": os.getloadavg()}, "cpus": os.cpu_count()}
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
 
 
 if __name__ == "__main__":

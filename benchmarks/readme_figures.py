@@ -1,0 +1,116 @@
+"""Regenerate the README's measured figures from the result files the benchmarks commit.
+
+Each benchmark run with `--json docs/results/NAME.json` (or `--out` for the engine comparison)
+records its figures, every repeat, the machine's load and the command that made them. This script
+renders each file into the README block between `<!-- figures:NAME -->` and `<!-- /figures:NAME -->`,
+so every figure quoted there can be traced to a file and a command. `--check` changes nothing and
+exits 1 if the README disagrees with the files (the test suite runs it).
+Usage: python benchmarks/readme_figures.py [--check] [--readme README.md] [--results docs/results]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import sys
+from pathlib import Path
+
+
+def _spread(values: list[float], fmt: str = "{:.2f}") -> str:
+    """'median (min–max over N)'."""
+    return (f"{fmt.format(statistics.median(values))} ({fmt.format(min(values))}–{fmt.format(max(values))} "
+            f"over {len(values)})")
+
+
+def _load(d: dict) -> str:
+    before = d["load_avg_1_5_15"]["before"][0]
+    after = d["load_avg_1_5_15"]["after"][0]
+    return f"1-minute load {before:.1f} before, {after:.1f} after, {d.get('cpus', '?')} CPUs"
+
+
+def sim_speed(d: dict) -> str:
+    r = d["ratio_per_repeat"]
+    toy, ours = statistics.median(d["toy_wall_s"]), statistics.median(d["batchlab_wall_s"])
+    lines = [f"`{d['command']}` ({_load(d)}; medians of {len(r)} interleaved repeats, min–max beside them):", "",
+             "| what | measured |", "|---|---|",
+             f"| continuous batching on the seed toy's workload ({d['requests']:,} requests, toy constants), batchlab's "
+             f"scheduler + driver + clock vs the toy itself | **{statistics.median(r):.2f}×** the toy's speed "
+             f"(paired per repeat {min(r):.2f}–{max(r):.2f}×; {ours:.3f} s vs {toy:.3f} s; same simulated throughput: "
+             f"{d['batchlab_throughput_tok_s']:.0f} vs {d['toy_throughput_tok_s']:.0f} tok/s) |"]
+    hours = d.get("hour_at_50", {})
+    if "default" in hours:
+        h = hours["default"]
+        lines.append(f"| one hour at 50 req/s, continuous, default settings ({h['requests']:,} requests) | "
+                     f"**{h['wall_s']:.1f} s** of wall time (one run) |")
+    if "long_outputs" in hours:
+        lines.append(f"| the same hour with 32–256-token outputs (past capacity: a prefill in almost every step) | "
+                     f"**{hours['long_outputs']['wall_s']:.1f} s** (one run) |")
+    return "\n".join(lines)
+
+
+def hf_dynamic_vs_naive(d: dict) -> str:
+    ttft, thr = d["ttft_ratio_per_repeat"], d["throughput_ratio_per_repeat"]
+    served = [s["naive"] for s in d["served_share_at_high_rate_per_repeat"]]
+    dyn = [s["dynamic"] for s in d["served_share_at_high_rate_per_repeat"]]
+    s = d["setup"]
+    return (f"`{d['command']}` ({s['model']} model on {s['device']}, {s['dtype']}, {s['torch_threads']} torch "
+            f"thread(s); {_load(d)}): at {d['low_rate']:g} req/s dynamic batching's p50 TTFT was "
+            f"**{statistics.median(ttft):.0f}×** lower than naive's (median; per repeat "
+            f"{' / '.join(f'{x:.0f}' for x in ttft)}: naive waits for a full batch). At {d['high_rate']:g} req/s, past "
+            f"both strategies' capacity (naive served {100 * statistics.median(served):.0f} % of the offered requests, "
+            f"dynamic {100 * statistics.median(dyn):.0f} %), dynamic's throughput was **{statistics.median(thr):.2f}×** "
+            f"naive's (per repeat {' / '.join(f'{x:.2f}' for x in thr)}).")
+
+
+def engine_vs_hf_cb(d: dict) -> str:
+    lines = [f"`{d['command']}` (tiny model, CPU, fp32, {d['threads']} torch thread(s); {_load(d)}; medians over "
+             "repeats, the paired ratio's min–max beside it):", "",
+             "| concurrency | batchlab continuous | transformers CB | plain `generate()` | ours / transformers CB "
+             "| ours / `generate()` | decode step ours / `generate()` | backend_eff |",
+             "|---|---|---|---|---|---|---|---|"]
+    for lv in d["levels"]:
+        t = lv["tok_s"]
+        cb, gen = lv["ours_over_hf_cb_per_repeat"], lv["ours_over_generate_per_repeat"]
+        lines.append(f"| {lv['concurrency']} | {t['ours']:,.0f} tok/s | {t['hf-cb']:,.0f} | {t['generate']:,.0f} | "
+                     f"{lv['ours_over_hf_cb']:.2f}× ({min(cb):.2f}–{max(cb):.2f}) | "
+                     f"{lv['ours_over_generate']:.2f}× ({min(gen):.2f}–{max(gen):.2f}) | {lv['step_ratio']:.2f}× | "
+                     f"{lv['efficiency']:.2f} |")
+    return "\n".join(lines)
+
+
+RENDER = {"sim_speed": sim_speed, "hf_dynamic_vs_naive": hf_dynamic_vs_naive, "engine_vs_hf_cb": engine_vs_hf_cb}
+
+
+def render(readme: str, results: Path) -> str:
+    """The README with every figures block whose result file exists regenerated from it."""
+    for name, fn in RENDER.items():
+        path = results / f"{name}.json"
+        pattern = re.compile(rf"(<!-- figures:{name} -->\n)(.*?)(<!-- /figures:{name} -->)", re.S)
+        if path.is_file() and pattern.search(readme):
+            block = fn(json.loads(path.read_text())) + "\n"
+            readme = pattern.sub(lambda m: m.group(1) + block + m.group(3), readme)
+    return readme
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--check", action="store_true", help="Exit 1 if the README disagrees with the result files.")
+    ap.add_argument("--readme", default="README.md")
+    ap.add_argument("--results", default="docs/results")
+    args = ap.parse_args()
+    path = Path(args.readme)
+    old = path.read_text()
+    new = render(old, Path(args.results))
+    if args.check:
+        if new != old:
+            print(f"{path}: figures differ from {args.results}; run python benchmarks/readme_figures.py")
+            sys.exit(1)
+        print(f"{path}: every figures block matches {args.results}")
+        return
+    path.write_text(new)
+    print(f"{path}: {'updated' if new != old else 'already up to date'}")
+
+
+if __name__ == "__main__":
+    main()
