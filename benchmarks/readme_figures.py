@@ -79,7 +79,25 @@ def engine_vs_hf_cb(d: dict) -> str:
     return "\n".join(lines)
 
 
-RENDER = {"sim_speed": sim_speed, "hf_dynamic_vs_naive": hf_dynamic_vs_naive, "engine_vs_hf_cb": engine_vs_hf_cb}
+def validate_sim(d: dict) -> str:
+    pct = lambda x: f"{100 * x:+.1f} %"  # noqa: E731
+    lines = [f"`{d['command']}` ({d['traffic_repeats']} runs of each point, medians on both sides; "
+             f"{d['threads']} torch thread(s); {_load(d)}): relative error of the simulator calibrated by the "
+             "two profiles, (sim − real) / real:", "",
+             "| strategy | rate (req/s) | p50 TTFT | p99 TTFT | p50 TPOT | throughput |", "|---|---|---|---|---|---|"]
+    for c in d["cells"]:
+        lines.append(f"| {c['strategy']} | {c['rate']:g} | {pct(c['ttft_p50_err'])} | {pct(c['ttft_p99_err'])} | "
+                     f"{pct(c['tpot_p50_err'])} | {pct(c['throughput_tok_s_err'])} |")
+    w = d["worst_abs_error"]
+    met = all(w[m] <= 0.10 for m in ("ttft_p50", "tpot_p50", "throughput_tok_s"))
+    lines += ["", f"Worst |error|: p50 TTFT {100 * w['ttft_p50']:.1f} %, p50 TPOT {100 * w['tpot_p50']:.1f} %, "
+              f"throughput {100 * w['throughput_tok_s']:.1f} %, p99 TTFT {100 * w['ttft_p99']:.1f} %; the 10 % target "
+              f"(p50 TTFT, p50 TPOT, throughput) is **{'met' if met else 'not met'}**."]
+    return "\n".join(lines)
+
+
+RENDER = {"sim_speed": sim_speed, "hf_dynamic_vs_naive": hf_dynamic_vs_naive, "engine_vs_hf_cb": engine_vs_hf_cb,
+          "validate_sim": validate_sim}
 
 
 def render(readme: str, results: Path) -> str:

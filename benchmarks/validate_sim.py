@@ -13,6 +13,7 @@ Usage: python benchmarks/validate_sim.py [--out results/validate_sim] [--rates 3
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shlex
 import subprocess
@@ -60,7 +61,9 @@ def main() -> int:
                     help="profile burst length: the traffic's mean output (generate() speeds up over its first steps)")
     ap.add_argument("--gap-ms", type=float, default=200.0, help="profile: idle time before each burst (live requests often find the backend idle)")
     ap.add_argument("--skip-profile", action="store_true", help="reuse the profiles already in --out")
+    ap.add_argument("--json", default=None, help="Write the errors (and how they were made) to this file.")
     args = ap.parse_args()
+    load_before = os.getloadavg()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     strategies = args.strategies.split(",")
@@ -85,6 +88,14 @@ def main() -> int:
     print("max |relative error| over points: " + ", ".join(f"{m} {100 * v:.1f}%" for m, v in worst.items()))
     hit = all(worst[m] <= 0.10 for m in ("ttft_p50", "tpot_p50", "throughput_tok_s"))
     print(f"target (p50 TTFT, p50 TPOT, throughput within 10%): {'met' if hit else 'NOT met'}")
+    if args.json:
+        cols = ["strategy", "rate", "repeats"] + [c for c in table.columns if c.endswith(("_real", "_sim", "_err"))]
+        out_json = {"command": "python benchmarks/validate_sim.py " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
+                    "rates": args.rates, "traffic_repeats": args.traffic_repeats, "threads": args.threads,
+                    "cells": table[cols].to_dict(orient="records"), "worst_abs_error": worst,
+                    "load_avg_1_5_15": {"before": load_before, "after": os.getloadavg()}, "cpus": os.cpu_count()}
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(out_json, indent=2) + "\n")
     return 0
 
 
