@@ -7,6 +7,7 @@ pytestmark = pytest.mark.hf
 import torch  # noqa: E402
 
 from batchlab.backends import hf_common as hc  # noqa: E402
+from batchlab.backends import hf_hub  # noqa: E402
 from batchlab.backends.hf import HFBackend  # noqa: E402
 from batchlab.core.clock import RealClock  # noqa: E402
 from batchlab.core.config import RunConfig  # noqa: E402
@@ -248,7 +249,7 @@ def no_hub(tmp_path, monkeypatch):
 
 
 def test_model_paths_that_do_not_hold_a_model_fail_in_one_line(tmp_path, tiny_model_dir):
-    assert hc.check_model(str(tiny_model_dir)) == [] and hc.check_model("tiny") == [] and hc.check_model(None) == []
+    assert hf_hub.check_model(str(tiny_model_dir)) == [] and hf_hub.check_model("tiny") == [] and hf_hub.check_model(None) == []
     (tmp_path / "empty").mkdir()
     (tmp_path / "file.bin").write_text("x")
     cases = {"/no/such/model/dir": "no such directory: /no/such/model/dir",
@@ -257,22 +258,22 @@ def test_model_paths_that_do_not_hold_a_model_fail_in_one_line(tmp_path, tiny_mo
              str(tmp_path / "file.bin"): "is a file; expected a model directory"}
     for name, message in cases.items():
         with pytest.raises(ConfigError) as e:
-            hc.check_model(name)
+            hf_hub.check_model(name)
         assert message in str(e.value) and "\n" not in str(e.value)
 
 
 def test_an_uncached_hub_name_without_a_reachable_hub_fails_in_seconds(no_hub):
     with pytest.raises(ConfigError) as e:
-        bounded(lambda: hc.check_model("someorg/some-model-7b"))
+        bounded(lambda: hf_hub.check_model("someorg/some-model-7b"))
     assert "not a local directory nor in the Hugging Face cache" in str(e.value)
     assert "cannot be reached" in str(e.value) and "\n" not in str(e.value)
 
 
 def test_hf_hub_offline_refuses_an_uncached_name_without_probing(no_hub, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setattr(hc, "hub_reachable", lambda: pytest.fail("probed the hub although offline"))
+    monkeypatch.setattr(hf_hub, "hub_reachable", lambda: pytest.fail("probed the hub although offline"))
     with pytest.raises(ConfigError, match="HF_HUB_OFFLINE is set"):
-        hc.check_model("someorg/some-model-7b")
+        hf_hub.check_model("someorg/some-model-7b")
 
 
 def test_a_cached_hub_name_passes_and_loads_offline(no_hub, tiny_model_dir):
@@ -283,7 +284,7 @@ def test_a_cached_hub_name_passes_and_loads_offline(no_hub, tiny_model_dir):
     shutil.copytree(tiny_model_dir, snap)
     (repo / "refs").mkdir()
     (repo / "refs" / "main").write_text("0" * 40)
-    warnings = bounded(lambda: hc.check_model("someorg/tiny-cached"))
+    warnings = bounded(lambda: hf_hub.check_model("someorg/tiny-cached"))
     assert warnings == ["backend.model 'someorg/tiny-cached': the hub is unreachable; loading the cached copy"]
     from batchlab.core.config import BackendConfig
     lm = bounded(lambda: hc.load(BackendConfig(kind="hf", model="someorg/tiny-cached", device="cpu")))
@@ -311,10 +312,10 @@ def test_the_hub_probe_says_reachable_only_when_something_answers(no_hub, monkey
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         url = f"http://127.0.0.1:{server.server_address[1]}"
-        assert bounded(lambda: hc._probe(url, 5.0)) is True
+        assert bounded(lambda: hf_hub._probe(url, 5.0)) is True
         monkeypatch.setenv("HF_ENDPOINT", url)      # reachable: an uncached name is left to download at load
-        assert hc.check_model("someorg/not-cached-yet") == []
+        assert hf_hub.check_model("someorg/not-cached-yet") == []
     finally:
         server.shutdown()
     # Still listening but no longer answering (a black hole): the probe gives up at its deadline.
-    assert bounded(lambda: hc._probe(url, 2.0)) is False
+    assert bounded(lambda: hf_hub._probe(url, 2.0)) is False
