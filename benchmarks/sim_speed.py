@@ -23,7 +23,8 @@ from pathlib import Path
 from batchlab.backends.presets import load_cost
 from batchlab.backends.simulated import SimulatedBackend
 from batchlab.core.clock import VirtualClock
-from batchlab.core.config import MAX_BATCH, ContinuousConfig, load_user_config
+from batchlab.core.config import ContinuousConfig, load_user_config
+from batchlab.core.limits import MAX_BATCH
 from batchlab.core.request import Request
 from batchlab.run.driver import Inbox, drive
 from batchlab.run.point import run_point

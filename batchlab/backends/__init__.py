@@ -11,7 +11,8 @@ from collections.abc import Callable
 from dataclasses import fields
 
 from batchlab.backends.base import Backend
-from batchlab.core.config import RunConfig, config_warnings
+from batchlab.core.applies import config_warnings
+from batchlab.core.config import RunConfig
 from batchlab.core.traffic import check_inputs
 from batchlab.errors import ConfigError
 

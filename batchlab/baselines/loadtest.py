@@ -22,7 +22,8 @@ from pydantic import ValidationError
 
 from batchlab.backends.openai import OpenAIBackend, api_key, check_server, served_models
 from batchlab.core.clock import RealClock
-from batchlab.core.config import MAX_BATCH, MAX_LENGTH, MAX_REQUESTS_PER_POINT, SLOConfig, TrafficConfig, format_error
+from batchlab.core.config import SLOConfig, TrafficConfig, format_error
+from batchlab.core.limits import MAX_BATCH, MAX_LENGTH, MAX_REQUESTS_PER_POINT
 from batchlab.core.metrics import summarize
 from batchlab.core.request import Request
 from batchlab.core.traffic import build_trace

@@ -19,24 +19,18 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
+from batchlab.core.limits import (
+    MAX_BATCH,
+    MAX_LENGTH,
+    MAX_SECONDS,
+    MIN_RATE,
+    BatchSize,
+    Rate,
+    Seconds,
+    Tokens,
+    check_point_size,
+)
 from batchlab.errors import ConfigError
-
-# Sane bounds. Each is far above any real use and far below what would exhaust a machine.
-MAX_RATE = 100_000.0                  # req/s offered to one point
-MIN_RATE = 1e-6                       # req/s (about one request in 12 days)
-MAX_SECONDS = 604_800.0               # one week: durations, warm-up, SLOs, rate-step times
-MAX_LENGTH = 1_048_576                # tokens in one prompt or one output (2^20)
-MAX_BATCH = 65_536                    # requests in one batch or step
-MAX_REQUESTS_PER_POINT = 1_000_000    # ~1 KB of stamps and bookkeeping each: about 1 GB per point
-MAX_TOKENS_PER_POINT = 200_000_000    # prompt + output tokens, expected: ids and stamps are 8+ bytes each
-
-PositiveInt = Annotated[int, Field(gt=0)]
-PositiveFloat = Annotated[float, Field(gt=0)]
-NonNegFloat = Annotated[float, Field(ge=0)]
-Seconds = Annotated[float, Field(gt=0, le=MAX_SECONDS)]
-Tokens = Annotated[int, Field(gt=0, le=MAX_LENGTH)]
-BatchSize = Annotated[int, Field(gt=0, le=MAX_BATCH)]
-Rate = Annotated[float, Field(gt=0, le=MAX_RATE)]
 
 # Config keys whose values are never echoed in an error line (they may hold a secret).
 _SECRET_KEYS = ("api_key", "api_key_env", "base_url")
@@ -249,18 +243,6 @@ class TrafficConfig(_Model):
         return self.prompt_len.mean() + self.output_len.mean()
 
 
-def check_point_size(requests: float, tokens: float, rate: float | None = None) -> None:
-    """Refuse a point that would generate more than the caps allow (ValueError, one line)."""
-    at = f" at {rate:g} req/s" if rate is not None else ""
-    if requests > MAX_REQUESTS_PER_POINT:
-        raise ValueError(f"a point{at} would generate about {requests:.3g} requests (warmup_s + duration_s, "
-                         f"rate_step included); the limit is {MAX_REQUESTS_PER_POINT:,} requests per point: "
-                         "lower traffic.rates or traffic.duration_s")
-    if tokens > MAX_TOKENS_PER_POINT:
-        raise ValueError(f"a point{at} would generate about {tokens:.3g} prompt + output tokens; the limit is "
-                         f"{MAX_TOKENS_PER_POINT:,} tokens per point: shorten the lengths or the traffic")
-
-
 # "server": the backend batches for itself (an OpenAI-compatible server, transformers' own
 # continuous batching); batchlab only sends the trace and measures.
 Strategy = Literal["naive", "dynamic", "continuous", "server"]
@@ -303,59 +285,6 @@ class RunConfig(_Model):
             return knobs
         section = getattr(self, strategy).model_dump()
         return {f"{strategy}.{k}": v for k, v in section.items()}
-
-
-# backend.* keys each kind reads (`kind` itself applies to all).
-_HF_KEYS = {"model", "dtype", "device", "threads", "memory_budget_bytes", "warmup_batches"}
-BACKEND_KEYS: dict[str, set[str]] = {
-    "sim": {"preset", "profile", "replicas", "router"},
-    "hf": _HF_KEYS,
-    "hf-cb": _HF_KEYS,
-    "openai": {"model", "base_url", "api_key_env", "timeout_s", "prompt_format", "length_control", "max_connections"},
-}
-# Strategy sections (or single knobs) a kind never reads.
-IGNORED_SECTIONS: dict[str, tuple[str, ...]] = {
-    "sim": (), "hf": (),
-    "hf-cb": ("naive", "dynamic", "continuous.chunk_size", "continuous.preemption"),
-    "openai": ("naive", "dynamic", "continuous"),
-}
-
-
-def config_warnings(cfg: RunConfig) -> list[str]:
-    """One line per key the user set that this run will not read (print as `warning: ...`)."""
-    given = cfg._given if cfg._given is not None else _set_keys(cfg)
-    kind = cfg.backend.kind
-    out = []
-    for key in sorted(given):
-        section, _, rest = key.partition(".")
-        name = rest.split(".")[0]
-        if section == "backend" and name and name != "kind" and name not in BACKEND_KEYS[kind]:
-            out.append(f"backend.{name} does not apply to backend.kind '{kind}' (ignored)")
-        elif any(key == s or key.startswith(s + ".") for s in IGNORED_SECTIONS[kind]):
-            out.append(f"{key} does not apply to backend.kind '{kind}' (ignored)")
-        elif section == "traffic":
-            reason = _traffic_ignores(cfg.traffic, name)
-            if reason:
-                out.append(f"traffic.{name} does not apply {reason} (ignored)")
-    return list(dict.fromkeys(out))
-
-
-def _traffic_ignores(t: TrafficConfig, name: str) -> str | None:
-    if t.arrival == "trace" and name in ("rates", "prompt_len", "output_len", "rate_step", "burstiness", "seed"):
-        return "to arrival 'trace' (the file sets arrivals and lengths)"
-    if name == "burstiness" and t.arrival != "gamma":
-        return f"to arrival '{t.arrival}' (only gamma has a shape)"
-    if name == "trace_file" and t.arrival != "trace":
-        return f"to arrival '{t.arrival}' (set traffic.arrival=trace to replay it)"
-    return None
-
-
-def _set_keys(model: BaseModel, prefix: str = "") -> set[str]:
-    keys = set()
-    for name in model.model_fields_set:
-        value = getattr(model, name)
-        keys |= _set_keys(value, f"{prefix}{name}.") if isinstance(value, BaseModel) else {prefix + name}
-    return keys
 
 
 def _leaves(tree: Any, prefix: str = "") -> set[str]:

@@ -18,16 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
-from batchlab.core.config import (
-    MAX_LENGTH,
-    MAX_REQUESTS_PER_POINT,
-    MAX_SECONDS,
-    MAX_TOKENS_PER_POINT,
-    LengthDist,
-    TrafficConfig,
-    check_point_size,
-    one_line,
-)
+from batchlab.core.config import LengthDist, TrafficConfig, one_line
+from batchlab.core.limits import MAX_LENGTH, MAX_REQUESTS_PER_POINT, MAX_SECONDS, MAX_TOKENS_PER_POINT, check_point_size
 from batchlab.core.request import Request
 from batchlab.errors import ConfigError
 

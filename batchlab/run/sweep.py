@@ -22,7 +22,8 @@ from typing import Any
 
 from batchlab.backends import make_backend, preflight
 from batchlab.backends.base import Backend
-from batchlab.core.config import RunConfig, config_warnings
+from batchlab.core.applies import config_warnings
+from batchlab.core.config import RunConfig
 from batchlab.core.request import Status
 from batchlab.core.traffic import build_trace, read_trace_file, trace_rate
 from batchlab.errors import ConfigError

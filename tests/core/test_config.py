@@ -1,14 +1,8 @@
 import pytest
 
-from batchlab.core.config import (
-    MAX_REQUESTS_PER_POINT,
-    MAX_TOKENS_PER_POINT,
-    LengthDist,
-    RunConfig,
-    config_warnings,
-    load_config,
-    load_user_config,
-)
+from batchlab.core.applies import config_warnings
+from batchlab.core.config import LengthDist, RunConfig, load_config, load_user_config
+from batchlab.core.limits import MAX_REQUESTS_PER_POINT, MAX_TOKENS_PER_POINT
 from batchlab.errors import ConfigError
 
 

@@ -3,7 +3,8 @@ import json
 import numpy as np
 import pytest
 
-from batchlab.core.config import MAX_LENGTH, TrafficConfig
+from batchlab.core.config import TrafficConfig
+from batchlab.core.limits import MAX_LENGTH
 from batchlab.core.traffic import build_trace, check_inputs, read_trace_file
 from batchlab.errors import ConfigError
 
@@ -162,10 +163,10 @@ def test_bad_sharegpt_files_fail_in_one_line(tmp_path, data, raw, message):
 
 
 def test_check_inputs_applies_the_token_cap_with_the_files_real_lengths(tmp_path, monkeypatch):
-    import batchlab.core.config as config
+    import batchlab.core.limits as limits
     c = sharegpt(tmp_path, [{"conversations": [{"from": "human", "value": "w " * 1000}]}])
     check_inputs(c)                       # 5 req/s x 10 s x (1000 + 128) tokens: well under the cap
-    monkeypatch.setattr(config, "MAX_TOKENS_PER_POINT", 40_000)
+    monkeypatch.setattr(limits, "MAX_TOKENS_PER_POINT", 40_000)
     with pytest.raises(ConfigError, match="about 5.64e\\+04 prompt \\+ output tokens"):
         check_inputs(c)
 
