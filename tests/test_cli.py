@@ -1,10 +1,8 @@
 """The command line as a user meets it: real subprocesses, exit codes, one-line errors."""
 import csv
-import os
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -41,27 +39,15 @@ def files_under(path):
     return sorted(str(p.relative_to(path)) for p in path.rglob("*"))
 
 
-def unwritable_dir(tmp_path):
-    """chmod for a normal user; root ignores modes, so sysfs, where even root cannot create files."""
-    if os.geteuid() != 0:
-        d = tmp_path / "ro"
-        d.mkdir()
-        d.chmod(0o555)
-        return d
-    if Path("/sys/kernel").is_dir():
-        return Path("/sys/kernel")
-    pytest.skip("running as root without /sys: no unwritable directory to test with")
-
-
 @pytest.mark.parametrize("where,message", [
     ("a-file", "is a file, not a directory"),
     ("a-file/sub", "a-file is a file, not a directory"),
     ("READONLY", "cannot write in"),
     ("READONLY/new/deeper", "cannot write in"),
 ])
-def test_an_unusable_out_is_one_line_exit_2_and_creates_nothing(tmp_path, where, message):
+def test_an_unusable_out_is_one_line_exit_2_and_creates_nothing(tmp_path, where, message, unwritable_dir):
     (tmp_path / "a-file").write_text("not a directory")
-    ro = unwritable_dir(tmp_path)
+    ro = unwritable_dir
     out = where.replace("READONLY", str(ro)) if where.startswith("READONLY") else str(tmp_path / where)
     before = files_under(tmp_path)
     p = batchlab("run", "--out", out, "--quiet", "--set", "traffic.duration_s=5")

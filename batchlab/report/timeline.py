@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from batchlab.core.metrics import percentile
 from batchlab.report.stats import ATTAINMENT
 
 RECOVERY_SLACK = 1.2     # "back to baseline": windowed p99 TTFT within 20% of the baseline p99
@@ -156,20 +157,7 @@ def windowed(rows: pd.DataFrame, t0: float, t1: float, w: float, fn) -> tuple[np
 
 def p99_ttft(sel: pd.DataFrame) -> float:
     v = sel["ttft"].where(sel["status"] == "finished", np.inf)   # a failed request never recovered
-    return percentile(v.to_numpy(float), 99)
-
-
-def percentile(v: np.ndarray, q: float) -> float:
-    """np.percentile (linear) over values that may hold inf (failed requests). NOTE: numpy
-    interpolates inf - inf into NaN with a RuntimeWarning; a percentile that reaches an inf is inf."""
-    v = np.sort(v[~np.isnan(v)])
-    if not len(v):
-        return float("nan")
-    h = (len(v) - 1) * q / 100
-    lo, hi = int(np.floor(h)), int(np.ceil(h))
-    if np.isinf(v[lo]) or (np.isinf(v[hi]) and h > lo):
-        return float("inf")
-    return float(np.percentile(v, q))
+    return float(percentile(v.to_numpy(float), 99))   # inf once it reaches a failure (core/metrics.py)
 
 
 def recovery(rows: pd.DataFrame, ref: float, end_s: float, threshold: float, w: float) -> float | None:

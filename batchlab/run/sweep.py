@@ -1,8 +1,8 @@
 """A sweep: strategies x rates x repeats, each point written to disk the moment it finishes.
 
 `plan_sweep` checks everything and writes nothing: the output location, that the directory holds
-this experiment (run/results.py), which points are missing, every pending point's trace, the
-backend. `execute` then takes the directory's lock, repairs what a crash left, runs the missing
+this experiment (run/results.py), which points are missing, the input files and the backend
+(preflight). `execute` then takes the directory's lock, repairs what a crash left, runs the missing
 points in canonical order and appends each one as it finishes. An `out` named `latest` (the
 default, results/latest) is a link: each experiment gets its own sibling directory
 `<name>-<digest>`, and the link points at the one run last, so a changed setting starts a fresh
@@ -119,13 +119,11 @@ def plan_sweep(cfg: RunConfig, out: str | Path) -> SweepPlan:
     done = _recorded_points(results, exp, cfg)
     todo = pending_points(cfg, done, results.path)
     plan = SweepPlan(cfg, results, link, exp, total=len(grid), todo=todo)
-    for rate, repeat in dict.fromkeys((rate, repeat) for _, rate, repeat in todo):
-        build_trace(cfg.traffic, rate, repeat)          # bad trace or ShareGPT files end here
-    # NOTE: each trace is built again when its points run: holding every pending trace at once
-    # would multiply memory by the number of points.
     # NOTE: after every input check, before the backend is made (a model load) and before the first file
-    # is written: a backend that cannot work (a model path that does not exist, a server without this
-    # model) ends here in one line. A finished sweep (nothing to run) only needs the key warnings.
+    # is written: a bad trace or ShareGPT file (read row by row, caps applied with real lengths), or a
+    # backend that cannot work (a model path that does not exist, a server without this model) ends here
+    # in one line. Traces themselves are built only when their points run. A finished sweep (nothing to
+    # run) only needs the key warnings.
     plan.warnings += preflight(cfg) if todo else config_warnings(cfg)
     if todo:
         plan.backend = make_backend(cfg)

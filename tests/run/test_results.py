@@ -181,23 +181,10 @@ def test_write_text_is_atomic_and_skips_identical_content(tmp_path):
 
 # ---- where results may go ----------------------------------------------------------------------------
 
-def unwritable_dir(tmp_path: Path) -> Path:
-    """A directory this process cannot write in: chmod for a normal user; root ignores modes,
-    so use sysfs, where even root cannot create files."""
-    if os.geteuid() != 0:
-        d = tmp_path / "ro"
-        d.mkdir()
-        d.chmod(0o555)
-        return d
-    if Path("/sys/kernel").is_dir():
-        return Path("/sys/kernel")
-    pytest.skip("running as root without /sys: no unwritable directory to test with")
-
-
-def test_output_location_checks(tmp_path):
+def test_output_location_checks(tmp_path, unwritable_dir):
     f = tmp_path / "file"
     f.write_text("x")
-    ro = unwritable_dir(tmp_path)
+    ro = unwritable_dir
     cases = {f: "is a file, not a directory", f / "sub": f"{f} is a file, not a directory",
              ro: f"cannot write in {ro}", ro / "new" / "deeper": f"cannot write in {ro}"}
     for path, message in cases.items():
