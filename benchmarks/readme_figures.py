@@ -96,8 +96,78 @@ def validate_sim(d: dict) -> str:
     return "\n".join(lines)
 
 
+def _rate(p: dict, tried: list[float]) -> str:
+    r = p["sustained_rate"]
+    if r is None:
+        return "none"
+    return f"≥ {r:g} (highest tried)" if r == max(pt["rate"] for pt in p["points"]) == max(tried) else f"{r:g}"
+
+
+def _memory(res: dict) -> str:
+    m = res.get("memory", {})
+    if "batchlab_peak_memory_bytes" in m:
+        return f"{m['batchlab_peak_memory_bytes'] / 2**20:.0f} MiB peak RSS above its loaded baseline"
+    if "kv_pool" in res and "num_gpu_blocks" in res["kv_pool"]:
+        pool = res["kv_pool"]
+        used = m.get("vllm:kv_cache_usage_perc")
+        return (f"KV pool of {int(pool['num_gpu_blocks'] * pool['block_size']):,} tokens reserved up front; peak use "
+                + (f"{100 * used:.1f} %" if used is not None else "not reported"))
+    return "not reported"
+
+
+def serving(d: dict) -> str:
+    """batchlab serve, vLLM and transformers serve on one trace; the sustained rate needs the SLO met
+    and >= 95 % of the arrivals served, per pass; medians over passes with min–max beside them."""
+    t, slo = d["trace"], d["slo"]
+    limits = " and ".join(f"p99 {k.removesuffix('_s').upper()} ≤ {v * 1e3:g} ms" for k, v in slo.items())
+    pin = "pinned to one core, the load generator on the other" if d["pinned"] else "not pinned"
+    lines = [f"`{d['command']}` ({t['arrival']} arrivals, {t['duration_s']:g} s per rate after {t['warmup_s']:g} s "
+             f"warm-up, {t['prompt_len']}-token prompts and outputs; servers {pin}; {_load(d)}; {d['sweep_repeats']} pass(es) "
+             f"over rates {', '.join(f'{r:g}' for r in t['rates'])} req/s, each pass stopping once a server serves "
+             f"under 90 % of what arrives). A rate is sustained when no request failed, {limits}, and the server "
+             f"completed ≥ {100 * d['keeps_up']:.0f} % of the requests that arrived:", "",
+             "| server | sustained rate, req/s (each pass) | tok/s there | p99 TTFT there | throughput at its "
+             "highest rate | memory (what it is) |", "|---|---|---|---|---|---|"]
+    best: dict[str, float] = {}
+    per_pass: dict[str, list[float]] = {}
+    for res in d["servers"]:
+        if not res["passes"]:
+            lines.append(f"| {res['server']} | could not run: {res.get('error', '?')[:80]} | – | – | – | – |")
+            continue
+        passes = res["passes"]
+        at = [next(pt for pt in p["points"] if pt["rate"] == p["sustained_rate"]) for p in passes
+              if p["sustained_rate"] is not None]
+        sat = [p["saturated_tok_s"] for p in passes]
+        rates = [p["sustained_rate"] or 0.0 for p in passes]
+        best[res["server"]] = statistics.median(rates)
+        per_pass[res["server"]] = rates
+        there = (f"{statistics.median([a['throughput_tok_s'] for a in at]):,.0f}",
+                 f"{1e3 * statistics.median([a['ttft_p99'] for a in at]):,.0f} ms") if at else ("–", "–")
+        lines.append(f"| {res['server']} | {' / '.join(_rate(p, t['rates']) for p in passes)} | {there[0]} | "
+                     f"{there[1]} | {_spread(sat, '{:,.0f}')} tok/s | {_memory(res)} |")
+    ours = {k: v for k, v in best.items() if k.startswith("batchlab")}
+    if ours and best.get("vllm"):
+        name = max(ours, key=ours.get)
+        ratios = [a / b for a, b in zip(per_pass[name], per_pass["vllm"]) if b]
+        agree = not ratios or min(ratios) >= 1 or max(ratios) <= 1
+        lines += ["", f"Best batchlab strategy against vLLM on sustained rate (median over passes): {name} "
+                      f"{ours[name]:g} vs {best['vllm']:g} req/s, **{ours[name] / best['vllm']:.2f}×** on this rate grid"
+                      + (f" (per pass {' / '.join(f'{r:.2f}' for r in ratios)})." if agree else
+                         f"; the passes disagree on which is higher (per pass {' / '.join(f'{r:.2f}' for r in ratios)}), "
+                         "so no winner is claimed.")]
+    for key, o in d.get("overhead", {}).items():
+        if isinstance(o, dict):
+            srv, cli = o["server_added_ttft_per_repeat_ms"], o["added_ttft_per_repeat_ms"]
+            lines.append(f"- Serving overhead, {key} (simulator in real time, {d['overhead']['rate']:g} req/s): p50 TTFT "
+                         f"over the same scheduler in-process, counted from the moment httpx writes the request: "
+                         f"**{_spread(srv, '{:+.2f}')} ms**; as the client sees it: {_spread(cli, '{:+.2f}')} ms.")
+    for label, o in d.get("loadgen", {}).items():
+        lines.append(f"- Load generator's send lag p99 at 200 req/s ({label}): **{_spread(o['runs_ms'])} ms**.")
+    return "\n".join(lines)
+
+
 RENDER = {"sim_speed": sim_speed, "hf_dynamic_vs_naive": hf_dynamic_vs_naive, "engine_vs_hf_cb": engine_vs_hf_cb,
-          "validate_sim": validate_sim}
+          "validate_sim": validate_sim, "serving": serving}
 
 
 def render(readme: str, results: Path) -> str:
