@@ -32,6 +32,7 @@ class Capacity:
     highest_tried: bool          # it sustained the highest rate it ran: the true capacity may be higher
     broke_at: float | None       # the first tested rate above `rate` that it did not sustain
     limit: tuple[str, ...] = ()  # what broke there: "TTFT", "TPOT", "E2E" and/or "throughput"
+    attainment: float = 0.0      # mean over tested rates of the median SLO attainment: breaks ties
 
 
 def offered_rates(summary: pd.DataFrame, requests: pd.DataFrame | None) -> pd.Series:
@@ -72,7 +73,8 @@ def capacities(summary: pd.DataFrame, requests: pd.DataFrame | None, slo: dict) 
         above = rows[~rows["sustained"] & ((rows["rate"] > best) if best is not None else True)]["rate"]
         broke = float(above.min()) if len(above) else None
         limit = _limit(rows[rows["rate"] == broke].iloc[0], requests, s, broke, slo) if broke is not None else ()
-        out[s] = Capacity(s, best, best is not None and best == float(rows["rate"].max()), broke, limit)
+        out[s] = Capacity(s, best, best is not None and best == float(rows["rate"].max()), broke, limit,
+                          float(rows["attainment"].mean()))
     return out
 
 
@@ -102,9 +104,11 @@ def metric_attainment(requests: pd.DataFrame | None, strategy: str, rate: float,
 
 
 def ranked(caps: dict[str, Capacity]) -> list[str]:
-    """Strategies from the most sustained traffic to the least (ties keep their order)."""
+    """Strategies from the most sustained traffic to the least; equal capacity (none included):
+    the higher mean SLO attainment first, then the config's order."""
     order = list(caps)
-    return sorted(order, key=lambda s: (-(caps[s].rate if caps[s].rate is not None else -1), order.index(s)))
+    return sorted(order, key=lambda s: (-(caps[s].rate if caps[s].rate is not None else -1), -caps[s].attainment,
+                                        order.index(s)))
 
 
 def telling_rate(caps: dict[str, Capacity], better: str, rates: list[float]) -> float:

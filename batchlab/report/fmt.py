@@ -69,5 +69,7 @@ def count(n: int, noun: str) -> str:
 
 
 def listing(items: list[str]) -> str:
-    """'a', 'a and b', 'a, b and c'."""
+    """'a', 'a and b', 'a, b and c' ('' for none)."""
+    if not items:
+        return ""
     return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]

@@ -63,10 +63,12 @@ def build_report(results_dir: Path) -> tuple[Path, list[str]]:
     with _quiet():
         caps = capacity.capacities(summary, requests, slo)
         comparisons = {p: stats.compare(summary, requests, *p, seed=seed) for p in ranked_pairs(caps)}
-        lines = verdict_lines(summary, setup, comparisons, slo, stats.past_capacity(summary, _fittable(requests)), caps)
         crossings = {p: stats.crossovers(summary, *p) for p in comparisons}
     rate = capacity.telling_rate(caps, capacity.ranked(caps)[0], list(summary["rate"].unique()))
     figures, burst = _figures(results_dir, summary, requests, config, slo, rate, caps)
+    with _quiet():
+        lines = verdict_lines(summary, setup, comparisons, slo, stats.past_capacity(summary, _fittable(requests)), caps,
+                              burst, (config.get("traffic") or {}).get("rate_step"))
     outcomes = point_outcomes(summary, requests)
     md = _title(config, lines) + _setup(setup, config) + _plots(figures, rate, outcomes)
     md += _tables(summary, outcomes) + _comparisons(comparisons) + _knees_crossovers(summary, crossings, caps, slo)
@@ -111,6 +113,17 @@ def _figures(out: Path, summary, requests, config, slo, rate, caps: dict[str, Ca
         figs["burst"] = run_plots.plot_burst(requests, out, rate, warmup, window, base, tl.window_for(rate),
                                              (traffic.get("rate_step") or {}).get("to_rate"))
     return figs, burst_rows
+
+
+def burst_results(results_dir: Path) -> list[tl.BurstResult]:
+    """The burst rows of a rate-step run (empty otherwise), from the files, for the terminal."""
+    summary, _, config = load_results(Path(results_dir))
+    requests, window = load_requests(Path(results_dir)), _burst_window(config)
+    if requests is None or not window:
+        return []
+    slo = {k: v for k, v in (config.get("slo") or {}).items() if v}
+    with _quiet():
+        return _burst_rows(requests, config, float((config.get("traffic") or {}).get("warmup_s", 0)), window, slo)
 
 
 def _run_figures(out, summary, requests, config, slo, rate, warmup, window) -> dict[str, Path]:

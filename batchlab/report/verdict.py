@@ -113,23 +113,48 @@ def slo_text(slo: dict) -> str:
     return fmt.listing([f"{name} ≤ {fmt.seconds(slo[k])}" for k, name in capacity.SLO_METRICS.items() if slo.get(k)])
 
 
-def headline(caps: dict[str, Capacity], slo: dict) -> str:
+def headline(caps: dict[str, Capacity], slo: dict, step: dict | None = None) -> str:
     """The answer first: 'Continuous sustains 20 req/s within TTFT ≤ 1 s and TPOT ≤ 50 ms;
-    dynamic 5; naive none — 4× more traffic than dynamic.'"""
+    dynamic 5; naive none — 4× more traffic than dynamic.' A burst run (traffic.rate_step) says
+    that the rates named carry the burst."""
     order = capacity.ranked(caps)
     within = (f"within {slo_text(slo)}" if slo_text(slo) else
               f"with no SLO set (serving ≥ {fmt.share(capacity.SERVED)} of the offered requests/s)")
     best = caps[order[0]]
     if best.rate is None:
-        return f"No strategy sustains even the lowest tested rate {within}: {fmt.listing(order)} all miss it."
+        every = "both" if len(order) == 2 else "all"
+        return f"No strategy sustains even the lowest tested rate {within}: {fmt.listing(order)} {every} miss it."
 
     def at(c: Capacity, unit: str = "") -> str:
         if c.rate is None:
             return "none"
         return f"≥ {fmt.num(c.rate)}{unit} (highest tried)" if c.highest_tried else f"{fmt.num(c.rate)}{unit}"
-    text = f"{best.strategy.capitalize()} sustains {at(best, ' req/s')} {within}"
+    text = f"{best.strategy.capitalize()} sustains {at(best, ' req/s')}{_burst_text(step)} {within}"
     text += "".join(f"; {s} {at(caps[s])}" for s in order[1:])
     return text + _lead(best, [caps[s] for s in order[1:]]) + "."
+
+
+def _burst_text(step: dict | None) -> str:
+    """' with a burst to 25 req/s from 40 s to 50 s,'."""
+    if not step:
+        return ""
+    until = f" to {fmt.num(step['until_s'])} s" if step.get("until_s") else " on"
+    return f" with a burst to {fmt.rate(step['to_rate'])} from {fmt.num(step['at_s'])} s{until},"
+
+
+def burst_line(rows: list, step: dict | None) -> str | None:
+    """'Burst to 25 req/s at 40–50 s: continuous peak queue 5 (2 before), back to its pre-burst
+    p99 TTFT 4 s after, 0 s violating the SLO; dynamic ...' (report/timeline.py measures these)."""
+    if not rows or not step:
+        return None
+    parts = []
+    for b in rows:
+        rec = (f"back to its pre-burst p99 TTFT {fmt.num(b.recovery_s)} s after" if b.recovery_s is not None
+               else "not back to its pre-burst p99 TTFT by the end of the run" if np.isfinite(b.baseline_p99_ttft)
+               else "no pre-burst request finished")
+        slo = "" if b.violating_s is None else f", {fmt.num(b.violating_s)} s violating the SLO"
+        parts.append(f"{b.strategy} peak queue {b.peak_queue} ({b.peak_queue_before} before), {rec}{slo}")
+    return f"Burst{_burst_text(step).removeprefix(' with a burst').removesuffix(',')}: " + "; ".join(parts) + "."
 
 
 def _lead(best: Capacity, rest: list[Capacity]) -> str:
@@ -147,10 +172,10 @@ def _lead(best: Capacity, rest: list[Capacity]) -> str:
 
 
 def limits_line(caps: dict[str, Capacity]) -> str | None:
-    """'What breaks first above each: continuous TPOT at 50 req/s; dynamic TTFT at 20 req/s.'"""
+    """'What each misses first: continuous TPOT at 50 req/s; dynamic TTFT at 20 req/s.'"""
     parts = [f"{c.strategy} {fmt.listing(list(c.limit))} at {fmt.rate(c.broke_at)}"
              for s in capacity.ranked(caps) if (c := caps[s]).broke_at is not None and c.limit]
-    return f"What breaks first above each capacity: {'; '.join(parts)}." if parts else None
+    return f"What each misses first: {'; '.join(parts)}." if parts else None
 
 
 def ranked_pairs(caps: dict[str, Capacity]) -> list[tuple[str, str]]:
@@ -169,7 +194,8 @@ def crossover_lines(summary: pd.DataFrame, pairs_: list[tuple[str, str]]) -> lis
 
 def verdict_lines(summary: pd.DataFrame, setup: dict, comparisons: dict[tuple[str, str], pd.DataFrame] | None = None,
                   slo: dict | None = None, past: set[tuple[str, float]] | None = None,
-                  caps: dict[str, Capacity] | None = None) -> list[str]:
+                  caps: dict[str, Capacity] | None = None, burst: list | None = None,
+                  step: dict | None = None) -> list[str]:
     """The headline (capacity under the SLO), strategies that failed every request, one sentence
     per pair (the better first, at the rate capacity.telling_rate fixes), what breaks each knee,
     then crossovers. `comparisons` keys must be ordered better-first (see ranked_pairs)."""
@@ -178,7 +204,8 @@ def verdict_lines(summary: pd.DataFrame, setup: dict, comparisons: dict[tuple[st
     if comparisons is None:
         comparisons = {p: stats.compare(summary, None, *p) for p in ranked_pairs(caps)}
     past = past if past is not None else stats.past_capacity(summary, None)
-    lines = [headline(caps, slo)] + failure_lines(summary)
+    lines = [headline(caps, slo, step)] + [line for line in [burst_line(burst or [], step)] if line]
+    lines += failure_lines(summary)
     for (a, b), cmp in comparisons.items():
         if not cmp.empty:
             line = compare_line(cmp, a, b, capacity.telling_rate(caps, a, list(cmp["rate"].unique())), setup, past)

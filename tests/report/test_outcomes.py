@@ -22,7 +22,7 @@ from click.testing import CliRunner
 
 from batchlab.cli import main
 from batchlab.core.config import load_user_config
-from batchlab.report import plots, run_plots
+from batchlab.report import fmt, plots, run_plots
 from batchlab.report.report import build_report
 from batchlab.run.sweep import run_sweep
 
@@ -131,7 +131,7 @@ def rendered(tmp_path_factory) -> dict[str, Rendered]:
 
 
 def rate_section(md: str, rate: float) -> str:
-    return md.split(f"### {rate:g} req/s\n")[1].split("\n##")[0]
+    return md.split(f"### {fmt.rate(rate)}\n")[1].split("\n##")[0]
 
 
 def table_row(md: str, rate: float, strategy: str) -> list[str]:
@@ -249,7 +249,7 @@ def test_a_replayed_trace_with_odd_times_is_one_point_at_its_mean_rate(rendered)
     r = rendered["odd_trace"]
     rate = pd.read_csv(r.out / "summary.csv")["rate"].iloc[0]
     assert rate == pytest.approx(7 / 9.5, rel=1e-5)
-    assert f"### {rate:g} req/s" in r.md and "no requests finished" not in r.md
+    assert f"### {fmt.rate(rate)}" in r.md and "0.737 req/s" in r.md and "no requests finished" not in r.md
 
 
 def test_missing_points_nan_and_inf_cells_become_dashes_and_gaps_in_the_curves(rendered):

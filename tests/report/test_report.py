@@ -28,16 +28,18 @@ def built(tmp_path_factory):
 
 def test_report_has_verdict_setup_tables_comparisons_and_every_plot_it_links(built):
     results, md, lines = built
-    assert lines[0].startswith("Dynamic batching") and "compared to naive batching at" in lines[0]
-    assert re.search(r"at (5|20) req/s in simulation \(llama2-7b-a100", lines[0])
+    assert re.match(r"\w+ sustains .* within TTFT ≤ 1 s and TPOT ≤ 50 ms; ", lines[0])       # the answer first
+    assert all(s in lines[0].lower() for s in ("naive", "dynamic", "continuous"))
+    pair = next(line for line in lines if line.startswith("Dynamic batching"))
+    assert re.search(r"compared to naive batching at (5|20) req/s in simulation \(llama2-7b-a100", pair)
     assert md.startswith("# batchlab report") and lines[0] in md
     for heading in ("## Setup", "## Plots", "### 5 req/s", "### 20 req/s", "## Paired comparisons",
-                    "### dynamic vs naive", "## Knees and crossovers", "## Latency breakdown",
+                    "### dynamic vs naive", "## Capacity, knees and crossovers", "## Latency breakdown",
                     "## Useful work in lockstep batches"):
         assert heading in md
     assert "| python |" in md and "| seed | 0" in md and "max_wait_ms: 50" in md
     images = re.findall(r"!\[[^]]*\]\(([^)]+)\)", md)
-    assert {"tradeoff.png", "latency_vs_rate.png", "cdf.png", "timeline.png", "requests.png",
+    assert {"tradeoff.png", "latency_vs_rate.png", "pareto.png", "cdf.png", "timeline.png", "requests.png",
             "breakdown.png", "useful_work.png"} <= set(images)
     for name in images:
         assert (results / name).read_bytes().startswith(PNG)
@@ -45,9 +47,19 @@ def test_report_has_verdict_setup_tables_comparisons_and_every_plot_it_links(bui
 
 def test_a_sweep_where_every_point_has_results_carries_no_outcome_notes(built):
     _, md, lines = built
-    for text in ("no requests finished", "no request arrived", "not run at this rate", "Not drawn", "—"):
+    for text in ("no requests finished", "no request arrived", "not run at this rate", "Not drawn", "| — |"):
         assert text not in md.split("## Paired comparisons")[0], text
     assert not re.search(r"\b(nan|inf)\b", md, re.I) and not any(re.search(r"\b(nan|inf)\b", x) for x in lines)
+
+
+def test_report_html_is_one_file_with_every_plot_embedded_and_nothing_fetched(built):
+    results, md, lines = built
+    page = (results / "report.html").read_text()
+    images = re.findall(r"!\[[^]]*\]\(([^)]+)\)", md)
+    sources = re.findall(r'<img src="([^"]+)"', page)
+    assert len(sources) == len(images) and all(s.startswith("data:image/png;base64,") for s in sources)
+    assert not re.search(r'(src|href)="(?!data:)', page)             # no file, no network
+    assert page.count("<table>") == md.count("\n|---") and lines[0] in page.replace("&amp;", "&")
 
 
 def test_report_regenerates_identically_from_the_csv_files_alone(built):
