@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 
 def batchlab(*args, cwd=None):
@@ -151,3 +152,22 @@ def test_a_machine_error_mid_run_is_one_line_not_a_traceback(tmp_path, monkeypat
                                     "--set", "traffic.duration_s=5", "--set", "report=false"])
     assert res.exit_code == 1 and "Traceback" not in res.output
     assert "error: No space left on device" in res.output and "resume" in res.output
+
+
+def test_the_recorded_config_is_the_config_that_ran_and_reruns_from_anywhere(tmp_path):
+    """config.yaml names the real output directory (not the config's `out`) and absolute input
+    paths, so running it again from another directory resumes the same experiment."""
+    work, elsewhere = tmp_path / "work", tmp_path / "elsewhere"
+    (work / "data").mkdir(parents=True)
+    elsewhere.mkdir()
+    (work / "data" / "t.csv").write_text("arrival_time,prompt_len,output_len\n0.0,32,8\n0.5,40,8\n1.0,50,8\n1.7,30,8\n")
+    trace = ["--set", "traffic.arrival=trace", "--set", "traffic.trace_file=data/t.csv", "--set", "traffic.warmup_s=0",
+             "--set", "report=false", "--set", "out=results/burst"]
+    assert batchlab("run", "--quiet", "--out", "res/x", *trace, cwd=work).returncode == 0
+    recorded = yaml.safe_load((work / "res" / "x" / "config.yaml").read_text())
+    assert recorded["out"] == str((work / "res" / "x").resolve())
+    assert recorded["traffic"]["trace_file"] == str((work / "data" / "t.csv").resolve())
+    before = (work / "res" / "x" / "summary.csv").read_bytes()
+    p = batchlab("run", "--quiet", str(work / "res" / "x" / "config.yaml"), cwd=elsewhere)
+    assert p.returncode == 0, p.stderr
+    assert (work / "res" / "x" / "summary.csv").read_bytes() == before and not list(elsewhere.iterdir())
