@@ -128,13 +128,14 @@ def plot_tradeoff(summary: pd.DataFrame, out: Path, slo: dict, knees: dict[str, 
                     ax.annotate(num(row['rate']), (row["throughput_tok_s"], row[metric]), fontsize=9,
                                 textcoords="offset points", xytext=(6, -10), color=color(s))
                 _mark_knee(ax, d, metric, knees.get(s), color(s))
-                _mark_broke(ax, d, metric, (broke or {}).get(s), color(s))
+                _mark_broke(ax, d, metric, (broke or {}).get(s), color(s), name)
             _latency_axis(ax, slo.get(f"{key}_s"))
             ax.set_title(f"p{q} {name}")
             ax.set_ylabel(f"p{q} {name} (s, log scale)")
         for ax in axes[-1]:
             ax.set_xlabel("throughput (output tokens/s)")
         handles, labels = _legend_entries(axes.flat, [s for s in strategies(med) if s in drawn])
+        labels = ["SLO threshold" if label.startswith("SLO (") else label for label in labels]   # one per row
         handles.append(Line2D([], [], marker="*", ls="", color="k", ms=14, mfc="none"))
         labels.append("knee: highest rate sustained under the SLO")
         if broke:
@@ -149,16 +150,19 @@ def plot_tradeoff(summary: pd.DataFrame, out: Path, slo: dict, knees: dict[str, 
         return save(fig, out / "tradeoff.png")
 
 
-def _mark_broke(ax, d: pd.DataFrame, metric: str, broke: tuple[float, str] | None, c: str) -> None:
-    """An × at the first rate past the knee, with what missed there (e.g. 'missed TPOT')."""
+def _mark_broke(ax, d: pd.DataFrame, metric: str, broke: tuple[float, str] | None, c: str, panel: str) -> None:
+    """An × at the first rate past the knee; in the panels of the metric that missed there (and
+    in the E2E panels when the throughput did), the words 'missed TPOT'."""
     if broke is None:
         return
     row = d[d["rate"] == broke[0]]
     if len(row):
         x, y = float(row["throughput_tok_s"].iloc[0]), float(row[metric].iloc[0])
         ax.plot([x], [y], marker="X", ms=11, mfc="none", mec=c, mew=2, ls="")
-        ax.annotate(f"missed {broke[1]}", (x, y), fontsize=9, color=c, textcoords="offset points", xytext=(-8, 8),
-                    ha="right", fontweight="bold")
+        missed = broke[1]
+        if panel.split()[0] in missed or (panel.startswith("E2E") and "throughput" in missed):
+            ax.annotate(f"missed {missed}", (x, y), fontsize=9, color=c, textcoords="offset points", xytext=(0, 11),
+                        ha="center", fontweight="bold")
 
 
 def plot_pareto(summary: pd.DataFrame, out: Path) -> Path:

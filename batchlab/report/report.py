@@ -162,7 +162,7 @@ def _setup(setup: dict, config: dict) -> list[str]:
     for k, v in setup.items():
         text = ", ".join(f"{n} {x}" for n, x in v.items()) if isinstance(v, dict) else v
         md.append(f"| {k} | {text} |")
-    md.append(f"| seed | {t.get('seed')} ({t.get('repeats', 1)} repeat(s); repeat r uses seed sequence [seed, r]) |")
+    md.append(f"| seed | {t.get('seed')} ({fmt.count(int(t.get('repeats', 1)), 'repeat')}; repeat r uses seed sequence [seed, r]) |")
     md += ["", "Every knob of the run (config.yaml):", "", "```yaml",
            yaml.safe_dump(config, sort_keys=False).strip(), "```", ""]
     return md

@@ -24,7 +24,7 @@ from batchlab.report.plots import OKABE_ITO, STYLE, color, empty_panel, log_axis
 # NOTE: one Okabe-Ito colour per phase (two greys were hard to tell apart); the three waits are
 # hatched so they read as waiting at a glance. report.py's caption explains each name.
 PHASES = [("wait_busy", "waiting for the previous batch", OKABE_ITO["orange"]),
-          ("wait_trigger", "waiting for a trigger (size / age / memory)", OKABE_ITO["yellow"]),
+          ("wait_trigger", "waiting for a trigger (size / age / memory / drain)", OKABE_ITO["yellow"]),
           ("wait_capacity", "waiting for KV capacity / a slot", OKABE_ITO["sky"]),
           ("prefill", "prefill", OKABE_ITO["purple"]),
           ("decode", "decode", OKABE_ITO["blue"]),
