@@ -22,6 +22,7 @@ import pandas as pd
 from batchlab.report.stats import ATTAINMENT
 
 SERVED = 0.95            # completed / offered requests per second that counts as keeping up
+MIN_DURATION_S = 30.0    # shorter points get a caveat in the verdict: a slow-growing queue hides
 SLO_METRICS = {"ttft_s": "TTFT", "tpot_s": "TPOT", "e2e_s": "E2E"}
 
 

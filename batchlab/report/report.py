@@ -66,9 +66,10 @@ def build_report(results_dir: Path) -> tuple[Path, list[str]]:
         crossings = {p: stats.crossovers(summary, *p) for p in comparisons}
     rate = capacity.telling_rate(caps, capacity.ranked(caps)[0], list(summary["rate"].unique()))
     figures, burst = _figures(results_dir, summary, requests, config, slo, rate, caps)
+    traffic = config.get("traffic") or {}
     with _quiet():
         lines = verdict_lines(summary, setup, comparisons, slo, stats.past_capacity(summary, _fittable(requests)), caps,
-                              burst, (config.get("traffic") or {}).get("rate_step"))
+                              burst, traffic.get("rate_step"), _measured_s(traffic))
     outcomes = point_outcomes(summary, requests)
     md = _title(config, lines) + _setup(setup, config) + _plots(figures, rate, outcomes)
     md += _tables(summary, outcomes) + _comparisons(comparisons) + _knees_crossovers(summary, crossings, caps, slo)
@@ -78,6 +79,12 @@ def build_report(results_dir: Path) -> tuple[Path, list[str]]:
     path.write_text("\n".join(md) + "\n")
     html.write_html(path)
     return path, lines
+
+
+def _measured_s(traffic: dict) -> float | None:
+    """Seconds of measured traffic per point (None for a replayed trace: its own length)."""
+    duration = traffic.get("duration_s")
+    return None if traffic.get("arrival") == "trace" or duration is None else float(duration)
 
 
 def _burst_window(config: dict) -> tuple[float, float] | None:

@@ -142,6 +142,14 @@ def _burst_text(step: dict | None) -> str:
     return f" with a burst to {fmt.rate(step['to_rate'])} from {fmt.num(step['at_s'])} s{until},"
 
 
+def short_line(duration_s: float | None) -> str | None:
+    """A caveat when points are too short for a growing queue to show (DESIGN.md: >= 30 s)."""
+    if duration_s is None or duration_s >= capacity.MIN_DURATION_S:
+        return None
+    return (f"Each point measured {fmt.num(duration_s)} s of traffic; under {fmt.num(capacity.MIN_DURATION_S)} s a "
+            "queue that grows slowly may not show yet, so a capacity found here may be overstated.")
+
+
 def burst_line(rows: list, step: dict | None) -> str | None:
     """'Burst to 25 req/s at 40–50 s: continuous peak queue 5 (2 before), back to its pre-burst
     p99 TTFT 4 s after, 0 s violating the SLO; dynamic ...' (report/timeline.py measures these)."""
@@ -195,7 +203,7 @@ def crossover_lines(summary: pd.DataFrame, pairs_: list[tuple[str, str]]) -> lis
 def verdict_lines(summary: pd.DataFrame, setup: dict, comparisons: dict[tuple[str, str], pd.DataFrame] | None = None,
                   slo: dict | None = None, past: set[tuple[str, float]] | None = None,
                   caps: dict[str, Capacity] | None = None, burst: list | None = None,
-                  step: dict | None = None) -> list[str]:
+                  step: dict | None = None, duration_s: float | None = None) -> list[str]:
     """The headline (capacity under the SLO), strategies that failed every request, one sentence
     per pair (the better first, at the rate capacity.telling_rate fixes), what breaks each knee,
     then crossovers. `comparisons` keys must be ordered better-first (see ranked_pairs)."""
@@ -204,7 +212,7 @@ def verdict_lines(summary: pd.DataFrame, setup: dict, comparisons: dict[tuple[st
     if comparisons is None:
         comparisons = {p: stats.compare(summary, None, *p) for p in ranked_pairs(caps)}
     past = past if past is not None else stats.past_capacity(summary, None)
-    lines = [headline(caps, slo, step)] + [line for line in [burst_line(burst or [], step)] if line]
+    lines = [headline(caps, slo, step)] + [line for line in [burst_line(burst or [], step), short_line(duration_s)] if line]
     lines += failure_lines(summary)
     for (a, b), cmp in comparisons.items():
         if not cmp.empty:

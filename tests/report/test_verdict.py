@@ -175,3 +175,8 @@ def test_failure_lines_name_the_rates_unless_it_failed_at_all_of_them():
     s["finished"] = [0, 0, 100, 400]
     assert verdict.failure_lines(s) == ["naive failed every request: out of memory — too big."]
     assert verdict.failure_lines(s.drop(columns="top_error"))[0].endswith("no reason recorded (see requests.csv).")
+
+
+def test_points_too_short_for_a_growing_queue_carry_a_caveat():
+    assert "may be overstated" in verdict.short_line(12.0) and "12 s" in verdict.short_line(12.0)
+    assert verdict.short_line(60.0) is None and verdict.short_line(None) is None
