@@ -66,7 +66,7 @@ def where(setup: dict) -> str:
 
 
 def compare_line(cmp: pd.DataFrame, a: str, b: str, rate: float, setup: dict,
-                 past: set[tuple[str, float]] = frozenset()) -> str | None:
+                 past: set[tuple[str, float]] = frozenset(), step: dict | None = None) -> str | None:
     """The pair's sentence at `rate`; None where there is nothing to compare (a side failed
     every request there: `failure_lines` says so)."""
     at = cmp[cmp["rate"] == rate].set_index("metric")
@@ -78,7 +78,7 @@ def compare_line(cmp: pd.DataFrame, a: str, b: str, rate: float, setup: dict,
     caveat = (f"; {' and '.join(over)} {'were' if len(over) > 1 else 'was'} past capacity there, so "
               f"{'their' if len(over) > 1 else 'its'} latencies grow with the run's length") if over else ""
     return (f"{NAMES.get(a, a.title())} batching {thr} and {lat} compared to {b} batching "
-            f"at {fmt.rate(rate)}{where(setup)}{caveat}{_failure_counts(at.loc['e2e_p50'], a, b)}.")
+            f"at {fmt.rate(rate)}{_burst_text(step).removesuffix(',')}{where(setup)}{caveat}{_failure_counts(at.loc['e2e_p50'], a, b)}.")
 
 
 def _failure_counts(row: pd.Series, a: str, b: str) -> str:
@@ -216,7 +216,7 @@ def verdict_lines(summary: pd.DataFrame, setup: dict, comparisons: dict[tuple[st
     lines += failure_lines(summary)
     for (a, b), cmp in comparisons.items():
         if not cmp.empty:
-            line = compare_line(cmp, a, b, capacity.telling_rate(caps, a, list(cmp["rate"].unique())), setup, past)
+            line = compare_line(cmp, a, b, capacity.telling_rate(caps, a, list(cmp["rate"].unique())), setup, past, step)
             if line:
                 lines.append(line)
     limits = limits_line(caps)

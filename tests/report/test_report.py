@@ -83,7 +83,11 @@ def test_report_without_request_rows_still_gives_the_sweep_plots(tmp_path, built
 def test_burst_run_reports_peak_queue_recovery_and_slo_seconds(tmp_path):
     out = tiny_sweep(tmp_path / "b", ["traffic.rates=[5]", "traffic.duration_s=40",
                                       "traffic.rate_step={at_s: 10, to_rate: 25, until_s: 15}"])
-    md = build_report(out)[0].read_text()
+    path, lines = build_report(out)
+    md = path.read_text()
+    assert " with a burst to 25 req/s from 10 s to 15 s, within" in lines[0]       # not framed as "5 req/s"
+    assert lines[1].startswith("Burst to 25 req/s from 10 s to 15 s: naive peak queue ")
+    assert all("with a burst to 25 req/s" in line for line in lines if " batching at " in line)
     section = md.split("## Burst")[1].split("##")[0]
     assert "peak queue during/after" in section and "recovery (s)" in section
     rows = [r for r in section.splitlines() if r.startswith("| naive") or r.startswith("| continuous")]
