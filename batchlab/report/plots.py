@@ -3,12 +3,10 @@
 - tradeoff.png: throughput against p50/p99 TTFT, TPOT and E2E, one curve per strategy through
   the rates. Where a curve turns vertical the strategy has hit its knee: more load, no more
   tokens. A star marks each knee; a cross marks the next rate up, labelled with what it missed.
-- pareto.png: per-user speed (1 / p50 TPOT, tokens/s each request sees) against total tokens/s,
-  as vLLM's `bench sweep` plots it: up and to the right is better, and the front shows the best
-  trade any strategy reached.
 - latency_vs_rate.png: TTFT / TPOT / E2E p50, p90, p99 against the arrival rate.
 - cdf.png: the whole latency distribution of each strategy at one rate.
-The plots inside one run (timeline, requests, useful work, breakdown, burst) are in run_plots.py.
+The plots inside one run (timeline, requests, useful work, breakdown, burst) are in run_plots.py,
+the Pareto view in pareto.py.
 A point with nothing measured (every request failed, none arrived) has no value to draw: it is
 left out of its curve, a note under the figure names it, and a panel with nothing at all says so
 instead of setting an axis from NaN.
@@ -146,7 +144,7 @@ def plot_tradeoff(summary: pd.DataFrame, out: Path, slo: dict, knees: dict[str, 
         fig.tight_layout(rect=(0, 0, 1, 0.92))
         fig.legend(handles, labels, loc="upper center", ncol=min(len(labels), 4), bbox_to_anchor=(0.5, 0.94),
                    frameon=False)
-        missing_note(fig, drawn, _rates_of(med))
+        missing_note(fig, drawn, rates_of(med))
         return save(fig, out / "tradeoff.png")
 
 
@@ -165,50 +163,6 @@ def _mark_broke(ax, d: pd.DataFrame, metric: str, broke: tuple[float, str] | Non
                         ha="center", fontweight="bold")
 
 
-def plot_pareto(summary: pd.DataFrame, out: Path) -> Path:
-    """Per-user speed (1 / p50 TPOT) against total output tokens/s, one curve per strategy
-    through the rates, and the Pareto front over every point (as vLLM's bench sweep)."""
-    med = stats.medians(summary)
-    with plt.rc_context(STYLE):
-        fig, ax = plt.subplots(figsize=(10, 6.5))
-        points = []
-        for s in strategies(med):
-            d = drawable(med[med["strategy"] == s].sort_values("rate"), "throughput_tok_s", "tpot_p50")
-            if d.empty:
-                continue
-            speed = 1 / d["tpot_p50"]
-            ax.plot(d["throughput_tok_s"], speed, "o-", color=color(s), lw=2, ms=6, label=s)
-            for x, y, r in zip(d["throughput_tok_s"], speed, d["rate"]):
-                ax.annotate(num(r), (x, y), fontsize=9, textcoords="offset points", xytext=(6, 4), color=color(s))
-            points += list(zip(d["throughput_tok_s"], speed))
-        if points:
-            front = _pareto_front(points)
-            ax.plot(*zip(*front), ls="--", color="0.2", lw=1.2, label="Pareto front (no point beats it on both)")
-            ax.legend(loc="best")
-            ax.set_ylim(bottom=0)
-            ax.set_xlim(left=0)
-        else:
-            empty_panel(ax)
-        ax.set_title("Per-user speed against total throughput (numbers on points: req/s)")
-        ax.set_xlabel("total throughput (output tokens/s)")
-        ax.set_ylabel("per-user speed (tokens/s per request, 1 / p50 TPOT)")
-        fig.suptitle("Pareto view: up and to the right is better")
-        fig.tight_layout()
-        missing_note(fig, {s: set(drawable(med[med["strategy"] == s], "throughput_tok_s", "tpot_p50")["rate"])
-                           for s in strategies(med)}, _rates_of(med))
-        return save(fig, out / "pareto.png")
-
-
-def _pareto_front(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    """The points no other point beats on both axes, by throughput."""
-    front, best = [], -np.inf
-    for x, y in sorted(points, key=lambda p: (-p[0], -p[1])):
-        if y > best:
-            front.append((x, y))
-            best = y
-    return sorted(front)
-
-
 def _legend_entries(axes, names: list[str]) -> tuple[list, list[str]]:
     """The first panel's legend, plus any strategy drawn only in other panels."""
     axes = list(axes)
@@ -221,7 +175,7 @@ def _legend_entries(axes, names: list[str]) -> tuple[list, list[str]]:
     return handles, labels
 
 
-def _rates_of(med: pd.DataFrame) -> dict[str, list]:
+def rates_of(med: pd.DataFrame) -> dict[str, list]:
     return {s: sorted(med.loc[med["strategy"] == s, "rate"]) for s in strategies(med)}
 
 
@@ -268,7 +222,7 @@ def plot_latency_vs_rate(summary: pd.DataFrame, out: Path, slo: dict) -> Path:
         fig.suptitle("Latency percentiles vs arrival rate (medians over repeats)")
         fig.tight_layout(rect=(0, 0, 1, 0.88))
         fig.legend(handles=handles, loc="upper center", ncol=len(handles), bbox_to_anchor=(0.5, 0.92), frameon=False)
-        missing_note(fig, drawn, _rates_of(med))
+        missing_note(fig, drawn, rates_of(med))
         return save(fig, out / "latency_vs_rate.png")
 
 

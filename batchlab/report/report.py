@@ -19,9 +19,10 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from batchlab.report import capacity, fmt, html, plots, run_plots, stats
+from batchlab.report import capacity, fmt, html, pareto, plots, run_plots, stats
 from batchlab.report import timeline as tl
 from batchlab.report.capacity import Capacity
+from batchlab.report.captions import CAPTIONS
 from batchlab.report.load import load_requests, load_results
 from batchlab.report.outcomes import finished_rows, point_outcomes
 from batchlab.report.verdict import ranked_pairs, slo_text, verdict_lines
@@ -106,7 +107,7 @@ def _figures(out: Path, summary, requests, config, slo, rate, caps: dict[str, Ca
     broke = {s: (c.broke_at, fmt.listing(list(c.limit))) for s, c in caps.items() if slo and c.broke_at is not None and c.limit}
     figs = {"tradeoff": plots.plot_tradeoff(summary, out, slo, knees, broke),
             "latency_vs_rate": plots.plot_latency_vs_rate(summary, out, slo),
-            "pareto": plots.plot_pareto(summary, out)}
+            "pareto": pareto.plot_pareto(summary, out)}
     if requests is None:
         return figs, []
     traffic = config.get("traffic") or {}
@@ -173,38 +174,6 @@ def _setup(setup: dict, config: dict) -> list[str]:
     md += ["", "Every knob of the run (config.yaml):", "", "```yaml",
            yaml.safe_dump(config, sort_keys=False).strip(), "```", ""]
     return md
-
-
-CAPTIONS = {
-    "tradeoff": "Throughput against latency (rows: TTFT, TPOT, E2E; columns: p50, p99), one curve per strategy "
-                "through the arrival rates; the dash-dot line is the SLO. A curve that turns vertical has reached its "
-                "capacity: more load buys no more tokens/s, only waiting. A star marks each strategy's knee (its highest "
-                "sustained rate, see Capacity below); a cross marks the next rate up, labelled with what it missed there "
-                "(TTFT, TPOT, E2E, or throughput when the queue kept growing).",
-    "latency_vs_rate": "TTFT, TPOT and E2E percentiles against the arrival rate.",
-    "pareto": "Per-user speed (tokens/s one request sees while decoding, 1 / p50 TPOT) against total output tokens/s, "
-              "one curve per strategy through the rates, as vLLM's bench sweep plots it. Up and to the right is better; "
-              "the dashed line is the Pareto front: no point tested beats a point on it on both axes.",
-    "cdf": "The full latency distributions at {rate} (the highest rate the best strategy sustains): the further left "
-           "and the steeper, the better.",
-    "timeline": "One run at {rate}, the best strategy's knee (where the others are most likely past theirs): arrivals, "
-                "queue depth and the running batch over time.",
-    "requests": "The same consecutive requests under each strategy at the lowest rate: grey is waiting, "
-                "purple prefill (to the first token), blue decode.",
-    "breakdown": "Where the time goes: each bar splits the mean E2E latency into phases. *waiting for the previous "
-                 "batch*: queued while the backend ran an earlier request-level batch. *waiting for a trigger*: queued "
-                 "with the backend idle until a launch trigger fired. *waiting for KV capacity / a slot*: queued for a "
-                 "sequence slot or KV blocks (continuous batching, or a server's own queue). *prefill*: scheduled until "
-                 "the first token. *decode*: first to last token. *stalled by others*: step time spent on other "
-                 "requests' prompt tokens, and gaps after a preemption. The text beside a bar names the triggers that "
-                 "launched its batches: *size* (the batch reached its cap), *age* (the oldest request waited "
-                 "max_wait_ms), *memory* (the next request would exceed the KV memory budget), *drain* (traffic "
-                 "ended, so the last partial batch went without waiting to fill).",
-    "useful_work": "Lockstep batches decode until their longest row finishes: the hatched area is slots held by rows "
-                   "already done. Bottom: useful decode work Σo / (B × max o) and the share of prompt slots that "
-                   "are not padding; batch size at launch against each strategy's cap.",
-    "burst": "The burst (orange band): queue depth, and the p99 TTFT of requests arriving in each window.",
-}
 
 
 def _plots(figures: dict[str, Path], rate: float, outcomes: dict[tuple[str, float], str]) -> list[str]:

@@ -22,7 +22,7 @@ from click.testing import CliRunner
 
 from batchlab.cli import main
 from batchlab.core.config import load_user_config
-from batchlab.report import fmt, plots, run_plots
+from batchlab.report import fmt, pareto, plots, run_plots
 from batchlab.report.report import build_report
 from batchlab.run.sweep import run_sweep
 
@@ -117,6 +117,7 @@ def render_cli(out: Path) -> Rendered:
         warnings.simplefilter("always")
         mp.setattr(plots, "save", keep)
         mp.setattr(run_plots, "save", keep)
+        mp.setattr(pareto, "save", keep)
         res = CliRunner().invoke(main, ["report", str(out)])
     md = (out / "report.md").read_text() if (out / "report.md").is_file() else ""
     warned = [f"{w.category.__name__}: {w.message} ({w.filename}:{w.lineno})" for w in caught]
@@ -212,7 +213,7 @@ def test_when_everything_fails_every_panel_says_so_and_the_reason_is_in_the_repo
     section = rate_section(r.md, 5)
     for s, rows in requests[requests["warmup"] == 0].groupby("strategy"):
         assert f"- {s}: no requests finished (all {len(rows)} failed: {rows['error'].iloc[0]})" in section
-    for name in ("tradeoff.png", "latency_vs_rate.png", "cdf.png"):
+    for name in ("tradeoff.png", "latency_vs_rate.png", "pareto.png", "cdf.png"):
         for ax in r.figure(name)[1]:
             assert not [line for line in ax.get_lines() if not str(line.get_label()).startswith("_")], name
             assert "no requests finished" in [t.get_text() for t in ax.texts], name

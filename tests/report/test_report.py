@@ -100,3 +100,16 @@ def test_missing_results_is_one_clear_error(tmp_path):
         build_report(tmp_path)
     res = CliRunner().invoke(main, ["report", str(tmp_path)])
     assert res.exit_code == 2 and res.output.count("\n") == 1 and "no summary.csv" in res.output
+
+
+def test_every_plot_has_a_caption_naming_each_trigger_and_phase_it_shows(built):
+    import pandas as pd
+
+    from batchlab.report import run_plots
+    from batchlab.report.captions import CAPTIONS
+    results, md, _ = built
+    for name in re.findall(r"!\[([^]]*)\]\(", md):
+        assert name in CAPTIONS
+    triggers = set(pd.read_csv(results / "requests.csv")["trigger"].dropna()) | {"size", "age", "memory", "drain"}
+    for word in [f"*{t}*" for t in triggers] + [f"*{label.split(' (')[0]}*" for _, label, _ in run_plots.PHASES]:
+        assert word in CAPTIONS["breakdown"], word
