@@ -3,12 +3,17 @@ import csv
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+import yaml
 
 
 def batchlab(*args, cwd=None):
     return subprocess.run([sys.executable, "-m", "batchlab.cli", *args], capture_output=True, text=True, cwd=cwd)
+
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_default_run_prints_a_verdict_naming_the_rate(tmp_path):
@@ -17,6 +22,19 @@ def test_default_run_prints_a_verdict_naming_the_rate(tmp_path):
     assert "verdict:" in p.stdout
     assert re.search(r"Dynamic batching .* naive batching at [0-9.]+ req/s", " ".join(p.stdout.split()))
     assert (tmp_path / "out" / "requests.csv").is_file() and (tmp_path / "out" / "summary.csv").is_file()
+    assert (tmp_path / "out" / "report.html").is_file()
+
+
+def test_the_default_runs_first_line_is_the_capacity_headline_and_the_readme_quotes_it(tmp_path):
+    """`make run` exactly: its first line names each strategy's sustained rate under the SLO, and the
+    README shows that line as printed (the simulation is deterministic)."""
+    p = batchlab("run", "--out", str(tmp_path / "out"))
+    assert p.returncode == 0, p.stderr
+    first = p.stdout.splitlines()[0]
+    m = re.fullmatch(r"verdict: (\w+) sustains (.+) within TTFT ≤ 1 s and TPOT ≤ 50 ms; (\w+) (\S+); (\w+) (\S+) — .+\.", first)
+    assert m and {m.group(1).lower(), m.group(3), m.group(5)} == {"naive", "dynamic", "continuous"}, first
+    assert first in (ROOT / "README.md").read_text(), "README: paste the default run's first line"
+    assert "sweep done" in p.stderr and "sweep done" not in p.stdout              # progress on stderr
 
 
 @pytest.mark.parametrize("args,message", [
@@ -95,7 +113,7 @@ def test_failed_requests_show_while_the_sweep_runs(tmp_path):
     lines = p.stderr.strip().splitlines()
     assert re.fullmatch(r"warning: naive @ 8 req/s \(repeat 0\): (\d+) of \1 requests failed \(out of memory — "
                         r"a batch of 16 padded to [0-9,]+ tokens needs [0-9,]+ KV tokens, budget [0-9,]+\)", lines[0])
-    assert re.search(r"1/1 +(\d+) failed", p.stdout)             # the progress bar's running count
+    assert re.search(r"1/1 +(\d+) failed", p.stderr)             # the progress bar's running count
     p = batchlab("run", "--out", str(tmp_path / "q"), "--quiet", *oom)
     assert "requests failed (out of memory — a batch of 16" in p.stderr          # --quiet hides the bar, not the failures
 
@@ -134,3 +152,22 @@ def test_a_machine_error_mid_run_is_one_line_not_a_traceback(tmp_path, monkeypat
                                     "--set", "traffic.duration_s=5", "--set", "report=false"])
     assert res.exit_code == 1 and "Traceback" not in res.output
     assert "error: No space left on device" in res.output and "resume" in res.output
+
+
+def test_the_recorded_config_is_the_config_that_ran_and_reruns_from_anywhere(tmp_path):
+    """config.yaml names the real output directory (not the config's `out`) and absolute input
+    paths, so running it again from another directory resumes the same experiment."""
+    work, elsewhere = tmp_path / "work", tmp_path / "elsewhere"
+    (work / "data").mkdir(parents=True)
+    elsewhere.mkdir()
+    (work / "data" / "t.csv").write_text("arrival_time,prompt_len,output_len\n0.0,32,8\n0.5,40,8\n1.0,50,8\n1.7,30,8\n")
+    trace = ["--set", "traffic.arrival=trace", "--set", "traffic.trace_file=data/t.csv", "--set", "traffic.warmup_s=0",
+             "--set", "report=false", "--set", "out=results/burst"]
+    assert batchlab("run", "--quiet", "--out", "res/x", *trace, cwd=work).returncode == 0
+    recorded = yaml.safe_load((work / "res" / "x" / "config.yaml").read_text())
+    assert recorded["out"] == str((work / "res" / "x").resolve())
+    assert recorded["traffic"]["trace_file"] == str((work / "data" / "t.csv").resolve())
+    before = (work / "res" / "x" / "summary.csv").read_bytes()
+    p = batchlab("run", "--quiet", str(work / "res" / "x" / "config.yaml"), cwd=elsewhere)
+    assert p.returncode == 0, p.stderr
+    assert (work / "res" / "x" / "summary.csv").read_bytes() == before and not list(elsewhere.iterdir())

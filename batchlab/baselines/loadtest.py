@@ -101,13 +101,13 @@ def _ms(v: float) -> str:
 
 
 def print_closed(row: dict) -> None:
-    click.echo(f"conc={row['concurrency']:3d}  p95={row['e2e_p95']:6.2f}s  throughput={row['requests_per_s']:6.1f} req/s "
+    click.echo(f"conc={row['concurrency']:3d}  e2e_p95={row['e2e_p95']:6.2f} s  throughput={row['requests_per_s']:6.1f} req/s "
                f"{row['throughput_tok_s']:8.0f} tok/s  ttft_p50={_ms(row['ttft_p50'])} ms  "
                f"tpot_p50={_ms(row['tpot_p50'])} ms  failed={row['failed']}")
 
 
 def print_open(s: dict) -> None:
-    click.echo(f"rate={s['rate']:g} req/s ({s['arrival']}): {s['finished']}/{s['num_requests']} finished, "
+    click.echo(f"rate={s['rate']:.3g} req/s ({s['arrival']}): {s['finished']}/{s['num_requests']} finished, "
                f"{s['throughput_tok_s']:.0f} tok/s, {s['requests_per_s']:.1f} req/s")
     click.echo(f"  TTFT p50/p99 {_ms(s['ttft_p50'])} /{_ms(s['ttft_p99'])} ms   "
                f"TPOT p50/p99 {_ms(s['tpot_p50'])} /{_ms(s['tpot_p99'])} ms   E2E p99 {_ms(s['e2e_p99'])} ms")

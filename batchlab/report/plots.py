@@ -1,10 +1,12 @@
 """Plots across the sweep, drawn from summary.csv and requests.csv only (PNG, matplotlib Agg).
 
-- tradeoff.png: throughput against p50/p99 TTFT and E2E, one curve per strategy through the
-  rates. Where a curve turns vertical the strategy has hit its knee: more load, no more tokens.
+- tradeoff.png: throughput against p50/p99 TTFT, TPOT and E2E, one curve per strategy through
+  the rates. Where a curve turns vertical the strategy has hit its knee: more load, no more
+  tokens. A star marks each knee; a cross marks the next rate up, labelled with what it missed.
 - latency_vs_rate.png: TTFT / TPOT / E2E p50, p90, p99 against the arrival rate.
 - cdf.png: the whole latency distribution of each strategy at one rate.
-The plots inside one run (timeline, requests, useful work, breakdown, burst) are in run_plots.py.
+The plots inside one run (timeline, requests, useful work, breakdown, burst) are in run_plots.py,
+the Pareto view in pareto.py.
 A point with nothing measured (every request failed, none arrived) has no value to draw: it is
 left out of its curve, a note under the figure names it, and a panel with nothing at all says so
 instead of setting an axis from NaN.
@@ -23,16 +25,22 @@ from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.ticker import FuncFormatter  # noqa: E402
 
 from batchlab.report import stats  # noqa: E402
+from batchlab.report.fmt import num  # noqa: E402
 
-COLORS = {"naive": "#d62728", "dynamic": "#ff7f0e", "continuous": "#1f77b4", "server": "#2ca02c"}
+# NOTE: Okabe-Ito, a palette whose colours stay apart under every common colour-vision deficiency;
+# every plot takes a strategy's colour from here.
+OKABE_ITO = {"orange": "#E69F00", "sky": "#56B4E9", "green": "#009E73", "yellow": "#F0E442",
+             "blue": "#0072B2", "vermillion": "#D55E00", "purple": "#CC79A7", "grey": "#999999"}
+COLORS = {"naive": OKABE_ITO["vermillion"], "dynamic": OKABE_ITO["green"], "continuous": OKABE_ITO["blue"],
+          "server": OKABE_ITO["purple"]}
 PCT_STYLE = {50: "-", 90: "--", 99: ":"}
 STYLE = {"font.size": 11, "axes.titlesize": 12, "axes.labelsize": 11, "legend.fontsize": 10,
          "figure.titlesize": 14, "axes.grid": True, "grid.alpha": 0.3, "figure.dpi": 100}
 
 
 def color(strategy: str) -> str:
-    extra = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    return COLORS.get(strategy, extra[hash(strategy) % len(extra)])
+    extra = [OKABE_ITO[k] for k in ("orange", "sky", "yellow", "grey")]
+    return COLORS.get(strategy, extra[sum(map(ord, strategy)) % len(extra)])   # NOTE: hash() varies per process
 
 
 def save(fig, path: Path) -> Path:
@@ -83,7 +91,7 @@ def missing_note(fig, drawn: dict[str, set], every: dict[str, list]) -> str:
         gone = [r for r in rates if r not in drawn.get(s, set())]
         if gone:
             parts.append(f"{s} at every rate" if len(gone) == len(rates) and len(rates) > 1
-                         else f"{s} at {', '.join(f'{r:g}' for r in gone)} req/s")
+                         else f"{s} at {', '.join(num(r) for r in gone)} req/s")
     text = "Not drawn (nothing measured there: no request finished): " + "; ".join(parts) if parts else ""
     if text:
         fig.text(0.5, 0.0, text, ha="center", va="top", fontsize=10, color="0.3")
@@ -95,15 +103,19 @@ def slo_line(ax, limit: float | None, vertical: bool = False) -> None:
         (ax.axvline if vertical else ax.axhline)(limit, color="0.3", ls="-.", lw=1.2, label=f"SLO ({limit:g} s)")
 
 
-def plot_tradeoff(summary: pd.DataFrame, out: Path, slo: dict, knees: dict[str, float | None]) -> Path:
-    """Throughput (x) against latency (y, log), one curve per strategy; stars mark each knee."""
+TRADEOFF_PANELS = [("ttft", "TTFT"), ("tpot", "TPOT"), ("e2e", "E2E latency")]
+
+
+def plot_tradeoff(summary: pd.DataFrame, out: Path, slo: dict, knees: dict[str, float | None],
+                  broke: dict[str, tuple[float, str]] | None = None) -> Path:
+    """Throughput (x) against latency (y, log): rows TTFT, TPOT, E2E; columns p50, p99. Stars
+    mark each knee; `broke` maps a strategy to (the next rate up, what it missed), marked ×."""
     med = stats.medians(summary)
     drawn: dict[str, set] = {}
     with plt.rc_context(STYLE):
-        fig, axes = plt.subplots(2, 2, figsize=(13, 9), sharex=True)
-        for ax, (metric, name, limit) in zip(axes.flat, [
-                ("ttft_p50", "p50 TTFT", slo.get("ttft_s")), ("ttft_p99", "p99 TTFT", slo.get("ttft_s")),
-                ("e2e_p50", "p50 E2E latency", slo.get("e2e_s")), ("e2e_p99", "p99 E2E latency", slo.get("e2e_s"))]):
+        fig, axes = plt.subplots(3, 2, figsize=(13, 12), sharex=True)
+        for ax, (key, name, q) in zip(axes.flat, [(k, n, q) for k, n in TRADEOFF_PANELS for q in (50, 99)]):
+            metric = f"{key}_p{q}"
             for s in strategies(med):
                 d = drawable(med[med["strategy"] == s].sort_values("rate"), "throughput_tok_s", metric)
                 if d.empty:
@@ -111,23 +123,44 @@ def plot_tradeoff(summary: pd.DataFrame, out: Path, slo: dict, knees: dict[str, 
                 drawn.setdefault(s, set()).update(d["rate"])
                 ax.plot(d["throughput_tok_s"], d[metric], "o-", color=color(s), label=s, lw=2, ms=6)
                 for _, row in d.iterrows():
-                    ax.annotate(f"{row['rate']:g}", (row["throughput_tok_s"], row[metric]), fontsize=9,
+                    ax.annotate(num(row['rate']), (row["throughput_tok_s"], row[metric]), fontsize=9,
                                 textcoords="offset points", xytext=(6, -10), color=color(s))
                 _mark_knee(ax, d, metric, knees.get(s), color(s))
-            _latency_axis(ax, limit)
-            ax.set_title(name)
-            ax.set_ylabel(f"{name} (s, log scale)")
-        for ax in axes[1]:
+                _mark_broke(ax, d, metric, (broke or {}).get(s), color(s), name)
+            _latency_axis(ax, slo.get(f"{key}_s"))
+            ax.set_title(f"p{q} {name}")
+            ax.set_ylabel(f"p{q} {name} (s, log scale)")
+        for ax in axes[-1]:
             ax.set_xlabel("throughput (output tokens/s)")
         handles, labels = _legend_entries(axes.flat, [s for s in strategies(med) if s in drawn])
+        labels = ["SLO threshold" if label.startswith("SLO (") else label for label in labels]   # one per row
         handles.append(Line2D([], [], marker="*", ls="", color="k", ms=14, mfc="none"))
-        labels.append("knee: highest rate meeting the SLO")
+        labels.append("knee: highest rate sustained under the SLO")
+        if broke:
+            handles.append(Line2D([], [], marker="X", ls="", color="k", ms=10, mfc="none"))
+            labels.append("next rate up: what it missed")
         fig.suptitle("Throughput vs latency across arrival rates (numbers on points: req/s)\n"
                      "a curve that turns vertical has hit its capacity: more load, same tokens/s, longer waits")
-        fig.tight_layout(rect=(0, 0, 1, 0.9))
-        fig.legend(handles, labels, loc="upper center", ncol=len(labels), bbox_to_anchor=(0.5, 0.915), frameon=False)
-        missing_note(fig, drawn, _rates_of(med))
+        fig.tight_layout(rect=(0, 0, 1, 0.92))
+        fig.legend(handles, labels, loc="upper center", ncol=min(len(labels), 4), bbox_to_anchor=(0.5, 0.94),
+                   frameon=False)
+        missing_note(fig, drawn, rates_of(med))
         return save(fig, out / "tradeoff.png")
+
+
+def _mark_broke(ax, d: pd.DataFrame, metric: str, broke: tuple[float, str] | None, c: str, panel: str) -> None:
+    """An × at the first rate past the knee; in the panels of the metric that missed there (and
+    in the E2E panels when the throughput did), the words 'missed TPOT'."""
+    if broke is None:
+        return
+    row = d[d["rate"] == broke[0]]
+    if len(row):
+        x, y = float(row["throughput_tok_s"].iloc[0]), float(row[metric].iloc[0])
+        ax.plot([x], [y], marker="X", ms=11, mfc="none", mec=c, mew=2, ls="")
+        missed = broke[1]
+        if panel.split()[0] in missed or (panel.startswith("E2E") and "throughput" in missed):
+            ax.annotate(f"missed {missed}", (x, y), fontsize=9, color=c, textcoords="offset points", xytext=(0, 11),
+                        ha="center", fontweight="bold")
 
 
 def _legend_entries(axes, names: list[str]) -> tuple[list, list[str]]:
@@ -142,7 +175,7 @@ def _legend_entries(axes, names: list[str]) -> tuple[list, list[str]]:
     return handles, labels
 
 
-def _rates_of(med: pd.DataFrame) -> dict[str, list]:
+def rates_of(med: pd.DataFrame) -> dict[str, list]:
     return {s: sorted(med.loc[med["strategy"] == s, "rate"]) for s in strategies(med)}
 
 
@@ -189,7 +222,7 @@ def plot_latency_vs_rate(summary: pd.DataFrame, out: Path, slo: dict) -> Path:
         fig.suptitle("Latency percentiles vs arrival rate (medians over repeats)")
         fig.tight_layout(rect=(0, 0, 1, 0.88))
         fig.legend(handles=handles, loc="upper center", ncol=len(handles), bbox_to_anchor=(0.5, 0.92), frameon=False)
-        missing_note(fig, drawn, _rates_of(med))
+        missing_note(fig, drawn, rates_of(med))
         return save(fig, out / "latency_vs_rate.png")
 
 
@@ -213,7 +246,7 @@ def plot_cdf(requests: pd.DataFrame, out: Path, rate: float, slo: dict) -> Path:
             ax.set_title(name)
             ax.set_xlabel(f"{name} (s, log scale)")
             ax.set_ylabel("fraction of requests ≤ x")
-        fig.suptitle(f"Latency distributions at {rate:g} req/s (dotted lines: p50 and p99)")
+        fig.suptitle(f"Latency distributions at {num(rate)} req/s (dotted lines: p50 and p99)")
         fig.tight_layout(rect=(0, 0, 1, 0.88))
         handles = [h for h in axes[0].get_lines() if str(h.get_label()).startswith(tuple(strategies(sel)))]
         if handles and any(slo.get(k) for k in ("ttft_s", "tpot_s", "e2e_s")):

@@ -19,11 +19,13 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from batchlab.report import plots, run_plots, stats
+from batchlab.report import capacity, fmt, html, pareto, plots, run_plots, stats
 from batchlab.report import timeline as tl
+from batchlab.report.capacity import Capacity
+from batchlab.report.captions import CAPTIONS
 from batchlab.report.load import load_requests, load_results
 from batchlab.report.outcomes import finished_rows, point_outcomes
-from batchlab.report.verdict import headline_rate, pairs, pct, verdict_lines
+from batchlab.report.verdict import ranked_pairs, slo_text, verdict_lines
 
 COLUMNS = [("strategy", "strategy"), ("throughput_tok_s", "tok/s"), ("requests_per_s", "req/s"),
            ("ttft_p50", "TTFT p50 (s)"), ("ttft_p99", "TTFT p99 (s)"), ("tpot_p50", "TPOT p50 (s)"),
@@ -52,35 +54,38 @@ def _fittable(requests: pd.DataFrame | None) -> pd.DataFrame | None:
 
 
 def build_report(results_dir: Path) -> tuple[Path, list[str]]:
-    """Write report.md and the PNGs into results_dir; return the report's path and the verdict."""
+    """Write report.md, report.html (the same, plots embedded) and the PNGs into results_dir;
+    return report.md's path and the verdict."""
     results_dir = Path(results_dir)
     summary, setup, config = load_results(results_dir)
     requests = load_requests(results_dir)
     slo = {k: v for k, v in (config.get("slo") or {}).items() if v}
     seed = int(summary["seed"].dropna().iloc[0]) if summary["seed"].notna().any() else 0
     with _quiet():
-        comparisons = {p: stats.compare(summary, requests, *p, seed=seed)
-                       for p in pairs(list(dict.fromkeys(summary["strategy"])))}
-        lines = verdict_lines(summary, setup, comparisons, slo, stats.past_capacity(summary, _fittable(requests)))
-        rate = _focus_rate(summary, comparisons)
+        caps = capacity.capacities(summary, requests, slo)
+        comparisons = {p: stats.compare(summary, requests, *p, seed=seed) for p in ranked_pairs(caps)}
         crossings = {p: stats.crossovers(summary, *p) for p in comparisons}
-    figures, burst = _figures(results_dir, summary, requests, config, slo, rate)
+    rate = capacity.telling_rate(caps, capacity.ranked(caps)[0], list(summary["rate"].unique()))
+    figures, burst = _figures(results_dir, summary, requests, config, slo, rate, caps)
+    traffic = config.get("traffic") or {}
+    with _quiet():
+        lines = verdict_lines(summary, setup, comparisons, slo, stats.past_capacity(summary, _fittable(requests)), caps,
+                              burst, traffic.get("rate_step"), _measured_s(traffic))
     outcomes = point_outcomes(summary, requests)
     md = _title(config, lines) + _setup(setup, config) + _plots(figures, rate, outcomes)
-    md += _tables(summary, outcomes) + _comparisons(comparisons) + _knees_crossovers(summary, crossings, slo)
+    md += _tables(summary, outcomes) + _comparisons(comparisons) + _knees_crossovers(summary, crossings, caps, slo)
     md += _burst(burst, config)
     md += _breakdown(summary, requests, outcomes) + _useful(requests) + _method()
     path = results_dir / "report.md"
     path.write_text("\n".join(md) + "\n")
+    html.write_html(path)
     return path, lines
 
 
-def _focus_rate(summary: pd.DataFrame, comparisons: dict) -> float:
-    """The rate the single-run plots show: the headline pair's rate."""
-    for cmp in comparisons.values():
-        if not cmp.empty:
-            return headline_rate(cmp)
-    return float(sorted(summary["rate"].unique())[0])
+def _measured_s(traffic: dict) -> float | None:
+    """Seconds of measured traffic per point (None for a replayed trace: its own length)."""
+    duration = traffic.get("duration_s")
+    return None if traffic.get("arrival") == "trace" or duration is None else float(duration)
 
 
 def _burst_window(config: dict) -> tuple[float, float] | None:
@@ -96,11 +101,13 @@ def _horizon(config: dict) -> float:
     return float(t.get("warmup_s", 0)) + float(t.get("duration_s", 0))
 
 
-def _figures(out: Path, summary, requests, config, slo, rate) -> tuple[dict[str, Path], list]:
+def _figures(out: Path, summary, requests, config, slo, rate, caps: dict[str, Capacity]) -> tuple[dict[str, Path], list]:
     """Every plot, and the burst rows when the traffic has a burst (a rate step or gamma arrivals)."""
-    knees = {s: stats.knee(summary, s) for s in dict.fromkeys(summary["strategy"])} if slo else {}
-    figs = {"tradeoff": plots.plot_tradeoff(summary, out, slo, knees),
-            "latency_vs_rate": plots.plot_latency_vs_rate(summary, out, slo)}
+    knees = {s: c.rate for s, c in caps.items()} if slo else {}
+    broke = {s: (c.broke_at, fmt.listing(list(c.limit))) for s, c in caps.items() if slo and c.broke_at is not None and c.limit}
+    figs = {"tradeoff": plots.plot_tradeoff(summary, out, slo, knees, broke),
+            "latency_vs_rate": plots.plot_latency_vs_rate(summary, out, slo),
+            "pareto": pareto.plot_pareto(summary, out)}
     if requests is None:
         return figs, []
     traffic = config.get("traffic") or {}
@@ -114,6 +121,17 @@ def _figures(out: Path, summary, requests, config, slo, rate) -> tuple[dict[str,
         figs["burst"] = run_plots.plot_burst(requests, out, rate, warmup, window, base, tl.window_for(rate),
                                              (traffic.get("rate_step") or {}).get("to_rate"))
     return figs, burst_rows
+
+
+def burst_results(results_dir: Path) -> list[tl.BurstResult]:
+    """The burst rows of a rate-step run (empty otherwise), from the files, for the terminal."""
+    summary, _, config = load_results(Path(results_dir))
+    requests, window = load_requests(Path(results_dir)), _burst_window(config)
+    if requests is None or not window:
+        return []
+    slo = {k: v for k, v in (config.get("slo") or {}).items() if v}
+    with _quiet():
+        return _burst_rows(requests, config, float((config.get("traffic") or {}).get("warmup_s", 0)), window, slo)
 
 
 def _run_figures(out, summary, requests, config, slo, rate, warmup, window) -> dict[str, Path]:
@@ -152,36 +170,19 @@ def _setup(setup: dict, config: dict) -> list[str]:
     for k, v in setup.items():
         text = ", ".join(f"{n} {x}" for n, x in v.items()) if isinstance(v, dict) else v
         md.append(f"| {k} | {text} |")
-    md.append(f"| seed | {t.get('seed')} ({t.get('repeats', 1)} repeat(s); repeat r uses seed sequence [seed, r]) |")
+    md.append(f"| seed | {t.get('seed')} ({fmt.count(int(t.get('repeats', 1)), 'repeat')}; repeat r uses seed sequence [seed, r]) |")
     md += ["", "Every knob of the run (config.yaml):", "", "```yaml",
            yaml.safe_dump(config, sort_keys=False).strip(), "```", ""]
     return md
-
-
-CAPTIONS = {
-    "tradeoff": "Throughput against latency, one curve per strategy through the arrival rates. A curve that "
-                "turns vertical has reached its capacity (its knee): more load buys no more tokens/s, only waiting.",
-    "latency_vs_rate": "TTFT, TPOT and E2E percentiles against the arrival rate.",
-    "cdf": "The full latency distributions at {rate:g} req/s: the further left and the steeper, the better.",
-    "timeline": "One run at {rate:g} req/s: arrivals, queue depth and the running batch over time.",
-    "requests": "The same consecutive requests under each strategy at the lowest rate: grey is waiting, "
-                "orange prefill (to the first token), blue decode.",
-    "breakdown": "Where the time goes: each bar splits the mean E2E latency into queueing, prefill, decode and "
-                 "stalls caused by other requests.",
-    "useful_work": "Lockstep batches decode until their longest row finishes: the hatched area is slots held by rows "
-                   "already done. Bottom: useful decode work Σo / (B × max o) and the share of prompt slots that "
-                   "are not padding; batch size at launch against each strategy's cap.",
-    "burst": "The burst (orange band): queue depth, and the p99 TTFT of requests arriving in each window.",
-}
 
 
 def _plots(figures: dict[str, Path], rate: float, outcomes: dict[tuple[str, float], str]) -> list[str]:
     md = ["## Plots", ""]
     if outcomes:
         md += ["Points where no request finished are left out of the curves (why: under each table below): "
-               + "; ".join(f"{s} at {r:g} req/s" for s, r in outcomes) + ".", ""]
+               + "; ".join(f"{s} at {fmt.rate(r)}" for s, r in outcomes) + ".", ""]
     for name, path in figures.items():
-        md += [CAPTIONS[name].format(rate=rate), "", f"![{name}]({path.name})", ""]
+        md += [CAPTIONS[name].format(rate=fmt.rate(rate)), "", f"![{name}]({path.name})", ""]
     return md
 
 
@@ -190,11 +191,12 @@ def _tables(summary: pd.DataFrame, outcomes: dict[tuple[str, float], str]) -> li
     reps = int(summary["repeat"].nunique())
     every = list(dict.fromkeys(summary["strategy"]))
     md = ["## Results per rate", "",
-          f"Medians over {reps} repeat(s) after warm-up. Throughput in output tokens/s; SLO met is the share of "
+          f"{fmt.repeats(reps).capitalize()} after warm-up. Throughput in output tokens/s; SLO met is the share of "
           "requests meeting every SLO threshold.", ""]
     for rate, rows in med.groupby("rate"):
-        md += [f"### {rate:g} req/s", "", _row([label for _, label in COLUMNS]), "|" + "---|" * len(COLUMNS)]
-        md += [_row([_cell(row.get(k)) for k, _ in COLUMNS]) for _, row in rows.iterrows()] + [""]
+        md += [f"### {fmt.rate(rate)}", "", _row([label for _, label in COLUMNS]), "|" + "---|" * len(COLUMNS)]
+        md += [_row([_cell(row.get(k), share=k == "slo_attainment") for k, _ in COLUMNS]) for _, row in rows.iterrows()]
+        md += [""]
         notes = [f"- {s}: {outcomes[(s, float(rate))]}" for s in rows["strategy"] if (s, float(rate)) in outcomes]
         notes += [f"- {s}: not run at this rate (no row in summary.csv)" for s in every if s not in set(rows["strategy"])]
         md += notes + ([""] if notes else [])
@@ -204,44 +206,56 @@ def _tables(summary: pd.DataFrame, outcomes: dict[tuple[str, float], str]) -> li
 def _comparisons(comparisons: dict) -> list[str]:
     md = ["## Paired comparisons", "",
           "Every strategy ran on the same trace at each (rate, repeat), so each difference is paired. "
-          "'a − b' is the first strategy minus the second; a change counts only when its 95% interval "
-          "excludes zero (✓).", ""]
+          "'a − b' is the first strategy (the one that sustains more traffic) minus the second; a change counts "
+          "only when its 95% interval excludes zero (✓).", ""]
     for (a, b), cmp in comparisons.items():
         if cmp.empty:
             continue
         md += [f"### {a} vs {b}", "", _row(["rate", "metric", a, b, "a − b", "change", "95% CI of change", "✓", "interval from"]),
                "|" + "---|" * 9]
         for _, r in cmp.iterrows():
-            ci = f"{pct(r['rel_low'])} to {pct(r['rel_high'])}" if pd.notna(r["rel_low"]) else "—"
-            md.append(_row([f"{r['rate']:g}", METRIC_NAMES.get(r["metric"], r["metric"]), _cell(r["a_value"]),
-                            _cell(r["b_value"]), _cell(r["estimate"]), pct(r["rel"]) if pd.notna(r["rel"]) else "—",
+            ci = f"{fmt.change(r['rel_low'])} to {fmt.change(r['rel_high'])}" if pd.notna(r["rel_low"]) else "—"
+            md.append(_row([fmt.num(r["rate"]), METRIC_NAMES.get(r["metric"], r["metric"]), _cell(r["a_value"]),
+                            _cell(r["b_value"]), _cell(r["estimate"]), fmt.change(r["rel"]),
                             ci, "✓" if r["supported"] else "", r["method"]]))
         md.append("")
     return md
 
 
-def _knees_crossovers(summary: pd.DataFrame, crossings: dict[tuple[str, str], list], slo: dict) -> list[str]:
-    md = ["## Knees and crossovers", ""]
-    if slo:
-        md.append(f"Knee: the highest tested rate where ≥ {100 * stats.ATTAINMENT:.0f}% of requests meet the SLO.")
-        md += [""] + [f"- {s}: " + (f"{k:g} req/s" if (k := stats.knee(summary, s)) is not None else "none of the tested rates")
-                      for s in dict.fromkeys(summary["strategy"])]
-    else:
-        md.append("No SLO in the config, so no knee.")
+def _knees_crossovers(summary: pd.DataFrame, crossings: dict[tuple[str, str], list], caps: dict[str, Capacity],
+                      slo: dict) -> list[str]:
+    md = ["## Capacity, knees and crossovers", "", _rule(slo), ""]
+    for s in capacity.ranked(caps):
+        c = caps[s]
+        held = "none of the tested rates" if c.rate is None else fmt.rate(c.rate) + (" (the highest tried)" if c.highest_tried else "")
+        broke = (f"; at {fmt.rate(c.broke_at)}: {fmt.listing(list(c.limit)) if c.limit else 'see the table'} missed"
+                 if c.broke_at is not None else "")
+        md.append(f"- {s}: {held}{broke}")
     rates = sorted(summary["rate"].unique())
-    md += ["", f"Crossovers between {rates[0]:g} and {rates[-1]:g} req/s (medians over repeats):", ""]
+    md += ["", f"Crossovers between {fmt.rate(rates[0])} and {fmt.rate(rates[-1])} (medians over repeats):", ""]
     for (a, b), found in crossings.items():
-        text = "; ".join(f"{c.leader_after} overtakes {c.leader_before} on {c.metric} at about {c.rate:.3g} req/s"
+        text = "; ".join(f"{c.leader_after} overtakes {c.leader_before} on {c.metric} at about {fmt.rate(c.rate)}"
                          for c in found)
         md.append(f"- {a} vs {b}: {text or 'none (the same one leads, or they tie within 2%, at every tested rate)'}")
     return md + [""]
+
+
+def _rule(slo: dict) -> str:
+    """The sustain rule in words (report/capacity.py)."""
+    served = f"requests completed per second reach {fmt.share(capacity.SERVED)} of those offered"
+    if not slo:
+        return f"No SLO in the config: a rate counts as sustained when {served}."
+    return (f"A tested rate counts as sustained when ≥ {fmt.share(stats.ATTAINMENT)} of its requests meet "
+            f"{slo_text(slo)} (a failed request meets nothing) and {served} (a queue that keeps growing fails this "
+            f"even when a short run's latencies look fine). Capacity (the knee): the highest sustained rate; "
+            f"'missed' names what broke at the next rate up.")
 
 
 def _burst(rows: list, config: dict) -> list[str]:
     if not rows:
         return []
     step = (config.get("traffic") or {}).get("rate_step")
-    what = (f"rate {rows[0].rate:g} → {step['to_rate']:g} req/s at {step['at_s']:g} s"
+    what = (f"rate {fmt.num(rows[0].rate)} → {step['to_rate']:g} req/s at {step['at_s']:g} s"
             + (f", back at {step['until_s']:g} s" if step.get("until_s") else "")) if step else "gamma arrivals"
     whole = "" if step else " Without a rate step the whole measured run is the baseline ('before')."
     md = ["## Burst", "", f"Traffic: {what}.{whole} Recovery: seconds after the burst until the p99 TTFT of the requests "
@@ -252,9 +266,9 @@ def _burst(rows: list, config: dict) -> list[str]:
                 "recovery (s)", "seconds violating SLO"]), "|" + "---|" * 8]
     for b in rows:
         judged = step and np.isfinite(b.baseline_p99_ttft)     # no request finished before: nothing to recover to
-        rec = "—" if not judged else (f"{b.recovery_s:g}" if b.recovery_s is not None else "not within the run")
-        md.append(_row([b.strategy, f"{b.rate:g}", f"{b.window_s:g}", _cell(b.baseline_p99_ttft), str(b.peak_queue_before),
-                        str(b.peak_queue) if step else "—", rec, "—" if b.violating_s is None else f"{b.violating_s:g}"]))
+        rec = "—" if not judged else (fmt.num(b.recovery_s) if b.recovery_s is not None else "not within the run")
+        md.append(_row([b.strategy, fmt.num(b.rate), f"{b.window_s:g}", _cell(b.baseline_p99_ttft), str(b.peak_queue_before),
+                        str(b.peak_queue) if step else "—", rec, "—" if b.violating_s is None else fmt.num(b.violating_s)]))
     return md + [""]
 
 
@@ -274,9 +288,9 @@ def _breakdown(summary: pd.DataFrame, requests: pd.DataFrame | None, outcomes: d
           _row(["rate", "strategy"] + [label for _, label, _ in run_plots.PHASES] + ["E2E"]), "|" + "---|" * (len(cols) + 3)]
     for rate, s in dict.fromkeys(zip(summary["rate"], summary["strategy"])):   # every point, in the order run
         if (rate, s) in mean.index:
-            md.append(_row([f"{rate:g}", s] + [_cell(mean.loc[(rate, s), c]) for c in cols + ["e2e"]]))
+            md.append(_row([fmt.num(rate), s] + [_cell(mean.loc[(rate, s), c]) for c in cols + ["e2e"]]))
         elif (s, float(rate)) in outcomes:
-            md.append(_row([f"{rate:g}", s, "no requests finished"] + ["—"] * len(cols)))
+            md.append(_row([fmt.num(rate), s, "no requests finished"] + ["—"] * len(cols)))
     return md + [""]
 
 
@@ -290,7 +304,7 @@ def _useful(requests: pd.DataFrame | None) -> list[str]:
     md = ["## Useful work in lockstep batches", "", "Useful decode work Σo / (B × max o) over all batches (slot-weighted); "
           "prompt fill Σp / (B × max p): the share of prefill tokens that are not padding.", "",
           _row(["strategy", "rate", "batches", "mean batch", "useful decode work", "prompt fill"]), "|---|---|---|---|---|---|"]
-    md += [_row([r["strategy"], f"{r['rate']:g}", str(int(r["batches"])), f"{r['mean_batch']:.1f}",
+    md += [_row([r["strategy"], fmt.num(r['rate']), str(int(r["batches"])), f"{r['mean_batch']:.1f}",
                  f"{100 * r['useful_decode']:.0f}%", f"{100 * r['prompt_fill']:.0f}%"]) for _, r in w.iterrows()]
     return md + [""]
 
@@ -316,11 +330,11 @@ def _row(cells: list[str]) -> str:
     return "| " + " | ".join(str(c) for c in cells) + " |"
 
 
-def _cell(v) -> str:
+def _cell(v, share: bool = False) -> str:
     if isinstance(v, float) and v == np.inf:
         return "failed"                 # a latency percentile that reaches failed requests
     if v is None or (isinstance(v, float) and not np.isfinite(v)):
         return "—"
-    if isinstance(v, float):
-        return f"{v:.4g}"
+    if isinstance(v, (float, int, np.number)) and not isinstance(v, bool):
+        return fmt.share(float(v)) if share else fmt.num(float(v))
     return str(v)

@@ -18,14 +18,18 @@ import pandas as pd
 from matplotlib.ticker import MaxNLocator
 
 from batchlab.report import timeline as tl
-from batchlab.report.plots import STYLE, color, empty_panel, log_axis, missing_note, plt, save, strategies
+from batchlab.report.fmt import num
+from batchlab.report.plots import OKABE_ITO, STYLE, color, empty_panel, log_axis, missing_note, plt, save, strategies
 
-PHASES = [("wait_busy", "waiting for the previous batch", "#9e9e9e"),
-          ("wait_trigger", "waiting for a trigger (size / age / memory)", "#c7c7c7"),
-          ("wait_capacity", "waiting for KV capacity / a slot", "#bcbd22"),
-          ("prefill", "prefill", "#ff9896"),
-          ("decode", "decode", "#1f77b4"),
-          ("stall", "stalled by others (their prefill, preemption)", "#d62728")]
+# NOTE: one Okabe-Ito colour per phase (two greys were hard to tell apart); the three waits are
+# hatched so they read as waiting at a glance. report.py's caption explains each name.
+PHASES = [("wait_busy", "waiting for the previous batch", OKABE_ITO["orange"]),
+          ("wait_trigger", "waiting for a trigger (size / age / memory / drain)", OKABE_ITO["yellow"]),
+          ("wait_capacity", "waiting for KV capacity / a slot", OKABE_ITO["sky"]),
+          ("prefill", "prefill", OKABE_ITO["purple"]),
+          ("decode", "decode", OKABE_ITO["blue"]),
+          ("stall", "stalled by others (their prefill, preemption)", OKABE_ITO["vermillion"])]
+WAITS = {"wait_busy", "wait_trigger", "wait_capacity"}
 
 
 def one_run(requests: pd.DataFrame, rate: float) -> pd.DataFrame:
@@ -57,9 +61,9 @@ def plot_timeline(requests: pd.DataFrame, out: Path, rate: float, warmup_s: floa
         axes[0].hist(arrivals[np.isfinite(arrivals)], bins=bins, color="0.4")
         if run.empty:
             for ax in axes:
-                empty_panel(ax, f"no requests at {rate:g} req/s")
+                empty_panel(ax, f"no requests at {num(rate)} req/s")
         axes[0].set_ylabel("arrivals per second")
-        axes[0].set_title(f"Arrivals (the same trace for every strategy, {rate:g} req/s mean)")
+        axes[0].set_title(f"Arrivals (the same trace for every strategy, {num(rate)} req/s mean)")
         for s in strategies(run):
             rows = run[run["strategy"] == s]
             for ax, series in ((axes[1], tl.queue_depth(rows)), (axes[2], tl.running(rows))):
@@ -75,7 +79,7 @@ def plot_timeline(requests: pd.DataFrame, out: Path, rate: float, warmup_s: floa
         if len(run):
             axes[1].legend(loc="upper left")
         note = "grey band: warm-up, excluded from metrics" + ("; orange band: burst" if burst else "")
-        fig.suptitle(f"Timeline of one run at {rate:g} req/s ({note})", y=1.0)
+        fig.suptitle(f"Timeline of one run at {num(rate)} req/s ({note})", y=1.0)
         fig.tight_layout()
         return save(fig, out / "timeline.png")
 
@@ -95,9 +99,9 @@ def plot_requests(requests: pd.DataFrame, out: Path, rate: float, warmup_s: floa
         for ax, s in zip(axes[:, 0], names):
             rows = run[(run["strategy"] == s) & run["request_id"].isin(ids)].set_index("request_id").reindex(ids)
             y = np.arange(len(ids))
-            for start, stop, c, label in (("arrival_time", "scheduled_time", "0.75", "waiting"),
-                                          ("scheduled_time", "first_token_time", "#ff7f0e", "prefill (to first token)"),
-                                          ("first_token_time", "completion_time", "#1f77b4", "decode")):
+            for start, stop, c, label in (("arrival_time", "scheduled_time", OKABE_ITO["grey"], "waiting"),
+                                          ("scheduled_time", "first_token_time", OKABE_ITO["purple"], "prefill (to first token)"),
+                                          ("first_token_time", "completion_time", OKABE_ITO["blue"], "decode")):
                 ax.barh(y, rows[stop] - rows[start], left=rows[start], height=0.7, color=c, label=label)
             ax.plot(rows["arrival_time"], y, "k|", ms=8, label="arrival")
             ax.set_yticks(y[::4], [i for i in ids[::4]], fontsize=8)
@@ -105,15 +109,15 @@ def plot_requests(requests: pd.DataFrame, out: Path, rate: float, warmup_s: floa
             ax.set_ylabel("request")
             ax.set_title(f"{s}")
             if not ids:
-                empty_panel(ax, f"no requests after the {warmup_s:g} s warm-up at {rate:g} req/s")
+                empty_panel(ax, f"no requests after the {warmup_s:g} s warm-up at {num(rate)} req/s")
             elif rows["completion_time"].isna().all():
                 empty_panel(ax, "no requests finished")
         axes[-1, 0].set_xlabel("time since the run started (s)")
         start, end = finite_values(sel["arrival_time"]), finite_values(*(sel[c] for c in _STAMPS))
         if len(start):
             axes[-1, 0].set_xlim(start.min() - 0.3, end.max() + 0.3)
-        fig.suptitle(f"{len(ids)} consecutive requests at {rate:g} req/s: waiting, prefill and decode" if ids
-                     else f"No request arrived after the warm-up at {rate:g} req/s")
+        fig.suptitle(f"{len(ids)} consecutive requests at {num(rate)} req/s: waiting, prefill and decode" if ids
+                     else f"No request arrived after the warm-up at {num(rate)} req/s")
         fig.tight_layout(rect=(0, 0, 1, 0.95))
         if ids:
             handles, labels = axes[0, 0].get_legend_handles_labels()
@@ -175,7 +179,7 @@ def _example_batch(ax, requests: pd.DataFrame, b: pd.DataFrame, s: str, rate: fl
                     label="idle slots (row done, batch still running)")
     ax.set_ylim(0, size * 1.1)
     ax.yaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_title(f"{s}: one batch at {rate:g} req/s, B = {size}, useful {100 * row['useful_decode']:.0f}%")
+    ax.set_title(f"{s}: one batch at {num(rate)} req/s, B = {size}, useful {100 * row['useful_decode']:.0f}%")
     ax.set_xlabel("decode step")
     ax.set_ylabel("rows in the batch")
     ax.legend(loc="lower left", fontsize=9)
@@ -198,7 +202,8 @@ def plot_breakdown(requests: pd.DataFrame, out: Path) -> Path | None:
             left = np.zeros(len(names))
             for phase, label, c in PHASES:
                 share = (100 * mean[phase] / total.where(total > 0)).fillna(0).to_numpy()
-                ax.barh(names, share, left=left, color=c, label=label, edgecolor="white", lw=0.5)
+                ax.barh(names, share, left=left, color=c, label=label, edgecolor="white", lw=0.5,
+                        hatch="//" if phase in WAITS else None)
                 left += share
             for i, s in enumerate(names):
                 text = (f"mean E2E {total.iloc[i]:.3g} s{_trigger_mix(ok, s, rate)}" if mean.iloc[i].notna().any()
@@ -206,7 +211,7 @@ def plot_breakdown(requests: pd.DataFrame, out: Path) -> Path | None:
                 ax.text(101, i, text, va="center", fontsize=10)
             ax.set_xlim(0, 100)
             ax.invert_yaxis()
-            ax.set_title(f"{rate:g} req/s")
+            ax.set_title(f"{num(rate)} req/s")
             ax.set_ylabel("strategy")
         axes[-1, 0].set_xlabel("share of mean E2E latency (%)")
         axes[0, 0].legend(loc="lower left", bbox_to_anchor=(0, 1.25), ncol=3, frameon=False)
@@ -259,7 +264,7 @@ def plot_burst(requests: pd.DataFrame, out: Path, rate: float, warmup_s: float, 
         drawn = {str(line.get_label()).split(":")[0] for line in axes[1].get_lines()}
         missing_note(fig, {s: {rate} for s in drawn}, {s: [rate] for s in strategies(run)})
         to = f" → {burst_rate:g}" if burst_rate else ""
-        fig.suptitle(f"Burst: {rate:g}{to} req/s from {burst[0]:g} s to {burst[1]:g} s (orange band); "
+        fig.suptitle(f"Burst: {num(rate)}{to} req/s from {burst[0]:g} s to {burst[1]:g} s (orange band); "
                      f"dotted: {tl.RECOVERY_SLACK:g} × each strategy's pre-burst p99 TTFT", y=1.0)
         fig.tight_layout()
         return save(fig, out / "burst.png")

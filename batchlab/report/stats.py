@@ -10,7 +10,8 @@ request-to-request noise, not trace-to-trace variation; whole-run numbers (throu
 then get none: one run is one number.
 Failures are part of every comparison: a failed request is +inf latency (core/metrics.py), in the
 summary and in the per-request pairs alike, and a strategy that failed more requests is never
-called faster. Also here: crossovers (where one strategy overtakes another) and knees.
+called faster. Also here: crossovers (where one strategy overtakes another); knees are in
+capacity.py.
 """
 from __future__ import annotations
 
@@ -228,7 +229,7 @@ def _pooled_block_bootstrap(parts, q: float, rng) -> Interval:
         return Interval(float("nan"), float("nan"))
     if len(ivs) == 1:
         n = ivs[0].n
-        return Interval(**{**ivs[0].__dict__, "method": f"paired block bootstrap over {n} requests of one trace, "
+        return Interval(**{**ivs[0].__dict__, "method": f"paired block bootstrap over {n:,} requests of one trace, "
                                                         "which covers this trace's noise only"})
     mean = lambda k: float(np.mean([getattr(i, k) for i in ivs]))  # noqa: E731
     return Interval(mean("estimate"), mean("rel"), mean("low"), mean("high"), mean("rel_low"), mean("rel_high"),
@@ -288,13 +289,6 @@ def _no_faster_by_failing(both: pd.DataFrame, a_failed: pd.Series, b_failed: pd.
     fa, fb = a_failed.reindex(both.index).fillna(0), b_failed.reindex(both.index).fillna(0)
     faster_failed_more = ((both["a"] < both["b"]) & (fa > fb)) | ((both["b"] < both["a"]) & (fb > fa))
     return both.mask(faster_failed_more)
-
-
-def knee(summary: pd.DataFrame, strategy: str, target: float = ATTAINMENT) -> float | None:
-    """The highest tested rate at which the median SLO attainment reaches `target` (None: none)."""
-    s = summary[summary["strategy"] == strategy].groupby("rate")["slo_attainment"].median()
-    ok = s[s >= target]
-    return float(ok.index.max()) if len(ok) else None
 
 
 def past_capacity(summary: pd.DataFrame, requests: pd.DataFrame | None) -> set[tuple[str, float]]:

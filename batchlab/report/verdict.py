@@ -1,11 +1,13 @@
-"""The one-line verdict: how a strategy compares with a baseline, naming the arrival rate.
+"""The verdict: first the answer (what each strategy sustains under the SLO), then the evidence.
 
-"Dynamic batching improved throughput by +X% and reduced p50 E2E latency by −Y% compared to
-naive batching at 20 req/s on <device> with <model>." Each claim carries its interval from the
-paired comparison (report/stats.py): a change whose interval includes zero is reported as "no
-measurable difference", and a number without an interval says so. The rate named is the one
-where the p50 E2E gain is largest among supported gains; the report gives every other rate too.
-Failures come first: a strategy that failed every request is named with the recorded reason,
+"Continuous sustains 20 req/s within TTFT ≤ 1 s and TPOT ≤ 50 ms; dynamic 5; naive none — 4×
+more traffic than dynamic" (report/capacity.py decides "sustains"). Then one sentence per pair,
+the better one first: "Continuous batching improved throughput by +X% and reduced p50 E2E latency
+by −Y% compared to dynamic batching at 20 req/s on <device>". Each claim carries its interval
+from the paired comparison (report/stats.py): a change whose interval includes zero is reported
+as "no measurable difference", and a number without an interval says so. The rate named is fixed
+in advance (capacity.telling_rate): the highest one where the better strategy still sustains.
+Failures count: a strategy that failed every request is named with the recorded reason,
 a side with more failures is never called faster, and any failure counts are named. A sentence
 never shows "nan", "inf" or a dash for a number: what cannot be compared says so in words.
 """
@@ -14,37 +16,10 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from batchlab.report import stats
+from batchlab.report import capacity, fmt, stats
+from batchlab.report.capacity import Capacity
 
 NAMES = {"naive": "Naive", "dynamic": "Dynamic", "continuous": "Continuous", "server": "Server-side"}
-PAIRS = (("dynamic", "naive"), ("continuous", "dynamic"), ("continuous", "naive"))
-
-
-def pairs(strategies: list[str]) -> list[tuple[str, str]]:
-    """The seed's question first (dynamic vs naive), then the others present in the results."""
-    found = [(a, b) for a, b in PAIRS if a in strategies and b in strategies]
-    rest = [(a, b) for i, b in enumerate(strategies) for a in strategies[i + 1:] if (a, b) not in found
-            and (b, a) not in found]
-    return found + rest
-
-
-def pct(x: float) -> str:
-    if not np.isfinite(x):
-        return "—"                   # relative to zero (e.g. a goodput of 0): no percentage
-    return f"{round(100 * x):+d}%".replace("-", "−")   # NOTE: round() first, so -0.4% prints +0%
-
-
-def headline_rate(cmp: pd.DataFrame) -> float:
-    """Where a's p50 E2E gain over b is largest, preferring gains the interval supports, among
-    rates where both sides finished something (else the middle rate: nothing to compare)."""
-    e2e = cmp[(cmp["metric"] == "e2e_p50") & np.isfinite(cmp["rel"].astype(float))]
-    e2e = e2e[[_comparable(r) for _, r in e2e.iterrows()]]
-    if e2e.empty:
-        rates = sorted(cmp["rate"].unique())
-        return float(rates[len(rates) // 2])
-    supported = e2e[e2e["supported"] | ~e2e["low"].notna()]
-    pool = supported if not supported.empty else e2e
-    return float(pool.loc[pool["rel"].idxmin(), "rate"])
 
 
 def _comparable(row: pd.Series) -> bool:
@@ -53,7 +28,7 @@ def _comparable(row: pd.Series) -> bool:
 
 
 def _bound(x: float) -> str:
-    return pct(x) if np.isfinite(x) else "unbounded"
+    return fmt.change(x) if np.isfinite(x) else "unbounded"
 
 
 def claim(row: pd.Series, what: str, up: str, down: str) -> str:
@@ -67,19 +42,19 @@ def claim(row: pd.Series, what: str, up: str, down: str) -> str:
         if not (np.isfinite(a_val) and np.isfinite(b_val) and np.isfinite(row["estimate"])):
             return f"could not compare {what}"
         word = up if row["estimate"] > 0 else down
-        return f"{word} {what} from {b_val:.3g} to {a_val:.3g}"
+        return f"{word} {what} from {fmt.num(b_val)} to {fmt.num(a_val)}"
     if row.get("note"):
-        return f"showed {pct(rel)} {what}, but {row['note']}, so it is not called faster"
+        return f"showed {fmt.change(rel)} {what}, but {row['note']}, so it is not called faster"
     iv = f"{_bound(row['rel_low'])} to {_bound(row['rel_high'])}" if pd.notna(row["rel_low"]) else ""
     if pd.isna(row["low"]):
         if abs(rel) < stats.TIE:
-            return f"left {what} about the same ({pct(rel)}, {how}: no interval)"
+            return f"left {what} about the same ({fmt.change(rel)}, {how}: no interval)"
         word = up if row["estimate"] > 0 else down
-        return f"{word} {what} by {pct(rel)} ({how}: no interval)"
+        return f"{word} {what} by {fmt.change(rel)} ({how}: no interval)"
     if not row["supported"]:
-        return f"showed no measurable difference in {what} ({pct(rel)}, 95% CI {iv}, {how})"
+        return f"showed no measurable difference in {what} ({fmt.change(rel)}, 95% CI {iv}, {how})"
     word = up if row["estimate"] > 0 else down
-    return f"{word} {what} by {pct(rel)} (95% CI {iv}, {how})"
+    return f"{word} {what} by {fmt.change(rel)} (95% CI {iv}, {how})"
 
 
 def where(setup: dict) -> str:
@@ -91,7 +66,7 @@ def where(setup: dict) -> str:
 
 
 def compare_line(cmp: pd.DataFrame, a: str, b: str, rate: float, setup: dict,
-                 past: set[tuple[str, float]] = frozenset()) -> str | None:
+                 past: set[tuple[str, float]] = frozenset(), step: dict | None = None) -> str | None:
     """The pair's sentence at `rate`; None where there is nothing to compare (a side failed
     every request there: `failure_lines` says so)."""
     at = cmp[cmp["rate"] == rate].set_index("metric")
@@ -103,7 +78,7 @@ def compare_line(cmp: pd.DataFrame, a: str, b: str, rate: float, setup: dict,
     caveat = (f"; {' and '.join(over)} {'were' if len(over) > 1 else 'was'} past capacity there, so "
               f"{'their' if len(over) > 1 else 'its'} latencies grow with the run's length") if over else ""
     return (f"{NAMES.get(a, a.title())} batching {thr} and {lat} compared to {b} batching "
-            f"at {rate:g} req/s{where(setup)}{caveat}{_failure_counts(at.loc['e2e_p50'], a, b)}.")
+            f"at {fmt.rate(rate)}{_burst_text(step).removesuffix(',')}{where(setup)}{caveat}{_failure_counts(at.loc['e2e_p50'], a, b)}.")
 
 
 def _failure_counts(row: pd.Series, a: str, b: str) -> str:
@@ -125,7 +100,7 @@ def failure_lines(summary: pd.DataFrame) -> list[str]:
         dead = per_rate[(per_rate["finished"] == 0) & (per_rate["num_requests"] > 0)].index
         if dead.empty:
             continue
-        at = "" if len(dead) == len(per_rate) else " at " + _and([f"{r:g}" for r in sorted(dead)]) + " req/s"
+        at = "" if len(dead) == len(per_rate) else " at " + fmt.listing([fmt.num(r) for r in sorted(dead)]) + " req/s"
         errors = rows[rows["rate"].isin(dead)].get("top_error", pd.Series(dtype=object)).dropna()
         errors = errors[errors.astype(str).str.len() > 0]
         why = errors.astype(str).mode().iloc[0] if len(errors) else "no reason recorded (see requests.csv)"
@@ -133,20 +108,88 @@ def failure_lines(summary: pd.DataFrame) -> list[str]:
     return out
 
 
-def _and(items: list[str]) -> str:
-    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+def slo_text(slo: dict) -> str:
+    """'TTFT ≤ 1 s and TPOT ≤ 50 ms'."""
+    return fmt.listing([f"{name} ≤ {fmt.seconds(slo[k])}" for k, name in capacity.SLO_METRICS.items() if slo.get(k)])
 
 
-def knee_line(summary: pd.DataFrame, slo: dict) -> str | None:
-    if not any(slo.get(k) for k in ("ttft_s", "tpot_s", "e2e_s")):
+def headline(caps: dict[str, Capacity], slo: dict, step: dict | None = None) -> str:
+    """The answer first: 'Continuous sustains 20 req/s within TTFT ≤ 1 s and TPOT ≤ 50 ms;
+    dynamic 5; naive none — 4× more traffic than dynamic.' A burst run (traffic.rate_step) says
+    that the rates named carry the burst."""
+    order = capacity.ranked(caps)
+    within = (f"within {slo_text(slo)}" if slo_text(slo) else
+              f"with no SLO set (serving ≥ {fmt.share(capacity.SERVED)} of the offered requests/s)")
+    best = caps[order[0]]
+    if best.rate is None:
+        every = "both" if len(order) == 2 else "all"
+        return f"No strategy sustains even the lowest tested rate {within}: {fmt.listing(order)} {every} miss it."
+
+    def at(c: Capacity, unit: str = "") -> str:
+        if c.rate is None:
+            return "none"
+        return f"≥ {fmt.num(c.rate)}{unit} (highest tried)" if c.highest_tried else f"{fmt.num(c.rate)}{unit}"
+    text = f"{best.strategy.capitalize()} sustains {at(best, ' req/s')}{_burst_text(step)} {within}"
+    text += "".join(f"; {s} {at(caps[s])}" for s in order[1:])
+    return text + _lead(best, [caps[s] for s in order[1:]]) + "."
+
+
+def _burst_text(step: dict | None) -> str:
+    """' with a burst to 25 req/s from 40 s to 50 s,'."""
+    if not step:
+        return ""
+    until = f" to {fmt.num(step['until_s'])} s" if step.get("until_s") else " on"
+    return f" with a burst to {fmt.rate(step['to_rate'])} from {fmt.num(step['at_s'])} s{until},"
+
+
+def short_line(duration_s: float | None) -> str | None:
+    """A caveat when points are too short for a growing queue to show (DESIGN.md: >= 30 s)."""
+    if duration_s is None or duration_s >= capacity.MIN_DURATION_S:
+        return None
+    return (f"Each point measured {fmt.num(duration_s)} s of traffic; under {fmt.num(capacity.MIN_DURATION_S)} s a "
+            "queue that grows slowly may not show yet, so a capacity found here may be overstated.")
+
+
+def burst_line(rows: list, step: dict | None) -> str | None:
+    """'Burst to 25 req/s at 40–50 s: continuous peak queue 5 (2 before), back to its pre-burst
+    p99 TTFT 4 s after, 0 s violating the SLO; dynamic ...' (report/timeline.py measures these)."""
+    if not rows or not step:
         return None
     parts = []
-    for s in dict.fromkeys(summary["strategy"]):
-        k = stats.knee(summary, s)
-        parts.append(f"{s} {k:g} req/s" if k is not None else f"{s} none of the tested rates")
-    slo_text = ", ".join(f"{k.removesuffix('_s').upper()} ≤ {v:g} s" for k, v in slo.items() if v)
-    return (f"Knee (highest tested rate where ≥ {100 * stats.ATTAINMENT:.0f}% of requests meet "
-            f"{slo_text}): " + "; ".join(parts) + ".")
+    for b in rows:
+        rec = (f"back to its pre-burst p99 TTFT {fmt.num(b.recovery_s)} s after" if b.recovery_s is not None
+               else "not back to its pre-burst p99 TTFT by the end of the run" if np.isfinite(b.baseline_p99_ttft)
+               else "no pre-burst request finished")
+        slo = "" if b.violating_s is None else f", {fmt.num(b.violating_s)} s violating the SLO"
+        parts.append(f"{b.strategy} peak queue {b.peak_queue} ({b.peak_queue_before} before), {rec}{slo}")
+    return f"Burst{_burst_text(step).removeprefix(' with a burst').removesuffix(',')}: " + "; ".join(parts) + "."
+
+
+def _lead(best: Capacity, rest: list[Capacity]) -> str:
+    """' — 4× more traffic than dynamic', or why there is no ratio."""
+    if not rest:
+        return ""
+    second = rest[0]
+    if second.rate is None:
+        return " — the only strategy that sustains any tested rate"
+    if second.rate == best.rate:
+        tied = [c.strategy for c in rest if c.rate == best.rate]
+        return f" — the same as {fmt.listing(tied)} on this grid of rates"
+    lower = "at least " if best.highest_tried else ""
+    return f" — {lower}{fmt.ratio(best.rate / second.rate)} more traffic than {second.strategy}"
+
+
+def limits_line(caps: dict[str, Capacity]) -> str | None:
+    """'What each misses first: continuous TPOT at 50 req/s; dynamic TTFT at 20 req/s.'"""
+    parts = [f"{c.strategy} {fmt.listing(list(c.limit))} at {fmt.rate(c.broke_at)}"
+             for s in capacity.ranked(caps) if (c := caps[s]).broke_at is not None and c.limit]
+    return f"What each misses first: {'; '.join(parts)}." if parts else None
+
+
+def ranked_pairs(caps: dict[str, Capacity]) -> list[tuple[str, str]]:
+    """Every pair, the strategy that sustains more first (ties keep the config's order)."""
+    order = capacity.ranked(caps)
+    return [(a, b) for i, a in enumerate(order) for b in order[i + 1:]]
 
 
 def crossover_lines(summary: pd.DataFrame, pairs_: list[tuple[str, str]]) -> list[str]:
@@ -158,17 +201,23 @@ def crossover_lines(summary: pd.DataFrame, pairs_: list[tuple[str, str]]) -> lis
 
 
 def verdict_lines(summary: pd.DataFrame, setup: dict, comparisons: dict[tuple[str, str], pd.DataFrame] | None = None,
-                  slo: dict | None = None, past: set[tuple[str, float]] | None = None) -> list[str]:
-    """Strategies that failed every request, a headline per pair (each at its own rate), then
-    knees and crossovers."""
-    strategies = list(dict.fromkeys(summary["strategy"]))
-    comparisons = comparisons if comparisons is not None else {p: stats.compare(summary, None, *p) for p in pairs(strategies)}
+                  slo: dict | None = None, past: set[tuple[str, float]] | None = None,
+                  caps: dict[str, Capacity] | None = None, burst: list | None = None,
+                  step: dict | None = None, duration_s: float | None = None) -> list[str]:
+    """The headline (capacity under the SLO), strategies that failed every request, one sentence
+    per pair (the better first, at the rate capacity.telling_rate fixes), what breaks each knee,
+    then crossovers. `comparisons` keys must be ordered better-first (see ranked_pairs)."""
+    slo = slo or {}
+    caps = caps if caps is not None else capacity.capacities(summary, None, slo)
+    if comparisons is None:
+        comparisons = {p: stats.compare(summary, None, *p) for p in ranked_pairs(caps)}
     past = past if past is not None else stats.past_capacity(summary, None)
-    lines = failure_lines(summary)
+    lines = [headline(caps, slo, step)] + [line for line in [burst_line(burst or [], step), short_line(duration_s)] if line]
+    lines += failure_lines(summary)
     for (a, b), cmp in comparisons.items():
         if not cmp.empty:
-            line = compare_line(cmp, a, b, headline_rate(cmp), setup, past)
+            line = compare_line(cmp, a, b, capacity.telling_rate(caps, a, list(cmp["rate"].unique())), setup, past, step)
             if line:
                 lines.append(line)
-    knee = knee_line(summary, slo or {})
-    return lines + ([knee] if knee else []) + crossover_lines(summary, list(comparisons))
+    limits = limits_line(caps)
+    return lines + ([limits] if limits else []) + crossover_lines(summary, list(comparisons))

@@ -16,15 +16,14 @@ from typing import Any
 import yaml
 
 from batchlab.core.config import RunConfig
-from batchlab.run.schema import STRATEGY_RANK, Key, canonical
+from batchlab.run.schema import INPUT_FILES, STRATEGY_RANK, Key, canonical, resolved_paths
 
 GROWS = ("strategies", "traffic.rates", "traffic.repeats")       # may grow inside one experiment
 NO_EFFECT = ("name", "out", "report", "backend.api_key_env")    # do not change what a point means
-INPUT_FILES = ("traffic.trace_file", "backend.profile", "traffic.prompt_len.path", "traffic.output_len.path")
 def experiment(cfg: RunConfig) -> dict[str, Any]:
     """What a point of this config means: the config less GROWS and NO_EFFECT, plus the content
     digest of each input file it reads (an edited trace is another experiment)."""
-    tree = cfg.model_dump(mode="json")
+    tree = resolved_paths(cfg.model_dump(mode="json"))
     for dotted in GROWS + NO_EFFECT:
         *parents, leaf = dotted.split(".")
         node = _get(tree, ".".join(parents)) if parents else tree
@@ -77,9 +76,10 @@ def _file_digest(path: str) -> str:
 
 def recorded_config(tree: dict[str, Any], keys: Iterable[Key], digest: str, where: Path) -> str:
     """config.yaml: the config `tree` with strategies, rates and repeats set to those of the points
-    recorded, so the file tells what the directory holds, not what the last command asked for."""
+    recorded, so the file tells what the directory holds, not what the last command asked for; `out`
+    is the directory itself and input paths are absolute: `batchlab run config.yaml` reruns it."""
     keys = sorted(keys, key=canonical)
-    tree = json.loads(json.dumps(tree)) | {"out": str(where)}
+    tree = resolved_paths(json.loads(json.dumps(tree))) | {"out": str(Path(where).resolve())}   # the real directory
     tree.get("backend", {}).pop("api_key", None)      # NOTE: a secret is never written to disk
     strategies = sorted({k[0] for k in keys}, key=STRATEGY_RANK.get)
     rates = sorted({k[1] for k in keys})

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from pathlib import Path
 from typing import Any, get_args
 
 import numpy as np
@@ -34,10 +35,27 @@ def canonical(key: Key) -> tuple:
     return rate, repeat, STRATEGY_RANK[strategy]
 
 
+INPUT_FILES = ("traffic.trace_file", "backend.profile", "traffic.prompt_len.path", "traffic.output_len.path")
+
+
+def resolved_paths(tree: dict[str, Any]) -> dict[str, Any]:
+    """The config tree with each input file's path made absolute, as the run resolved it (from the
+    working directory). NOTE: so config.yaml names the files that ran wherever it is read from, and
+    the same file named relatively or absolutely is one experiment and one point."""
+    for dotted in INPUT_FILES:
+        node: Any = tree
+        *parents, leaf = dotted.split(".")
+        for k in parents:
+            node = node.get(k) if isinstance(node, dict) else None
+        if isinstance(node, dict) and isinstance(node.get(leaf), (str, Path)) and str(node[leaf]):
+            node[leaf] = str(Path(node[leaf]).resolve())
+    return tree
+
+
 def point_hash(cfg: RunConfig, strategy: str) -> str:
     """Digest of everything that shapes one strategy's points (not the list of rates/repeats)."""
-    shape = {"backend": cfg.backend.model_dump(exclude={"api_key_env"}), "knobs": cfg.knobs(strategy),
-             "traffic": cfg.traffic.model_dump(exclude={"rates", "repeats"}), "slo": cfg.slo.model_dump()}
+    shape = resolved_paths({"backend": cfg.backend.model_dump(exclude={"api_key_env"}), "knobs": cfg.knobs(strategy),
+                            "traffic": cfg.traffic.model_dump(exclude={"rates", "repeats"}), "slo": cfg.slo.model_dump()})
     return hashlib.sha256(json.dumps(shape, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 

@@ -40,7 +40,7 @@ def test_cli_closed_loop_prints_one_line_per_level_and_writes_json(tmp_path):
         res = CliRunner().invoke(loadtest_cmd, [url + "/v1", "--concurrency", "1,3", "--output-len", "4",
                                                 "--prompt-len", "4", "--out", str(out)])
     assert res.exit_code == 0, res.output
-    assert res.output.count("conc=") == 2
+    assert res.output.count("conc=") == 2 and res.output.count(" e2e_p95=") == 2     # p95 of what, said
     assert [row["concurrency"] for row in json.loads(out.read_text())] == [1, 3]
 
 

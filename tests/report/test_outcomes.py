@@ -22,7 +22,7 @@ from click.testing import CliRunner
 
 from batchlab.cli import main
 from batchlab.core.config import load_user_config
-from batchlab.report import plots, run_plots
+from batchlab.report import fmt, pareto, plots, run_plots
 from batchlab.report.report import build_report
 from batchlab.run.sweep import run_sweep
 
@@ -117,6 +117,7 @@ def render_cli(out: Path) -> Rendered:
         warnings.simplefilter("always")
         mp.setattr(plots, "save", keep)
         mp.setattr(run_plots, "save", keep)
+        mp.setattr(pareto, "save", keep)
         res = CliRunner().invoke(main, ["report", str(out)])
     md = (out / "report.md").read_text() if (out / "report.md").is_file() else ""
     warned = [f"{w.category.__name__}: {w.message} ({w.filename}:{w.lineno})" for w in caught]
@@ -131,7 +132,7 @@ def rendered(tmp_path_factory) -> dict[str, Rendered]:
 
 
 def rate_section(md: str, rate: float) -> str:
-    return md.split(f"### {rate:g} req/s\n")[1].split("\n##")[0]
+    return md.split(f"### {fmt.rate(rate)}\n")[1].split("\n##")[0]
 
 
 def table_row(md: str, rate: float, strategy: str) -> list[str]:
@@ -212,7 +213,7 @@ def test_when_everything_fails_every_panel_says_so_and_the_reason_is_in_the_repo
     section = rate_section(r.md, 5)
     for s, rows in requests[requests["warmup"] == 0].groupby("strategy"):
         assert f"- {s}: no requests finished (all {len(rows)} failed: {rows['error'].iloc[0]})" in section
-    for name in ("tradeoff.png", "latency_vs_rate.png", "cdf.png"):
+    for name in ("tradeoff.png", "latency_vs_rate.png", "pareto.png", "cdf.png"):
         for ax in r.figure(name)[1]:
             assert not [line for line in ax.get_lines() if not str(line.get_label()).startswith("_")], name
             assert "no requests finished" in [t.get_text() for t in ax.texts], name
@@ -249,7 +250,7 @@ def test_a_replayed_trace_with_odd_times_is_one_point_at_its_mean_rate(rendered)
     r = rendered["odd_trace"]
     rate = pd.read_csv(r.out / "summary.csv")["rate"].iloc[0]
     assert rate == pytest.approx(7 / 9.5, rel=1e-5)
-    assert f"### {rate:g} req/s" in r.md and "no requests finished" not in r.md
+    assert f"### {fmt.rate(rate)}" in r.md and "0.737 req/s" in r.md and "no requests finished" not in r.md
 
 
 def test_missing_points_nan_and_inf_cells_become_dashes_and_gaps_in_the_curves(rendered):

@@ -5,7 +5,7 @@ import pandas as pd
 import pytest
 
 from batchlab.core.config import load_user_config
-from batchlab.report import plots, run_plots
+from batchlab.report import pareto, plots, run_plots
 from batchlab.report.load import load_requests
 from batchlab.run.sweep import run_sweep
 
@@ -31,6 +31,7 @@ def capture(monkeypatch, render: bool) -> list:
         return original(fig, path) if render else plots.plt.close(fig) or path
     monkeypatch.setattr(plots, "save", keep)
     monkeypatch.setattr(run_plots, "save", keep)
+    monkeypatch.setattr(pareto, "save", keep)
     return seen
 
 
@@ -47,6 +48,7 @@ def parts(monkeypatch):
 def draw_all(out, summary, requests):
     yield plots.plot_tradeoff(summary, out, SLO, {"continuous": 20.0})
     yield plots.plot_latency_vs_rate(summary, out, SLO)
+    yield pareto.plot_pareto(summary, out)
     yield plots.plot_cdf(requests, out, 20.0, SLO)
     yield run_plots.plot_timeline(requests, out, 20.0, 2.0)
     yield run_plots.plot_requests(requests, out, 5.0, 2.0)
@@ -58,7 +60,7 @@ def draw_all(out, summary, requests):
 def test_each_plot_writes_a_png_with_titles_labels_and_a_legend(data, figures):
     out, summary, requests = data
     paths = list(draw_all(out, summary, requests))
-    assert len({p.name for p in paths}) == 8
+    assert len({p.name for p in paths}) == 9
     for p in paths:
         assert p.read_bytes().startswith(b"\x89PNG") and p.stat().st_size > 20_000
     for name, title, axes, has_legend in figures:

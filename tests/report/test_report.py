@@ -28,16 +28,18 @@ def built(tmp_path_factory):
 
 def test_report_has_verdict_setup_tables_comparisons_and_every_plot_it_links(built):
     results, md, lines = built
-    assert lines[0].startswith("Dynamic batching") and "compared to naive batching at" in lines[0]
-    assert re.search(r"at (5|20) req/s in simulation \(llama2-7b-a100", lines[0])
+    assert re.match(r"\w+ sustains .* within TTFT ≤ 1 s and TPOT ≤ 50 ms; ", lines[0])       # the answer first
+    assert all(s in lines[0].lower() for s in ("naive", "dynamic", "continuous"))
+    pair = next(line for line in lines if line.startswith("Dynamic batching"))
+    assert re.search(r"compared to naive batching at (5|20) req/s in simulation \(llama2-7b-a100", pair)
     assert md.startswith("# batchlab report") and lines[0] in md
     for heading in ("## Setup", "## Plots", "### 5 req/s", "### 20 req/s", "## Paired comparisons",
-                    "### dynamic vs naive", "## Knees and crossovers", "## Latency breakdown",
+                    "### dynamic vs naive", "## Capacity, knees and crossovers", "## Latency breakdown",
                     "## Useful work in lockstep batches"):
         assert heading in md
     assert "| python |" in md and "| seed | 0" in md and "max_wait_ms: 50" in md
     images = re.findall(r"!\[[^]]*\]\(([^)]+)\)", md)
-    assert {"tradeoff.png", "latency_vs_rate.png", "cdf.png", "timeline.png", "requests.png",
+    assert {"tradeoff.png", "latency_vs_rate.png", "pareto.png", "cdf.png", "timeline.png", "requests.png",
             "breakdown.png", "useful_work.png"} <= set(images)
     for name in images:
         assert (results / name).read_bytes().startswith(PNG)
@@ -45,9 +47,19 @@ def test_report_has_verdict_setup_tables_comparisons_and_every_plot_it_links(bui
 
 def test_a_sweep_where_every_point_has_results_carries_no_outcome_notes(built):
     _, md, lines = built
-    for text in ("no requests finished", "no request arrived", "not run at this rate", "Not drawn", "—"):
+    for text in ("no requests finished", "no request arrived", "not run at this rate", "Not drawn", "| — |"):
         assert text not in md.split("## Paired comparisons")[0], text
     assert not re.search(r"\b(nan|inf)\b", md, re.I) and not any(re.search(r"\b(nan|inf)\b", x) for x in lines)
+
+
+def test_report_html_is_one_file_with_every_plot_embedded_and_nothing_fetched(built):
+    results, md, lines = built
+    page = (results / "report.html").read_text()
+    images = re.findall(r"!\[[^]]*\]\(([^)]+)\)", md)
+    sources = re.findall(r'<img src="([^"]+)"', page)
+    assert len(sources) == len(images) and all(s.startswith("data:image/png;base64,") for s in sources)
+    assert not re.search(r'(src|href)="(?!data:)', page)             # no file, no network
+    assert page.count("<table>") == md.count("\n|---") and lines[0] in page.replace("&amp;", "&")
 
 
 def test_report_regenerates_identically_from_the_csv_files_alone(built):
@@ -71,7 +83,11 @@ def test_report_without_request_rows_still_gives_the_sweep_plots(tmp_path, built
 def test_burst_run_reports_peak_queue_recovery_and_slo_seconds(tmp_path):
     out = tiny_sweep(tmp_path / "b", ["traffic.rates=[5]", "traffic.duration_s=40",
                                       "traffic.rate_step={at_s: 10, to_rate: 25, until_s: 15}"])
-    md = build_report(out)[0].read_text()
+    path, lines = build_report(out)
+    md = path.read_text()
+    assert " with a burst to 25 req/s from 10 s to 15 s, within" in lines[0]       # not framed as "5 req/s"
+    assert lines[1].startswith("Burst to 25 req/s from 10 s to 15 s: naive peak queue ")
+    assert all("with a burst to 25 req/s" in line for line in lines if " batching at " in line)
     section = md.split("## Burst")[1].split("##")[0]
     assert "peak queue during/after" in section and "recovery (s)" in section
     rows = [r for r in section.splitlines() if r.startswith("| naive") or r.startswith("| continuous")]
@@ -84,3 +100,16 @@ def test_missing_results_is_one_clear_error(tmp_path):
         build_report(tmp_path)
     res = CliRunner().invoke(main, ["report", str(tmp_path)])
     assert res.exit_code == 2 and res.output.count("\n") == 1 and "no summary.csv" in res.output
+
+
+def test_every_plot_has_a_caption_naming_each_trigger_and_phase_it_shows(built):
+    import pandas as pd
+
+    from batchlab.report import run_plots
+    from batchlab.report.captions import CAPTIONS
+    results, md, _ = built
+    for name in re.findall(r"!\[([^]]*)\]\(", md):
+        assert name in CAPTIONS
+    triggers = set(pd.read_csv(results / "requests.csv")["trigger"].dropna()) | {"size", "age", "memory", "drain"}
+    for word in [f"*{t}*" for t in triggers] + [f"*{label.split(' (')[0]}*" for _, label, _ in run_plots.PHASES]:
+        assert word in CAPTIONS["breakdown"], word

@@ -82,13 +82,6 @@ def test_crossovers_on_a_summary_names_who_leads_before_and_after():
     assert 5 < c.rate < 20
 
 
-def test_knee_is_the_highest_rate_meeting_the_slo():
-    s = summary([("x", 5, 0, 1, 0.99), ("x", 10, 0, 1, 0.95), ("x", 20, 0, 1, 0.5), ("x", 40, 0, 1, 0.0),
-                 ("z", 5, 0, 1, 0.2)])
-    assert stats.knee(s, "x") == 10
-    assert stats.knee(s, "z") is None
-
-
 def test_compare_uses_repeats_when_there_are_enough():
     rows = []
     rng = np.random.default_rng(0)

@@ -1,7 +1,8 @@
 import numpy as np
 import pandas as pd
 
-from batchlab.report import verdict
+from batchlab.report import fmt, verdict
+from batchlab.report.capacity import Capacity
 
 
 def row(rel, low=np.nan, high=np.nan, method="paired block bootstrap over 500 requests of one trace", **kw):
@@ -35,11 +36,6 @@ def cmp(rates_rel):
     return pd.DataFrame(rows)
 
 
-def test_headline_rate_is_the_largest_supported_latency_gain():
-    c = cmp({5: (0.0, -0.30, -0.35, -0.25), 20: (0.3, -0.60, -0.9, 0.1), 50: (0.3, -0.40, -0.45, -0.35)})
-    assert verdict.headline_rate(c) == 50        # 20 req/s has a bigger gain, but its interval includes 0
-
-
 def test_the_sentence_names_rate_device_model_and_overload():
     c = cmp({20: (0.36, -0.37, -0.40, -0.33)})
     line = verdict.compare_line(c, "dynamic", "naive", 20.0, {"device": "A100-80GB", "model": "Mistral-7B"},
@@ -51,20 +47,53 @@ def test_the_sentence_names_rate_device_model_and_overload():
 
 def test_simulated_runs_say_so_and_pairs_put_the_seed_question_first():
     assert verdict.where({"dtype": "simulated", "device": "7B on A100"}) == " in simulation (7B on A100)"
-    assert verdict.pairs(["naive", "continuous", "dynamic"])[0] == ("dynamic", "naive")
-    assert verdict.pairs(["server"]) == []
+    caps = {"naive": Capacity("naive", None, False, 5.0), "dynamic": Capacity("dynamic", 5.0, False, 20.0),
+            "continuous": Capacity("continuous", 20.0, False, 50.0)}
+    assert verdict.ranked_pairs(caps) == [("continuous", "dynamic"), ("continuous", "naive"), ("dynamic", "naive")]
+    assert verdict.ranked_pairs({"server": Capacity("server", 5.0, True, None)}) == []
 
 
-def test_knee_line_names_every_strategy_and_needs_an_slo():
-    s = pd.DataFrame({"strategy": ["a", "a", "b"], "rate": [5.0, 20.0, 5.0], "slo_attainment": [1.0, 0.95, 0.1]})
-    line = verdict.knee_line(s, {"ttft_s": 1.0})
-    assert "a 20 req/s" in line and "b none of the tested rates" in line and "TTFT ≤ 1 s" in line
-    assert verdict.knee_line(s, {}) is None
+def caps(**rates):
+    tried = max(r for r in rates.values() if r is not None) if any(r is not None for r in rates.values()) else None
+    return {s: Capacity(s, r, r is not None and r == tried, None) for s, r in rates.items()}
+
+
+SLO = {"ttft_s": 1.0, "tpot_s": 0.05}
+
+
+def test_the_headline_names_every_strategys_capacity_and_the_lead():
+    c = caps(naive=None, dynamic=5.0, continuous=20.0)
+    c = {s: Capacity(s, x.rate, False, None) for s, x in c.items()}              # 50 req/s was tried too
+    assert verdict.headline(c, SLO) == ("Continuous sustains 20 req/s within TTFT ≤ 1 s and TPOT ≤ 50 ms; "
+                                        "dynamic 5; naive none — 4× more traffic than dynamic.")
+
+
+def test_the_headline_says_when_the_highest_tried_rate_held_and_when_nothing_did():
+    top = verdict.headline(caps(dynamic=5.0, continuous=50.0), SLO)
+    assert top.startswith("Continuous sustains ≥ 50 req/s (highest tried) within") and "at least 10× more" in top
+    alone = verdict.headline(caps(naive=None, continuous=0.714286), {"e2e_s": 2.5})
+    assert alone == ("Continuous sustains ≥ 0.714 req/s (highest tried) within E2E ≤ 2.5 s; naive none — the only "
+                     "strategy that sustains any tested rate.")
+    none = verdict.headline(caps(naive=None, dynamic=None), SLO)
+    assert none.startswith("No strategy sustains even the lowest tested rate within TTFT ≤ 1 s")
+    tie = verdict.headline(caps(dynamic=20.0, continuous=20.0), {})
+    assert "with no SLO set" in tie and "the same as" in tie and "nan" not in tie
+
+
+def test_a_burst_run_says_its_rates_carry_the_burst():
+    step = {"at_s": 40, "to_rate": 25, "until_s": 50}
+    assert " with a burst to 25 req/s from 40 s to 50 s, within" in verdict.headline(caps(continuous=5.0), SLO, step)
+
+
+def test_the_limits_line_says_what_each_missed_first():
+    c = {"continuous": Capacity("continuous", 20.0, False, 50.0, ("TPOT",)),
+         "naive": Capacity("naive", None, False, 5.0, ("TTFT", "throughput"))}
+    assert verdict.limits_line(c) == "What each misses first: continuous TPOT at 50 req/s; naive TTFT and throughput at 5 req/s."
 
 
 def test_percentages_round_before_the_sign_and_skip_undefined_ratios():
-    assert verdict.pct(-0.004) == "+0%" and verdict.pct(-0.25) == "−25%"
-    assert verdict.pct(float("nan")) == "—" and verdict.pct(float("inf")) == "—"
+    assert fmt.change(-0.004) == "+0%" and fmt.change(-0.25) == "−25%"
+    assert fmt.change(float("nan")) == "—" and fmt.change(float("inf")) == "—"
 
 
 FORBIDDEN = ("nan", "inf", "by —")
@@ -90,7 +119,8 @@ def test_a_strategy_that_failed_every_request_is_named_with_the_recorded_reason(
     summary, setup, _ = load_results(out)
     assert list(summary["finished"]) == [0, summary["num_requests"].iloc[1]]    # naive none, dynamic all
     lines = verdict.verdict_lines(summary, setup, {("dynamic", "naive"): stats.compare(summary, load_requests(out), "dynamic", "naive")})
-    assert lines[0] == ("naive failed every request: out of memory — a batch of 16 padded to 8,492 tokens "
+    assert "naive" in lines[0] and "sustain" in lines[0]                       # the headline comes first
+    assert lines[1] == ("naive failed every request: out of memory — a batch of 16 padded to 8,492 tokens "
                         "needs 135,872 KV tokens, budget 28,800.")
     assert not any(line.startswith("Dynamic batching") for line in lines)    # nothing to compare with
     assert clean(lines)
@@ -145,3 +175,8 @@ def test_failure_lines_name_the_rates_unless_it_failed_at_all_of_them():
     s["finished"] = [0, 0, 100, 400]
     assert verdict.failure_lines(s) == ["naive failed every request: out of memory — too big."]
     assert verdict.failure_lines(s.drop(columns="top_error"))[0].endswith("no reason recorded (see requests.csv).")
+
+
+def test_points_too_short_for_a_growing_queue_carry_a_caveat():
+    assert "may be overstated" in verdict.short_line(12.0) and "12 s" in verdict.short_line(12.0)
+    assert verdict.short_line(60.0) is None and verdict.short_line(None) is None

@@ -1,0 +1,75 @@
+"""Numbers for people: one set of rules that the verdict, report.md/html and the console share.
+
+Three significant figures, thousands separators, units on every quantity ("0.714 req/s",
+"50 ms", "8.3 %"), changes as signed whole percentages ("−80%"), and words instead of NaN or
+inf: a number that cannot be shown is "—" in a cell and never reaches a sentence (the callers
+check first). Full precision stays in the CSV files; these strings are for reading.
+"""
+from __future__ import annotations
+
+import math
+
+DASH = "—"
+
+
+def num(x: float, sig: int = 3) -> str:
+    """'0.714', '5.41', '20', '1,768' (no exponent; integers of four digits or more in full)."""
+    if x is None or not math.isfinite(x):
+        return DASH
+    if abs(x) >= 10 ** sig:
+        return f"{x:,.0f}"
+    if x == 0:
+        return "0"
+    digits = max(sig - 1 - math.floor(math.log10(abs(x))), 0)
+    text = f"{round(x, digits):.{digits}f}"
+    return text.rstrip("0").rstrip(".") if "." in text else text
+
+
+def rate(x: float) -> str:
+    """An arrival rate: '0.714 req/s', '20 req/s'."""
+    return f"{num(x)} req/s"
+
+
+def seconds(x: float) -> str:
+    """A duration: '50 ms' below a second, '1 s', '2.6 s' above."""
+    if x is None or not math.isfinite(x):
+        return DASH
+    return f"{num(1000 * x)} ms" if abs(x) < 1 else f"{num(x)} s"
+
+
+def share(frac: float) -> str:
+    """A fraction as a percentage with one decimal: '8.3 %', '100 %', '61.4 %'."""
+    if frac is None or not math.isfinite(frac):
+        return DASH
+    text = f"{100 * frac:.1f}"
+    return f"{text.removesuffix('.0')} %"
+
+
+def change(rel: float) -> str:
+    """A relative change as a signed whole percentage: '+115%', '−80%'. NOTE: round() first, so
+    −0.4 % prints +0% rather than −0%."""
+    if rel is None or not math.isfinite(rel):
+        return DASH                      # relative to zero (e.g. a goodput of 0): no percentage
+    return f"{round(100 * rel):+d}%".replace("-", "−")
+
+
+def ratio(x: float) -> str:
+    """'4×', '2.5×', '1.33×'."""
+    return f"{num(x)}×"
+
+
+def repeats(n: int) -> str:
+    """'median of 1 repeat', 'medians of 3 repeats'."""
+    return "median of 1 repeat" if n == 1 else f"medians of {n} repeats"
+
+
+def count(n: int, noun: str) -> str:
+    """'1 request', '2,971 requests'."""
+    return f"{n:,} {noun}" + ("" if n == 1 else "s")
+
+
+def listing(items: list[str]) -> str:
+    """'a', 'a and b', 'a, b and c' ('' for none)."""
+    if not items:
+        return ""
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
