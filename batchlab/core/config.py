@@ -343,7 +343,7 @@ def _set_path(tree: dict, dotted: str, value: Any) -> None:
     for k in keys[:-1]:
         nxt = node.setdefault(k, {})
         if not isinstance(nxt, dict):
-            raise ConfigError(f"--set {dotted}: '{k}' is not a section")
+            raise ConfigError(one_line(f"--set {dotted}: '{k}' is not a section"))
         node = nxt
     node[keys[-1]] = value
 
@@ -357,7 +357,8 @@ def parse_overrides(items: list[str]) -> list[tuple[str, Any]]:
         try:
             value = yaml.safe_load(raw) if raw.strip() else raw
         except yaml.YAMLError as e:
-            raise ConfigError(f"--set {key}: cannot parse {_short(raw)}: {_yaml_problem(e)}") from None
+            # NOTE: one_line: the key itself may hold a line break (found by tests/core/test_fuzz_inputs.py)
+            raise ConfigError(one_line(f"--set {key}: cannot parse {_short(raw)}: {_yaml_problem(e)}")) from None
         except RecursionError:
             raise ConfigError(f"--set {key}: value nested too deeply") from None
         out.append((key.strip(), value))
