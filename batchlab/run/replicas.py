@@ -78,6 +78,6 @@ async def run_replicas(cfg: RunConfig, strategy: str, trace: list[TraceItem], ba
     """`run_trace` for `backend.replicas` > 1: same inputs, same outputs, N replicas inside."""
     replicas = make_replicas(cfg, strategy, backend, cfg.backend.replicas)
     t0 = clock.now()
-    requests = make_requests(trace, t0, backend.prepare)
+    requests = make_requests(trace, t0, backend.prepare, backend.vocab_size())
     await serve_replicated(requests, replicas, ROUTERS[cfg.backend.router](), clock, occupancy)
     return requests, t0
