@@ -277,8 +277,8 @@ class TrafficConfig(_Model):
         if self.arrival == "trace":
             for key in ("prefix", "sessions"):
                 if getattr(self, key) is not None:
-                    raise ValueError(f"{key}: synthetic traffic, not for arrival 'trace' (a Mooncake trace's "
-                                     "hash_ids carry its own shared prefixes)")
+                    raise ValueError(f"{key} makes synthetic traffic and cannot be combined with arrival 'trace' "
+                                     "(a Mooncake trace's hash_ids carry its own shared prefixes)")
             return self                     # the file sets the load: core/trace_formats caps it
         for i, rate in enumerate(self.rates):
             if rate < MIN_RATE:
