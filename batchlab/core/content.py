@@ -54,3 +54,23 @@ def _splitmix64(x: np.ndarray) -> np.ndarray:
     x = x ^ (x >> np.uint64(27))
     x = x * np.uint64(0x94D049BB133111EB)
     return x ^ (x >> np.uint64(31))
+
+
+def ideal_prefix_hits(prompts: list[list[int]], block_size: int) -> tuple[int, int]:
+    """(full blocks found cached, full blocks in all prompts) for an unbounded prefix cache that
+    sees the prompts in this order: block j of a prompt is a hit when an earlier prompt had the
+    same first (j + 1) x block_size tokens (blocks keyed by their content and everything before
+    it, as vLLM's automatic prefix caching keys them). The reference a real cache is held to; it
+    never evicts and it counts a fully cached prompt in full (vLLM recomputes its last token)."""
+    seen: set[int] = set()
+    hits = total = 0
+    for ids in prompts:
+        parent = 0
+        for j in range(len(ids) // block_size):
+            parent = hash((parent, tuple(ids[j * block_size:(j + 1) * block_size])))
+            total += 1
+            if parent in seen:
+                hits += 1
+            else:
+                seen.add(parent)
+    return hits, total

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from batchlab.core.config import RunConfig, TrafficConfig, load_config
-from batchlab.core.content import id_range, segment_ids, token_ids
+from batchlab.core.content import id_range, ideal_prefix_hits, segment_ids, token_ids
 from batchlab.core.request import Request, Status
 from batchlab.core.sessions import Conversations
 from batchlab.core.traffic import build_trace, make_requests, zipf_groups
@@ -40,6 +40,15 @@ def test_requests_of_a_group_share_exactly_its_system_prompt():
     heads = {g: {tuple(r.prompt_token_ids[:100]) for r in rs} for g, rs in by_group.items()}
     assert all(len(h) == 1 for h in heads.values()) and len({h.pop() for h in heads.values()}) == 3
     assert len({tuple(r.prompt_token_ids[100:]) for r in reqs}) == len(reqs)     # every message its own
+
+
+def test_an_unbounded_cache_would_find_every_repeat_of_a_system_prompt():
+    trace = build_trace(traffic(prefix={"groups": 3, "tokens": 96, "zipf": 1.0}), 2.0)
+    reqs = make_requests(trace, 0.0, vocab=32000)
+    hits, total = ideal_prefix_hits([r.prompt_token_ids for r in reqs], 16)
+    groups = {r.prefix_group for r in reqs}
+    assert hits == (len(reqs) - len(groups)) * 96 // 16          # messages never repeat
+    assert total == sum(r.prompt_len // 16 for r in reqs)
 
 
 def test_zipf_popularity_follows_the_exponent():

@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from batchlab.core.config import TrafficConfig
-from batchlab.core.content import token_ids
+from batchlab.core.content import ideal_prefix_hits, token_ids
 from batchlab.core.trace_formats import azure_ticks, detect_format, read_trace
 from batchlab.core.traffic import build_trace, check_inputs
 from batchlab.errors import ConfigError
@@ -107,6 +107,9 @@ def test_mooncake_hash_ids_become_shared_token_blocks(tmp_path):
     assert first[:1024] == second[:1024] and first[1024:1100] != second[1024:1100]   # blocks 46, 47 shared
     assert short[:512] == first[:512] and short[512:] != first[512:600]             # block 46 shared, 50 not
     assert all(10 <= t < 32000 for x in ids for t in x)
+    # an unbounded cache of 16-token blocks: the second request finds block 46 (32 blocks), the
+    # third blocks 46 and 47 (64); nothing else is shared
+    assert ideal_prefix_hits(ids, 16) == (32 + 64, 1200 // 16 + 600 // 16 + 1100 // 16)
     other_seed = TrafficConfig(arrival="trace", trace_file=str(f), seed=1)
     assert token_ids(read_trace(other_seed).items[0].content, 32000) != first
 
