@@ -353,14 +353,11 @@ class RunConfig(_Model):
     @model_validator(mode="after")
     def _sessions_need_a_driver(self):
         # NOTE: a session's next turn exists only once its previous answer finished, which the
-        # driver sees (run/driver.py); a server backend sends a fixed trace by itself and replicas
-        # release a fixed trace through the router, so neither can close the loop (yet).
+        # driver sees (run/driver.py, run/replicas.py); a server backend sends a fixed trace by
+        # itself, so it cannot close the loop (yet).
         if self.traffic.sessions is not None and self.backend.kind in SERVER_KINDS:
             raise ValueError(f"traffic.sessions: not supported with backend.kind '{self.backend.kind}' (it sends "
                              "a fixed trace itself); use backend.kind sim or hf")
-        if self.traffic.sessions is not None and self.backend.kind == "sim" and self.backend.replicas > 1:
-            raise ValueError("traffic.sessions: not supported with backend.replicas > 1 yet (the router releases "
-                             "a fixed trace); use one replica")
         return self
 
     def knobs(self, strategy: str) -> dict[str, Any]:

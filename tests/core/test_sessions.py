@@ -132,7 +132,6 @@ def test_a_turn_the_backend_refuses_is_kept_failed_and_ends_the_session():
 @pytest.mark.parametrize("sets,message", [
     (["backend.kind=openai", "strategies=[server]", "backend.base_url=http://x:1/v1", "traffic.sessions={turns: 2}"],
      "traffic.sessions: not supported with backend.kind 'openai'"),
-    (["backend.replicas=2", "traffic.sessions={turns: 2}"], "not supported with backend.replicas > 1"),
     (["traffic.arrival=trace", "traffic.trace_file=x.csv", "traffic.prefix={groups: 2}"], "traffic: prefix makes synthetic traffic"),
     (["traffic.prefix={tokens: 1048576}"], "traffic.prefix.tokens"),
     (["traffic.sessions={turns: 0}"], "traffic.sessions.turns"),

@@ -94,3 +94,20 @@ def test_on_a_real_model_the_next_turn_resends_the_models_own_answer(tiny_model_
         assert r.arrival_time >= prev.completion_time
     vocab = backend.vocab_size()
     assert all(10 <= t < vocab for r in res.requests for t in r.prompt_token_ids)
+
+
+@pytest.mark.parametrize("router", ["round_robin", "least_outstanding"])
+def test_sessions_across_replicas_close_the_loop_through_the_router(router):
+    cfg = load_config(None, SESSIONS + ["backend.replicas=2", f"backend.router={router}"])
+    trace = build_trace(cfg.traffic, 2.0)
+    runs = [run_point(cfg, "continuous", 2.0, 0, from_config(cfg), trace=trace) for _ in range(2)]
+    res = runs[0]
+    by = {(r.session_id, r.turn): r for r in res.requests}
+    assert max(k for _, k in by) == 4 and all(r.status is Status.FINISHED for r in res.requests)
+    for (s, k), r in by.items():
+        if k > 1:
+            prev = by[(s, k - 1)]
+            assert r.arrival_time == prev.completion_time + trace[s].session[k - 2].think_s
+            assert r.prompt_token_ids[:prev.prompt_len] == prev.prompt_token_ids
+    assert [(r.request_id, r.token_times) for r in runs[1].requests] == [(r.request_id, r.token_times) for r in res.requests]
+    assert abs(res.summary["little_gap"]) < 0.05
