@@ -88,6 +88,7 @@ class Inbox:
         self.event = asyncio.Event()
         self.cancelled: list[Request] = []  # clients gone; dropped between steps/batches (see drive)
         self.flush_idle_s = flush_idle_s   # live: no arrivals this long counts as draining (None: never)
+        self.quiet = False                 # live: nothing is on its way until something runs (see draining)
         self.last_arrival = float("-inf")
 
     def push(self, request: Request) -> None:
@@ -127,9 +128,11 @@ class Inbox:
         return None if self.flush_idle_s is None else self.last_arrival + self.flush_idle_s
 
     def draining(self, now: float) -> bool:
-        """No more requests will come, or (live, with flush_idle_s) none came for a while."""
+        """No more requests will come, or (live, with flush_idle_s) none came for a while, or
+        (`quiet`, set by whoever feeds a live inbox: replicas running sessions) none will come
+        unless a request now waiting runs and answers: naive batching must not wait for a full batch."""
         paused = self.paused_at
-        return self.exhausted or (paused is not None and now >= paused)
+        return self.exhausted or self.quiet or (paused is not None and now >= paused)
 
     def release(self, now: float, scheduler: Scheduler, occupancy: Occupancy | None = None) -> None:
         while self.later and self.later[0][0] <= now:      # merged with the trace by (arrival, index)

@@ -57,7 +57,10 @@ def make_replicas(cfg: RunConfig, strategy: str, backend: Backend, n: int) -> li
 class SessionRouting:
     """Sessions across replicas: each turn handed back plans the next one (core/sessions.py),
     delivered at its arrival time to the replica the router picks then; counts the sessions
-    still open, so the router knows when no more requests can come."""
+    still open, so the router knows when no more requests can come.
+    NOTE: once the trace is out and no turn is on its way, more requests come only if a replica
+    runs what waits there: the inboxes are then marked quiet (Inbox.draining), or naive batching
+    would wait for a full batch that only its own answers could fill."""
 
     def __init__(self, talks: Conversations, first_turns: list[Request], replicas: list[Replica], router: Router,
                  clock: Clock):
@@ -67,19 +70,36 @@ class SessionRouting:
         if self.open == 0:
             self.ended.set()
         self.deliveries: list[asyncio.Future] = []
+        self.on_the_way = 0                  # turns planned, not yet delivered
+        self.trace_out = False               # route has released the whole trace
 
     def handed_back(self, r: Request) -> None:
         nxt = self.talks.next_turn(r)
         if nxt is not None:
+            self.on_the_way += 1
+            self._mark()
             self.deliveries.append(asyncio.ensure_future(self._deliver(nxt)))
             return
         self.open -= 1
         if self.open == 0:
             self.ended.set()
 
+    def released_trace(self) -> None:
+        self.trace_out = True
+        self._mark()
+
     async def _deliver(self, r: Request) -> None:
         await self.clock.sleep_until(r.arrival_time)      # exactly the planned time, as route does
+        self.on_the_way -= 1
         self.router.pick(self.replicas).take(r)
+        self._mark()
+
+    def _mark(self) -> None:
+        quiet = self.trace_out and self.on_the_way == 0
+        for rep in self.replicas:
+            if quiet and not rep.inbox.quiet:
+                rep.inbox.event.set()        # wake an idle driver to drain
+            rep.inbox.quiet = quiet
 
 
 async def route(requests: list[Request], replicas: list[Replica], router: Router, clock: Clock,
@@ -89,6 +109,7 @@ async def route(requests: list[Request], replicas: list[Replica], router: Router
         await clock.sleep_until(r.arrival_time)   # exactly the planned time, as the driver does
         router.pick(replicas).take(r)
     if sessions is not None:
+        sessions.released_trace()
         await sessions.ended.wait()                # later turns still come until every session ended
     for rep in replicas:
         rep.inbox.close()

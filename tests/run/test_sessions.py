@@ -111,3 +111,12 @@ def test_sessions_across_replicas_close_the_loop_through_the_router(router):
             assert r.prompt_token_ids[:prev.prompt_len] == prev.prompt_token_ids
     assert [(r.request_id, r.token_times) for r in runs[1].requests] == [(r.request_id, r.token_times) for r in res.requests]
     assert abs(res.summary["little_gap"]) < 0.05
+
+
+def test_naive_batching_across_replicas_drains_when_only_its_own_answers_could_fill_a_batch():
+    # 2 replicas, batches of 8: near the end the waiting turns can only be joined by answers
+    # to the very requests that wait, so each replica must launch a partial batch.
+    cfg = load_config(None, SESSIONS + ["backend.replicas=2", "backend.router=least_outstanding", "naive.batch_size=8"])
+    res = run_point(cfg, "naive", 2.0, 0, from_config(cfg))
+    assert res.requests and all(r.status is Status.FINISHED for r in res.requests)
+    assert max(r.turn for r in res.requests) == 4
