@@ -44,7 +44,7 @@ def preflight(cfg: RunConfig) -> list[str]:
     the model path or hub cache, the server and its model list. Raises ConfigError (one line)
     on the first problem; returns warning lines (keys the backend ignores, unchecked facts)."""
     warnings = config_warnings(cfg)
-    check_inputs(cfg.traffic)
+    warnings += check_inputs(cfg.traffic)
     if cfg.backend.kind == "sim":
         _check_cost(cfg)
     else:

@@ -152,7 +152,7 @@ class ServerBackend(Backend):
         self.send_lags = []
         async with self.session(len(trace)) as session:
             t0 = clock.now() + self.lead_s   # NOTE: after opening the session (a client's setup takes ms)
-            requests = make_requests(trace, t0, self.prepare)
+            requests = make_requests(trace, t0, self.prepare, self.vocab_size())
             todo = sorted((r for r in requests if not r.is_done), key=lambda r: (r.arrival_time, r.index))
             tasks: list[asyncio.Task] = []
             first, failure = todo[:FAIL_FAST_AFTER], None

@@ -47,7 +47,7 @@ def _traffic_ignores(t: TrafficConfig, name: str) -> str | None:
         return "to arrival 'trace' (the file sets arrivals and lengths)"
     if name == "burstiness" and t.arrival != "gamma":
         return f"to arrival '{t.arrival}' (only gamma has a shape)"
-    if name == "trace_file" and t.arrival != "trace":
+    if name in ("trace_file", "replay") and t.arrival != "trace":
         return f"to arrival '{t.arrival}' (set traffic.arrival=trace to replay it)"
     return None
 

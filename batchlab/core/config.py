@@ -17,7 +17,16 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from batchlab.core.limits import (
     MAX_BATCH,
@@ -196,6 +205,45 @@ class RateStep(_Model):
         return self
 
 
+class ReplayConfig(_Model):
+    """How a trace file is read and replayed (core/trace_formats.py). Times are the file's,
+    relative to its earliest request; the window is cut first, then scaled."""
+    format: Literal["auto", "batchlab", "azure", "burstgpt", "mooncake"] = "auto"   # auto: from the header
+    start_s: Annotated[float, Field(ge=0, le=MAX_SECONDS * 1000)] = 0.0   # skip the file's first start_s seconds
+    duration_s: Annotated[float, Field(gt=0, le=MAX_SECONDS * 1000)] | None = None   # then keep this many (None: all)
+    time_scale: Annotated[float, Field(gt=0, le=1e6)] = 1.0   # multiply gaps: 0.5 replays twice as fast
+    model: str | None = None                # burstgpt: keep rows of this Model (e.g. ChatGPT, GPT-4)
+    log_type: str | None = None             # burstgpt: keep rows of this Log Type (e.g. "Conversation log")
+    block_size: Tokens = 512                # mooncake: prompt tokens per hash id (Mooncake's traces: 512)
+
+
+class PrefixConfig(_Model):
+    """Shared system prompts: `groups` prompts of `tokens` tokens each; a request picks group g
+    (0-based) with probability proportional to 1 / (g + 1)^zipf, then adds its own message of
+    traffic.prompt_len tokens (at most MAX_LENGTH - tokens: a prompt stays within MAX_LENGTH)."""
+    groups: Annotated[int, Field(gt=0, le=1_000_000)] = 8
+    tokens: Annotated[int, Field(gt=0, lt=MAX_LENGTH)] = 1024   # tokens of each group's shared prompt
+    zipf: Annotated[float, Field(ge=0, le=10)] = 1.0   # popularity skew: 0 = every group equally likely
+
+
+class SessionsConfig(_Model):
+    """Multi-turn conversations: a session starts at each arrival of the rate's process and
+    sends `turns` requests; turn k+1 is sent think time after turn k's answer finished (a closed
+    loop per session), its prompt being the whole conversation so far plus a new message."""
+    turns: Annotated[int, Field(gt=0, le=1000)] = 4
+    think_s: Annotated[float, Field(ge=0, le=MAX_SECONDS)] = 5.0    # mean seconds between answer and next turn
+    think: Literal["exponential", "fixed"] = "exponential"         # think-time distribution
+    message_len: LengthDist = LengthDist(dist="fixed", value=64)   # tokens of each later turn's new message
+
+    _lengths = field_validator("message_len", mode="before")(_as_length)
+
+
+# Traffic keys added after results directories existed: left out of a config's dump (and so of
+# experiment digests and point hashes) while unset, so a sweep that does not use them keeps the
+# directory and the rows it always had.
+_OPTIONAL_TRAFFIC = ("replay", "prefix", "sessions")
+
+
 class TrafficConfig(_Model):
     arrival: Literal["poisson", "gamma", "constant", "trace"] = "poisson"
     burstiness: Annotated[float, Field(ge=0.01, le=1000)] = 1.0   # gamma shape: 1 = Poisson, < 1 burstier
@@ -208,15 +256,30 @@ class TrafficConfig(_Model):
     prompt_len: LengthDist = LengthDist(dist="fixed", value=128)
     output_len: LengthDist = LengthDist(dist="fixed", value=128)
     rate_step: RateStep | None = None
+    replay: ReplayConfig | None = None      # trace files: format, window, time scale, filters
+    prefix: PrefixConfig | None = None      # shared system prompts
+    sessions: SessionsConfig | None = None  # multi-turn conversations (closed loop per session)
 
     _lengths = field_validator("prompt_len", "output_len", mode="before")(_as_length)
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler):
+        tree = handler(self)
+        for key in _OPTIONAL_TRAFFIC:
+            if isinstance(tree, dict) and tree.get(key, 0) is None:
+                del tree[key]
+        return tree
 
     @model_validator(mode="after")
     def _check(self):
         if self.arrival == "trace" and not self.trace_file:
             raise ValueError("arrival 'trace' needs traffic.trace_file")
         if self.arrival == "trace":
-            return self                     # the file sets the load: core/traffic.read_trace_file caps it
+            for key in ("prefix", "sessions"):
+                if getattr(self, key) is not None:
+                    raise ValueError(f"{key} makes synthetic traffic and cannot be combined with arrival 'trace' "
+                                     "(a Mooncake trace's hash_ids carry its own shared prefixes)")
+            return self                     # the file sets the load: core/trace_formats caps it
         for i, rate in enumerate(self.rates):
             if rate < MIN_RATE:
                 raise ValueError(f"rates.{i}: must be at least {MIN_RATE:g} req/s (got {rate:g})")
@@ -231,16 +294,27 @@ class TrafficConfig(_Model):
         return self.warmup_s + self.duration_s
 
     def expected_requests(self, rate: float) -> float:
-        """Mean number of arrivals in one point at `rate` req/s, a rate step's to_rate included."""
+        """Mean number of arrivals in one point at `rate` req/s, a rate step's to_rate included;
+        with sessions, at most `turns` requests per session started."""
         step = self.rate_step
         if step is None or step.at_s >= self.horizon_s:
-            return rate * self.horizon_s
-        inside = min(step.until_s or self.horizon_s, self.horizon_s) - step.at_s
-        return rate * (self.horizon_s - inside) + step.to_rate * inside
+            starts = rate * self.horizon_s
+        else:
+            inside = min(step.until_s or self.horizon_s, self.horizon_s) - step.at_s
+            starts = rate * (self.horizon_s - inside) + step.to_rate * inside
+        return starts * (self.sessions.turns if self.sessions else 1)
 
     def mean_tokens(self) -> float:
-        """Expected prompt + output tokens of one request."""
-        return self.prompt_len.mean() + self.output_len.mean()
+        """Expected prompt + output tokens of one request (an upper bound with sessions: every
+        session is counted as running all its turns)."""
+        first = self.prompt_len.mean() + (self.prefix.tokens if self.prefix else 0)
+        out = self.output_len.mean()
+        if not self.sessions:
+            return first + out
+        # NOTE: turn k's prompt holds every earlier prompt, answer and message: the mean over T
+        # turns of first + (k - 1) (out + message), plus the answer.
+        t, msg = self.sessions.turns, self.sessions.message_len.mean()
+        return first + (t - 1) / 2 * (out + msg) + out
 
 
 # "server": the backend batches for itself (an OpenAI-compatible server, transformers' own
@@ -274,6 +348,16 @@ class RunConfig(_Model):
             raise ValueError(f"strategies: backend.kind '{self.backend.kind}' takes {need}, not {', '.join(wrong)}")
         if len(set(self.strategies)) < len(self.strategies):
             raise ValueError(f"strategies: each strategy may be listed once (got {', '.join(self.strategies)})")
+        return self
+
+    @model_validator(mode="after")
+    def _sessions_need_a_driver(self):
+        # NOTE: a session's next turn exists only once its previous answer finished, which the
+        # driver sees (run/driver.py, run/replicas.py); a server backend sends a fixed trace by
+        # itself, so it cannot close the loop (yet).
+        if self.traffic.sessions is not None and self.backend.kind in SERVER_KINDS:
+            raise ValueError(f"traffic.sessions: not supported with backend.kind '{self.backend.kind}' (it sends "
+                             "a fixed trace itself); use backend.kind sim or hf")
         return self
 
     def knobs(self, strategy: str) -> dict[str, Any]:
@@ -343,7 +427,7 @@ def _set_path(tree: dict, dotted: str, value: Any) -> None:
     for k in keys[:-1]:
         nxt = node.setdefault(k, {})
         if not isinstance(nxt, dict):
-            raise ConfigError(f"--set {dotted}: '{k}' is not a section")
+            raise ConfigError(one_line(f"--set {dotted}: '{k}' is not a section"))
         node = nxt
     node[keys[-1]] = value
 
@@ -357,7 +441,8 @@ def parse_overrides(items: list[str]) -> list[tuple[str, Any]]:
         try:
             value = yaml.safe_load(raw) if raw.strip() else raw
         except yaml.YAMLError as e:
-            raise ConfigError(f"--set {key}: cannot parse {_short(raw)}: {_yaml_problem(e)}") from None
+            # NOTE: one_line: the key itself may hold a line break (found by tests/core/test_fuzz_inputs.py)
+            raise ConfigError(one_line(f"--set {key}: cannot parse {_short(raw)}: {_yaml_problem(e)}")) from None
         except RecursionError:
             raise ConfigError(f"--set {key}: value nested too deeply") from None
         out.append((key.strip(), value))

@@ -17,6 +17,8 @@ MAX_LENGTH = 1_048_576                # tokens in one prompt or one output (2^20
 MAX_BATCH = 65_536                    # requests in one batch or step
 MAX_REQUESTS_PER_POINT = 1_000_000    # ~1 KB of stamps and bookkeeping each: about 1 GB per point
 MAX_TOKENS_PER_POINT = 200_000_000    # prompt + output tokens, expected: ids and stamps are 8+ bytes each
+MAX_TRACE_ROWS = 10_000_000           # rows read from one production trace file (~50 bytes each kept while
+                                      # reading); its window may keep at most MAX_REQUESTS_PER_POINT
 
 PositiveInt = Annotated[int, Field(gt=0)]
 PositiveFloat = Annotated[float, Field(gt=0)]

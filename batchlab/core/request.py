@@ -39,6 +39,10 @@ class Request:
     # Seconds spent in each phase, filled by the scheduler/driver (see core/breakdown.py).
     breakdown: dict[str, float] = field(default_factory=dict)
     trigger: str = ""                # what launched this request's batch (size / age / memory / drain)
+    # Traffic with shared content (core/sessions.py, core/traffic.py): None for plain traffic.
+    session_id: int | None = None    # traffic.sessions: the conversation (its first turn's trace index)
+    turn: int | None = None          # traffic.sessions: 1 for the first message, 2 for the next, ...
+    prefix_group: int | None = None  # traffic.prefix: the shared system prompt this prompt starts with
 
     @property
     def output_len(self) -> int:

@@ -8,41 +8,65 @@ variation 1/sqrt(k): k = 1 is Poisson, k < 1 is burstier, k -> inf approaches co
 """
 from __future__ import annotations
 
-import csv
 import json
-import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import replace
 from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
 
 from batchlab.core.config import LengthDist, TrafficConfig, one_line
-from batchlab.core.limits import MAX_LENGTH, MAX_REQUESTS_PER_POINT, MAX_SECONDS, MAX_TOKENS_PER_POINT, check_point_size
+from batchlab.core.content import token_ids
+from batchlab.core.limits import MAX_LENGTH, MAX_REQUESTS_PER_POINT, check_point_size
 from batchlab.core.request import Request
+from batchlab.core.sessions import plan_followups
+from batchlab.core.trace_formats import read_trace, read_trace_file  # noqa: F401  (read_trace_file: the old home)
+from batchlab.core.trace_item import TraceItem
 from batchlab.errors import ConfigError
-
-
-@dataclass(frozen=True, slots=True)
-class TraceItem:
-    arrival: float          # seconds after the run's start
-    prompt_len: int         # tokens
-    output_len: int         # tokens to generate
-    prompt: str = ""        # text, when the source has it (ShareGPT, trace file)
 
 
 def build_trace(cfg: TrafficConfig, rate: float, repeat: int = 0) -> list[TraceItem]:
     """The trace for one sweep point. Same arguments, same trace, on any machine."""
     if cfg.arrival == "trace":
-        return read_trace_file(cfg.trace_file)
+        return read_trace(cfg).items
     seed = np.random.SeedSequence([cfg.seed, repeat])
     arr_rng, len_rng = (np.random.default_rng(s) for s in seed.spawn(2))
     times = arrival_times(cfg, rate, arr_rng)
     prompts, p_text = sample_lengths(cfg.prompt_len, len(times), len_rng, "human")
     outputs, _ = sample_lengths(cfg.output_len, len(times), len_rng, "gpt")
-    return [TraceItem(float(t), int(p), int(o), p_text[i] if p_text else "")
-            for i, (t, p, o) in enumerate(zip(times, prompts, outputs))]
+    trace = [TraceItem(float(t), int(p), int(o), p_text[i] if p_text else "")
+             for i, (t, p, o) in enumerate(zip(times, prompts, outputs))]
+    if cfg.prefix is None and cfg.sessions is None:
+        return trace
+    # NOTE: a third stream, spawned after the first two, which stay as they were: plain traffic
+    # with the same seed keeps its arrivals and lengths when prefix or sessions are added.
+    return _shared_content(cfg, trace, np.random.default_rng(seed.spawn(1)[0]), (cfg.seed, repeat))
+
+
+def _shared_content(cfg: TrafficConfig, trace: list[TraceItem], rng: np.random.Generator,
+                    key: tuple) -> list[TraceItem]:
+    """Give each request its prompt's content: a group's system prompt (traffic.prefix) and its own
+    message; with traffic.sessions also the plan of its conversation's later turns."""
+    n = len(trace)
+    groups = zipf_groups(cfg.prefix.groups, cfg.prefix.zipf, n, rng) if cfg.prefix else [None] * n
+    k = cfg.sessions.turns - 1 if cfg.sessions else 0
+    later = (plan_followups(cfg.sessions, n, rng, sample_lengths(cfg.output_len, n * k, rng, "gpt")[0], key)
+             if cfg.sessions else [None] * n)
+    out = []
+    for i, (item, g, plan) in enumerate(zip(trace, groups, later)):
+        system = () if g is None else ((("prefix", key[0], g), cfg.prefix.tokens),)
+        room = MAX_LENGTH - (cfg.prefix.tokens if g is not None else 0)
+        content = (("message", *key, i, 1), min(item.prompt_len, room))
+        out.append(replace(item, prompt_len=sum(n for _, n in (*system, content)), prompt="",
+                           content=(*system, content), prefix_group=g, session=plan))
+    return out
+
+
+def zipf_groups(groups: int, s: float, n: int, rng: np.random.Generator) -> list[int]:
+    """n group numbers in 0..groups-1, group g drawn with probability proportional to 1/(g+1)^s."""
+    weights = 1.0 / np.arange(1, groups + 1, dtype=np.float64) ** s
+    return rng.choice(groups, size=n, p=weights / weights.sum()).tolist()
 
 
 def arrival_times(cfg: TrafficConfig, rate: float, rng: np.random.Generator) -> np.ndarray:
@@ -85,20 +109,24 @@ def sample_lengths(d: LengthDist, n: int, rng: np.random.Generator, role: str) -
     return np.clip(lens, d.low, d.high or MAX_LENGTH), [turns[i] for i in idx]
 
 
-def check_inputs(cfg: TrafficConfig) -> None:
+def check_inputs(cfg: TrafficConfig) -> list[str]:
     """Read every file the traffic config names, before anything is written: a bad trace or
     ShareGPT file fails here naming the file (and row), and the per-point caps are applied again
-    with real lengths (a ShareGPT length's mean is known only once its file is read)."""
+    with real lengths (a ShareGPT length's mean is known only once its file is read).
+    Returns warning lines (a replayed trace's skipped or reordered rows)."""
     if cfg.arrival == "trace":
-        read_trace_file(cfg.trace_file)        # checks every row and the caps itself
-        return
+        return read_trace(cfg).warnings        # checks every row and the caps itself
     tokens = sum(_mean_length(d, role) for d, role in ((cfg.prompt_len, "human"), (cfg.output_len, "gpt")))
+    if cfg.sessions is not None and cfg.sessions.message_len.dist == "sharegpt":
+        tokens += (cfg.sessions.turns - 1) / 2 * _mean_length(cfg.sessions.message_len, "human")
+    tokens = max(tokens, cfg.mean_tokens())    # prefix and sessions counted there
     for rate in cfg.rates:
         n = cfg.expected_requests(rate)
         try:
             check_point_size(n, n * tokens, rate)
         except ValueError as e:
             raise ConfigError(f"traffic: {e}") from None
+    return []
 
 
 def _mean_length(d: LengthDist, role: str) -> float:
@@ -145,94 +173,27 @@ def _sharegpt_turns(path: str, role: str) -> tuple[str, ...]:
     return tuple(turns)
 
 
-TRACE_COLUMNS = ("arrival_time", "prompt_len", "output_len")
-TRACE_HEADER = ",".join(TRACE_COLUMNS)
-
-
-def read_trace_file(path: str) -> list[TraceItem]:
-    """CSV with columns arrival_time (s), prompt_len, output_len, and optionally prompt.
-    Every row is checked; a bad one fails with the file and line number. The per-point caps
-    (MAX_REQUESTS_PER_POINT rows, MAX_TOKENS_PER_POINT tokens) apply to a trace too."""
-    p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"traffic.trace_file not found: {p}")
-    items: list[TraceItem] = []
-    # NOTE: utf-8-sig: spreadsheet programs start CSV files with a byte-order mark.
-    with p.open(newline="", encoding="utf-8-sig") as f:
-        reader = csv.DictReader(f)
-        try:
-            _check_header(p, reader)
-            for row in reader:
-                items.append(_trace_item(row, f"{p}:{reader.line_num}"))
-                if len(items) > MAX_REQUESTS_PER_POINT:
-                    raise ConfigError(f"{p}: more than {MAX_REQUESTS_PER_POINT:,} rows; a point may have at most "
-                                      f"{MAX_REQUESTS_PER_POINT:,} requests")
-        except UnicodeDecodeError as e:
-            raise ConfigError(f"{p}: not UTF-8 text (byte {e.start})") from None
-        except csv.Error as e:
-            raise ConfigError(f"{p}:{reader.line_num}: {one_line(str(e))}") from None
-    if not items:
-        raise ConfigError(f"{p}: no rows after the header (expected one row per request: {TRACE_HEADER})")
-    tokens = sum(i.prompt_len + i.output_len for i in items)
-    if tokens > MAX_TOKENS_PER_POINT:
-        raise ConfigError(f"{p}: {tokens:,} prompt + output tokens; a point may have at most {MAX_TOKENS_PER_POINT:,}")
-    return sorted(items, key=lambda i: i.arrival)
-
-
-def _check_header(p: Path, reader: csv.DictReader) -> None:
-    if reader.fieldnames is None:
-        raise ConfigError(f"{p}: the file is empty (expected a header line {TRACE_HEADER}, then one row per request)")
-    reader.fieldnames = [name.strip() for name in reader.fieldnames]
-    missing = [c for c in TRACE_COLUMNS if c not in reader.fieldnames]
-    if missing:
-        raise ConfigError(f"{p}: missing column(s) {', '.join(missing)} (the first line must be the header "
-                          f"{TRACE_HEADER}[,prompt])")
-
-
-def _trace_item(row: dict, where: str) -> TraceItem:
-    """One checked row. csv.DictReader puts surplus cells under the key None and fills
-    missing ones with None."""
-    if None in row:
-        raise ConfigError(f"{where}: more cells than the header has (quote a prompt that contains commas)")
-    empty = [c for c in TRACE_COLUMNS if row.get(c) is None or not row[c].strip()]
-    if empty:
-        raise ConfigError(f"{where}: missing {', '.join(empty)}")
-    text = row["arrival_time"].strip()
-    try:
-        arrival = float(text)
-    except ValueError:
-        arrival = math.nan
-    if not (0 <= arrival <= MAX_SECONDS):
-        raise ConfigError(f"{where}: arrival_time must be a number of seconds from 0 to {MAX_SECONDS:g} (got {text!r})")
-    prompt_len, output_len = (_trace_length(row[c], c, where) for c in ("prompt_len", "output_len"))
-    return TraceItem(arrival, prompt_len, output_len, row.get("prompt") or "")
-
-
-def _trace_length(cell: str, column: str, where: str) -> int:
-    text = cell.strip()
-    try:
-        n = int(text)
-    except ValueError:
-        n = 0
-    if not (0 < n <= MAX_LENGTH):
-        raise ConfigError(f"{where}: {column} must be a whole number of tokens from 1 to {MAX_LENGTH} (got {text!r})")
-    return n
-
-
 def trace_rate(items: list[TraceItem]) -> float:
     """Mean arrival rate of a replayed trace, used as its sweep point's `rate`."""
     span = items[-1].arrival if len(items) > 1 else 1.0
     return len(items) / span if span > 0 else float(len(items))
 
 
-def make_requests(trace: list[TraceItem], t0: float, prepare: Callable[[Request], None] | None = None) -> list[Request]:
+def make_requests(trace: list[TraceItem], t0: float, prepare: Callable[[Request], None] | None = None,
+                  vocab: int | None = None) -> list[Request]:
     """One request per trace item, arriving at t0 + its offset, each passed to `prepare` (the
     backend's). A request `prepare` refuses (ValueError: empty prompt, longer than the model's
     context) is recorded as failed with the reason, as a server would answer it with a 400: it
-    stays in the results and never runs."""
+    stays in the results and never runs. An item with shared content gets its token ids here,
+    within the backend's vocabulary `vocab` (core/content.py), on every backend alike."""
     reqs = []
     for i, item in enumerate(trace):
         r = Request(f"r{i:06d}", item.prompt_len, item.output_len, t0 + item.arrival, prompt=item.prompt, index=i)
+        if item.content:
+            r.prompt_token_ids = token_ids(item.content, vocab)
+            r.prefix_group = item.prefix_group
+            if item.session is not None:
+                r.session_id, r.turn = i, 1
         if prepare is not None:
             try:
                 prepare(r)

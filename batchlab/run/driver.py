@@ -10,10 +10,14 @@ paused after `flush_idle_s` without arrivals: the scheduler is then told it is d
 as at the end of a trace (naive batching would otherwise strand its last partial batch).
 Given an `Occupancy`, the driver also keeps its own count of requests in the system, which the
 Little's-law check (core/metrics.py) holds against the stamps.
+Given `next_turn` (traffic.sessions, core/sessions.py), every request handed back may plan its
+session's next turn, at a time the answer's last token decided: the inbox takes it like a trace
+arrival, so the same loop runs closed-loop traffic on either clock.
 """
 from __future__ import annotations
 
 import asyncio
+import heapq
 from collections import deque
 from collections.abc import Callable, Iterable
 
@@ -25,6 +29,7 @@ from batchlab.core.work import Batch, Idle, Step
 from batchlab.schedulers.base import Scheduler
 
 Callback = Callable[[Request], None]
+NextTurn = Callable[[Request], Request | None]
 Progress = Callable[[list[Request]], None]
 POLL_S = 0.001           # how often a running request-level batch is checked for new tokens (on_progress)
 
@@ -77,11 +82,13 @@ class Inbox:
 
     def __init__(self, planned: Iterable[Request] = (), live: bool = False, flush_idle_s: float | None = None):
         self.planned = deque(sorted(planned, key=lambda r: (r.arrival_time, r.index)))
+        self.later: list[tuple[float, int, Request]] = []   # planned while running (session turns): a heap
         self.live: deque[Request] = deque()
         self.open = live                   # live submissions may still come
         self.event = asyncio.Event()
         self.cancelled: list[Request] = []  # clients gone; dropped between steps/batches (see drive)
         self.flush_idle_s = flush_idle_s   # live: no arrivals this long counts as draining (None: never)
+        self.quiet = False                 # live: nothing is on its way until something runs (see draining)
         self.last_arrival = float("-inf")
 
     def push(self, request: Request) -> None:
@@ -99,13 +106,21 @@ class Inbox:
         self.cancelled.append(request)
         self.event.set()
 
+    def plan(self, request: Request) -> None:
+        """A request planned while the run goes on (a session's next turn): released at its
+        arrival time, in the trace's order (arrival, then index), exactly like a trace's."""
+        heapq.heappush(self.later, (request.arrival_time, request.index, request))
+
     @property
     def exhausted(self) -> bool:
-        return not self.planned and not self.live and not self.open
+        return not self.planned and not self.later and not self.live and not self.open
 
     @property
     def next_arrival(self) -> float | None:
-        return self.planned[0].arrival_time if self.planned else None
+        nxt = self.planned[0].arrival_time if self.planned else None
+        if self.later and (nxt is None or self.later[0][0] < nxt):
+            return self.later[0][0]
+        return nxt
 
     @property
     def paused_at(self) -> float | None:
@@ -113,11 +128,18 @@ class Inbox:
         return None if self.flush_idle_s is None else self.last_arrival + self.flush_idle_s
 
     def draining(self, now: float) -> bool:
-        """No more requests will come, or (live, with flush_idle_s) none came for a while."""
+        """No more requests will come, or (live, with flush_idle_s) none came for a while, or
+        (`quiet`, set by whoever feeds a live inbox: replicas running sessions) none will come
+        unless a request now waiting runs and answers: naive batching must not wait for a full batch."""
         paused = self.paused_at
-        return self.exhausted or (paused is not None and now >= paused)
+        return self.exhausted or self.quiet or (paused is not None and now >= paused)
 
     def release(self, now: float, scheduler: Scheduler, occupancy: Occupancy | None = None) -> None:
+        while self.later and self.later[0][0] <= now:      # merged with the trace by (arrival, index)
+            if self.planned and (self.planned[0].arrival_time, self.planned[0].index) < self.later[0][:2]:
+                self._hand(self.planned.popleft(), scheduler, occupancy)
+            else:
+                self._hand(heapq.heappop(self.later)[2], scheduler, occupancy)
         while self.planned and self.planned[0].arrival_time <= now:
             self._hand(self.planned.popleft(), scheduler, occupancy)
         while self.live:
@@ -132,13 +154,17 @@ class Inbox:
 
 async def drive(scheduler: Scheduler, backend: Backend, clock: Clock, inbox: Inbox,
                 on_done: Callback = lambda r: None, on_progress: Progress | None = None,
-                on_launch: Callable[[int], None] | None = None, occupancy: Occupancy | None = None) -> None:
+                on_launch: Callable[[int], None] | None = None, occupancy: Occupancy | None = None,
+                next_turn: NextTurn | None = None) -> None:
     """Run until the inbox is exhausted and every request is finished or failed.
     `on_done` gets every request that finished or failed; `on_progress` requests that got new
     tokens (a server streams them); `on_launch` the size of every batch or step launched;
-    `occupancy` every arrival and departure (see Occupancy)."""
+    `occupancy` every arrival and departure (see Occupancy); `next_turn` every request handed
+    back, and returns the request it makes the inbox expect next, if any (sessions)."""
     if occupancy is not None:
         on_done = occupancy.counting(on_done, clock)
+    if next_turn is not None:
+        on_done = _continuing(on_done, next_turn, inbox)
     idle_since = clock.now()
     stalled: dict[Request, tuple[float, int]] = {}   # preempted -> (when, tokens it had)
     # Decode windows only where every arrival is known in advance and the backend runs them.
@@ -164,6 +190,18 @@ async def drive(scheduler: Scheduler, backend: Backend, clock: Clock, inbox: Inb
             if inbox.exhausted and not scheduler.has_work():
                 return
             await _idle(clock, inbox, now, _until_paused(out, scheduler, inbox, now))
+
+
+def _continuing(on_done: Callback, next_turn: NextTurn, inbox: Inbox) -> Callback:
+    """`on_done`, then plan the turn that the request's answer lets its session send.
+    NOTE: called inside the step or batch that finished it, so the turn is planned before the
+    loop next looks at the inbox (draining, a decode window's bound, the end of the run)."""
+    def done(r: Request) -> None:
+        on_done(r)
+        nxt = next_turn(r)
+        if nxt is not None:
+            inbox.plan(nxt)
+    return done
 
 
 def _until_paused(idle: Idle, scheduler: Scheduler, inbox: Inbox, now: float) -> float | None:

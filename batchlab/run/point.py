@@ -19,6 +19,7 @@ from batchlab.core.clock import Clock, RealClock, VirtualClock
 from batchlab.core.config import RunConfig
 from batchlab.core.metrics import measured, stamped_in_system, summarize
 from batchlab.core.request import Request
+from batchlab.core.sessions import Conversations
 from batchlab.core.traffic import TraceItem, build_trace, make_requests
 from batchlab.run.driver import Inbox, Occupancy, drive
 from batchlab.schedulers import make_scheduler
@@ -51,9 +52,13 @@ async def run_trace(cfg: RunConfig, strategy: str, trace: list[TraceItem], backe
     scheduler = make_scheduler(strategy, cfg, backend.memory_budget(),
                                backend.num_kv_blocks(cfg.continuous.block_size))
     t0 = clock.now()
-    requests = make_requests(trace, t0, backend.prepare)
-    await drive(scheduler, backend, clock, Inbox(runnable(requests)), occupancy=occupancy)
-    return requests, t0
+    requests = make_requests(trace, t0, backend.prepare, backend.vocab_size())
+    talks = None
+    if trace and trace[0].session is not None:      # traffic.sessions: later turns come from the driver
+        talks = Conversations(trace, requests, t0, cfg.traffic.horizon_s, backend.vocab_size(), backend.prepare)
+    await drive(scheduler, backend, clock, Inbox(runnable(requests)), occupancy=occupancy,
+                next_turn=talks.next_turn if talks else None)
+    return (talks.requests() if talks else requests), t0
 
 
 def run_point(cfg: RunConfig, strategy: str, rate: float, repeat: int, backend: Backend,

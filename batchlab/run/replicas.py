@@ -5,6 +5,9 @@ coroutine (run/router.py picks the replica) releases the trace at its planned ar
 replica that is mid-batch sees its new request when the batch ends, but the request keeps its
 planned arrival stamp, so queueing behind a busy replica is measured. The replicas' drivers
 share one Occupancy, so the Little's-law check counts the whole system: the sum over replicas.
+With traffic.sessions a turn handed back by any replica plans its session's next turn, which the
+router places like any arrival, at its time (`SessionRouting`); the inboxes close only when the
+trace is out and every session has ended.
 """
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ from batchlab.backends.base import Backend
 from batchlab.core.clock import Clock
 from batchlab.core.config import RunConfig
 from batchlab.core.request import Request
+from batchlab.core.sessions import Conversations
 from batchlab.core.traffic import TraceItem, make_requests
 from batchlab.run.driver import Inbox, Occupancy, drive
 from batchlab.run.router import ROUTERS, Router
@@ -50,23 +54,83 @@ def make_replicas(cfg: RunConfig, strategy: str, backend: Backend, n: int) -> li
     return out
 
 
-async def route(requests: list[Request], replicas: list[Replica], router: Router, clock: Clock) -> None:
+class SessionRouting:
+    """Sessions across replicas: each turn handed back plans the next one (core/sessions.py),
+    delivered at its arrival time to the replica the router picks then; counts the sessions
+    still open, so the router knows when no more requests can come.
+    NOTE: once the trace is out and no turn is on its way, more requests come only if a replica
+    runs what waits there: the inboxes are then marked quiet (Inbox.draining), or naive batching
+    would wait for a full batch that only its own answers could fill."""
+
+    def __init__(self, talks: Conversations, first_turns: list[Request], replicas: list[Replica], router: Router,
+                 clock: Clock):
+        self.talks, self.replicas, self.router, self.clock = talks, replicas, router, clock
+        self.open = sum(1 for r in first_turns if not r.is_done)   # refused first turns never start
+        self.ended = asyncio.Event()
+        if self.open == 0:
+            self.ended.set()
+        self.deliveries: list[asyncio.Future] = []
+        self.on_the_way = 0                  # turns planned, not yet delivered
+        self.trace_out = False               # route has released the whole trace
+
+    def handed_back(self, r: Request) -> None:
+        nxt = self.talks.next_turn(r)
+        if nxt is not None:
+            self.on_the_way += 1
+            self._mark()
+            self.deliveries.append(asyncio.ensure_future(self._deliver(nxt)))
+            return
+        self.open -= 1
+        if self.open == 0:
+            self.ended.set()
+
+    def released_trace(self) -> None:
+        self.trace_out = True
+        self._mark()
+
+    async def _deliver(self, r: Request) -> None:
+        await self.clock.sleep_until(r.arrival_time)      # exactly the planned time, as route does
+        self.on_the_way -= 1
+        self.router.pick(self.replicas).take(r)
+        self._mark()
+
+    def _mark(self) -> None:
+        quiet = self.trace_out and self.on_the_way == 0
+        for rep in self.replicas:
+            if quiet and not rep.inbox.quiet:
+                rep.inbox.event.set()        # wake an idle driver to drain
+            rep.inbox.quiet = quiet
+
+
+async def route(requests: list[Request], replicas: list[Replica], router: Router, clock: Clock,
+                sessions: SessionRouting | None = None) -> None:
     """Release each request at its planned arrival time to the replica the router picks."""
     for r in sorted(requests, key=lambda r: (r.arrival_time, r.index)):
         await clock.sleep_until(r.arrival_time)   # exactly the planned time, as the driver does
         router.pick(replicas).take(r)
+    if sessions is not None:
+        sessions.released_trace()
+        await sessions.ended.wait()                # later turns still come until every session ended
     for rep in replicas:
         rep.inbox.close()
 
 
 async def serve_replicated(requests: list[Request], replicas: list[Replica], router: Router, clock: Clock,
-                           occupancy: Occupancy | None = None) -> None:
+                           occupancy: Occupancy | None = None, sessions: SessionRouting | None = None) -> None:
     """Run the replicas' drivers and the router together until every request is done."""
-    drivers = [asyncio.ensure_future(drive(rep.scheduler, rep.backend, clock, rep.inbox, on_done=rep.done,
+    def on_done(rep: Replica):
+        if sessions is None:
+            return rep.done
+
+        def done(r: Request) -> None:
+            rep.done(r)
+            sessions.handed_back(r)
+        return done
+    drivers = [asyncio.ensure_future(drive(rep.scheduler, rep.backend, clock, rep.inbox, on_done=on_done(rep),
                                            occupancy=occupancy))
                for rep in replicas]
     try:
-        await route(requests, replicas, router, clock)
+        await route(requests, replicas, router, clock, sessions)
         await asyncio.gather(*drivers)
     finally:
         for d in drivers:
@@ -77,7 +141,12 @@ async def run_replicas(cfg: RunConfig, strategy: str, trace: list[TraceItem], ba
                        clock: Clock, occupancy: Occupancy | None = None) -> tuple[list[Request], float]:
     """`run_trace` for `backend.replicas` > 1: same inputs, same outputs, N replicas inside."""
     replicas = make_replicas(cfg, strategy, backend, cfg.backend.replicas)
+    router = ROUTERS[cfg.backend.router]()
     t0 = clock.now()
-    requests = make_requests(trace, t0, backend.prepare)
-    await serve_replicated(requests, replicas, ROUTERS[cfg.backend.router](), clock, occupancy)
-    return requests, t0
+    requests = make_requests(trace, t0, backend.prepare, backend.vocab_size())
+    sessions = None
+    if trace and trace[0].session is not None:
+        talks = Conversations(trace, requests, t0, cfg.traffic.horizon_s, backend.vocab_size(), backend.prepare)
+        sessions = SessionRouting(talks, requests, replicas, router, clock)
+    await serve_replicated(requests, replicas, router, clock, occupancy, sessions)
+    return (sessions.talks.requests() if sessions else requests), t0

@@ -22,6 +22,7 @@ REQUEST_COLUMNS = [
     "arrival_time", "scheduled_time", "first_token_time", "completion_time",
     "queue_wait", "ttft", "tpot", "e2e", "itl_max", "num_preemptions", "trigger",
     *PHASES,
+    "session_id", "turn", "prefix_group",     # traffic.sessions / traffic.prefix; empty for plain traffic
 ]
 KEY = ("strategy", "rate", "repeat")
 LEDGER = ("num_rows", "rows_digest")      # the last two columns of a summary row: its request rows' count and digest
@@ -96,7 +97,7 @@ def request_rows(cfg: RunConfig, strategy: str, rate: float, repeat: int, reques
             "arrival_time": r.arrival_time, "scheduled_time": r.scheduled_time,
             "first_token_time": r.first_token_time, "completion_time": r.completion_time,
             "itl_max": max(gaps) if gaps else None, "num_preemptions": r.num_preemptions,
-            "trigger": r.trigger,
+            "trigger": r.trigger, "session_id": r.session_id, "turn": r.turn, "prefix_group": r.prefix_group,
         }
         for phase in PHASES:
             row[phase] = r.breakdown.get(phase, 0.0 if r.status.value == "finished" else None)

@@ -25,7 +25,7 @@ from batchlab.backends.base import Backend
 from batchlab.core.applies import config_warnings
 from batchlab.core.config import RunConfig
 from batchlab.core.request import Status
-from batchlab.core.traffic import build_trace, read_trace_file, trace_rate
+from batchlab.core.traffic import build_trace, read_trace, trace_rate
 from batchlab.errors import ConfigError
 from batchlab.run.experiment import differences, experiment, experiment_digest, recorded_config
 from batchlab.run.point import PointResult, run_point
@@ -40,7 +40,7 @@ def points(cfg: RunConfig) -> Iterator[Key]:
     rates from the lowest, strategies naive, dynamic, continuous, server.
     A replayed trace is one point per repeat, labelled with the trace's mean rate."""
     if cfg.traffic.arrival == "trace":
-        rates = [round(trace_rate(read_trace_file(cfg.traffic.trace_file)), 6)]
+        rates = [round(trace_rate(read_trace(cfg.traffic).items), 6)]
     else:
         rates = sorted(set(cfg.traffic.rates))
     strategies = sorted(set(cfg.strategies), key=STRATEGY_RANK.get)

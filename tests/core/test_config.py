@@ -143,6 +143,7 @@ def test_api_key_env_names_a_variable_and_is_written_as_a_name():
     (["traffic.arrival=trace", "traffic.trace_file=t.csv", "traffic.rates=[3]"],
      ["traffic.rates does not apply to arrival 'trace'"]),
     (["traffic.burstiness=0.5"], ["traffic.burstiness does not apply to arrival 'poisson'"]),
+    (["traffic.replay.format=azure", "traffic.replay.time_scale=2"], ["traffic.replay does not apply to arrival 'poisson'"]),
 ])
 def test_keys_the_backend_ignores_get_a_warning_line(overrides, expected):
     warnings = config_warnings(load_user_config(None, overrides))

@@ -311,3 +311,59 @@ def test_the_cli_refuses_bad_values_in_one_line_and_writes_nothing(item, fuzz_di
 @pytest.fixture(scope="module")
 def fuzz_dir(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("fuzz")
+
+
+# Production trace formats (core/trace_formats.py): the same property, every format.
+prod_headers = st.sampled_from(["TIMESTAMP,ContextTokens,GeneratedTokens", "TIMESTAMP,ContextTokens",
+                                "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type",
+                                "\ufeffTimestamp,Model,Request tokens,Response tokens,Log Type", "a,b"])
+prod_cells = cells | st.sampled_from(["2023-11-16 18:15:46.6805900", "2023-11-16T18:15:46Z", "2023-02-30 00:00:00",
+                                      "2023-11-16 18:15:46+25:00", "ChatGPT", "Conversation log", "API log"])
+prod_rows = st.lists(prod_cells, min_size=0, max_size=6).map(",".join) | st.tuples(
+    st.sampled_from(["2023-11-16 18:15:4", "2023-11-16 18:16:0"]), st.integers(0, 9).map(str),
+    st.integers(0, 5000).map(str), st.integers(0, 5000).map(str)).map(lambda c: f"{c[0]}{c[1]},{c[2]},{c[3]}")
+prod_csv = st.tuples(prod_headers, st.lists(prod_rows, max_size=6)).map(lambda hr: "\n".join([hr[0], *hr[1]]))
+mooncake_obj = st.fixed_dictionaries({"timestamp": st.one_of(st.integers(-5, 10**6), st.floats(), st.text(max_size=3)),
+                                      "input_length": st.integers(-1, 3000), "output_length": st.integers(-1, 50)},
+                                     optional={"hash_ids": st.one_of(st.lists(st.integers(0, 5), max_size=7),
+                                                                     json_values)})
+azure_ok = st.tuples(st.integers(0, 59), st.integers(0, 9_999_999), st.integers(0, 3000), st.integers(0, 300)).map(
+    lambda c: f"2023-11-16 18:{c[0]:02d}:{c[0]:02d}.{c[1]:07d},{c[2]},{c[3]}")
+burst_ok = st.tuples(st.floats(0, 1e5), st.sampled_from(["ChatGPT", "GPT-4"]), st.integers(0, 3000), st.integers(0, 300),
+                     st.sampled_from(["Conversation log", "API log"])).map(lambda c: f"{c[0]!r},{c[1]},{c[2]},{c[3]},0,{c[4]}")
+mooncake_ok = st.tuples(st.integers(0, 10**6), st.integers(1, 2000), st.integers(0, 50), st.integers(0, 3)).map(
+    lambda c: json.dumps({"timestamp": c[0], "input_length": c[1], "output_length": c[2],
+                          "hash_ids": [c[3] + k for k in range(-(-c[1] // 512))]}))
+coherent = st.one_of(
+    st.lists(azure_ok | prod_rows, min_size=1, max_size=6).map(lambda r: "\n".join(["TIMESTAMP,ContextTokens,GeneratedTokens", *r])),
+    st.lists(burst_ok | prod_rows, min_size=1, max_size=6).map(
+        lambda r: "\n".join(["Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type", *r])),
+    st.lists(mooncake_ok | mooncake_obj.map(json.dumps), min_size=1, max_size=6).map("\n".join))
+mooncake_lines = st.lists(st.one_of(mooncake_obj.map(json.dumps), json_values.map(json.dumps), st.text(max_size=10)),
+                          max_size=5).map("\n".join)
+
+
+@settings(FUZZ, max_examples=600)
+@given(text=st.one_of(coherent, coherent, prod_csv, mooncake_lines, st.text(max_size=40)),
+       fmt=st.sampled_from(["auto", "auto", "azure", "burstgpt", "mooncake"]),
+       window=st.fixed_dictionaries({}, optional={"start_s": st.floats(0, 10), "duration_s": st.floats(0.001, 100),
+                                                  "time_scale": st.floats(0.01, 100)}))
+def test_production_traces_load_well_formed_or_fail_in_one_line(text, fmt, window, fuzz_dir):
+    f = fuzz_dir / f"p{next(_names)}.trace"
+    f.write_text(text)
+    t = TrafficConfig(arrival="trace", trace_file=str(f), replay={"format": fmt, "block_size": 512, **window})
+    try:
+        warnings = check_inputs(t)
+        items = build_trace(t, 1.0)
+    except ConfigError as e:
+        assert "\n" not in str(e) and str(e).startswith(str(f)), repr(str(e))
+        event("refused")
+        return
+    event("accepted")
+    assert all("\n" not in w for w in warnings)
+    assert 0 < len(items) <= MAX_REQUESTS_PER_POINT
+    assert [i.arrival for i in items] == sorted(i.arrival for i in items)
+    for i in items:
+        assert math.isfinite(i.arrival) and 0 <= i.arrival <= MAX_SECONDS
+        assert 1 <= i.prompt_len <= MAX_LENGTH and 1 <= i.output_len <= MAX_LENGTH
+        assert sum(n for _, n in i.content) in (0, i.prompt_len)

@@ -127,7 +127,7 @@ def test_a_trace_that_is_not_text_is_refused(tmp_path):
 
 
 def test_a_trace_longer_than_the_cap_is_refused(tmp_path, monkeypatch):
-    import batchlab.core.traffic as traffic
+    import batchlab.core.trace_formats as traffic  # where trace files are read
     monkeypatch.setattr(traffic, "MAX_REQUESTS_PER_POINT", 3)
     f = tmp_path / "t.csv"
     f.write_text(HEADER + "0.1,1,1\n" * 4)
