@@ -39,6 +39,7 @@ class Request:
     # Seconds spent in each phase, filled by the scheduler/driver (see core/breakdown.py).
     breakdown: dict[str, float] = field(default_factory=dict)
     trigger: str = ""                # what launched this request's batch (size / age / memory / drain)
+    num_cached_tokens: int = 0       # prompt tokens reused from the prefix cache at its latest admission
 
     @property
     def output_len(self) -> int:

@@ -24,7 +24,7 @@ INPUT_FILES = ("traffic.trace_file", "backend.profile", "traffic.prompt_len.path
 def experiment(cfg: RunConfig) -> dict[str, Any]:
     """What a point of this config means: the config less GROWS and NO_EFFECT, plus the content
     digest of each input file it reads (an edited trace is another experiment)."""
-    tree = cfg.model_dump(mode="json")
+    tree = cfg.tree()
     for dotted in GROWS + NO_EFFECT:
         *parents, leaf = dotted.split(".")
         node = _get(tree, ".".join(parents)) if parents else tree
