@@ -15,7 +15,7 @@ from collections import OrderedDict
 
 from batchlab.core.request import Request
 from batchlab.core.work import CacheOps, Step
-from batchlab.schedulers.kv_blocks import BlockPool, cdiv
+from batchlab.schedulers.kv_blocks import BlockPool
 
 ROOT = 0        # the parent key of a prompt's first block
 
