@@ -102,7 +102,7 @@ class BackendConfig(_Model):
     preset: str = "llama2-7b-a100"          # sim: a named model+device preset (backends/presets.py)
     profile: str | None = None              # sim: a measured profile JSON (overrides preset)
     replicas: Annotated[int, Field(gt=0, le=1024)] = 1   # sim: replicas behind a router
-    router: Literal["round_robin", "least_outstanding"] = "round_robin"
+    router: Literal["round_robin", "least_outstanding", "cache_aware"] = "round_robin"
     model: str | None = None                # hf / openai: hub name or local path / served model name
     dtype: Literal["auto", "float32", "fp32", "float16", "fp16", "bfloat16", "bf16"] = "auto"  # hf
     device: str = "auto"                    # hf: auto | cpu | cuda | cuda:N | mps

@@ -39,6 +39,9 @@ class Replica:
     def done(self, request: Request) -> None:
         self.outstanding -= 1
 
+    def cached_tokens(self, request: Request) -> int:
+        return self.scheduler.cached_tokens(request)
+
 
 def make_replicas(cfg: RunConfig, strategy: str, backend: Backend, n: int) -> list[Replica]:
     """n independent copies of `backend` (the simulator holds no shared state), each with a scheduler."""
@@ -54,7 +57,7 @@ async def route(requests: list[Request], replicas: list[Replica], router: Router
     """Release each request at its planned arrival time to the replica the router picks."""
     for r in sorted(requests, key=lambda r: (r.arrival_time, r.index)):
         await clock.sleep_until(r.arrival_time)   # exactly the planned time, as the driver does
-        router.pick(replicas).take(r)
+        router.pick(replicas, r).take(r)
     for rep in replicas:
         rep.inbox.close()
 

@@ -12,7 +12,7 @@ import numpy as np
 
 from batchlab.core.breakdown import PHASES
 from batchlab.core.config import RunConfig, Strategy
-from batchlab.core.metrics import per_request
+from batchlab.core.metrics import per_request, prompt_tokens
 from batchlab.core.request import Request
 
 REQUEST_COLUMNS = [
@@ -21,6 +21,7 @@ REQUEST_COLUMNS = [
     "arrival_time", "scheduled_time", "first_token_time", "completion_time",
     "queue_wait", "ttft", "tpot", "e2e", "itl_max", "num_preemptions", "trigger",
     *PHASES,
+    "cached_prompt_tokens", "computed_prompt_tokens",
 ]
 KEY = ("strategy", "rate", "repeat")
 LEDGER = ("num_rows", "rows_digest")      # the last two columns of a summary row: its request rows' count and digest
@@ -78,7 +79,7 @@ def request_rows(cfg: RunConfig, strategy: str, rate: float, repeat: int, reques
             "arrival_time": r.arrival_time, "scheduled_time": r.scheduled_time,
             "first_token_time": r.first_token_time, "completion_time": r.completion_time,
             "itl_max": max(gaps) if gaps else None, "num_preemptions": r.num_preemptions,
-            "trigger": r.trigger,
+            "trigger": r.trigger, **prompt_tokens(r),
         }
         for phase in PHASES:
             row[phase] = r.breakdown.get(phase, 0.0 if r.status.value == "finished" else None)
