@@ -60,3 +60,11 @@ def test_the_report_writes_one_line_per_point_that_ran_a_cache():
     assert points == ["- 4 req/s, continuous, repeat 0: 75.0% of prompt tokens from the cache (80.0% of full "
                       "blocks); prefill computed 1,000 tokens, skipped 3,000"]
     assert prefix_cache_lines(summary.drop(columns=[c for c in summary if c.startswith(("prefix", "cached", "computed"))])) == []
+
+
+def test_the_cache_aware_router_runs_from_the_config_and_keeps_each_prefix_on_one_replica():
+    cfg = load_config(None, ON + ["backend.replicas=2", "backend.router=cache_aware"])
+    trace = [TraceItem(0.5 * i, 10, 2) for i in range(8)]
+    res = run_point(cfg, "continuous", 1.0, 0, SharedPrefix(), trace=trace)
+    assert all(r.status.value == "finished" for r in res.requests)
+    assert res.summary["cached_prompt_tokens"] == 6 * 8       # each system prompt computed once
