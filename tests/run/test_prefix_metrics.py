@@ -63,8 +63,12 @@ def test_the_report_writes_one_line_per_point_that_ran_a_cache():
 
 
 def test_the_cache_aware_router_runs_from_the_config_and_keeps_each_prefix_on_one_replica():
-    cfg = load_config(None, ON + ["backend.replicas=2", "backend.router=cache_aware"])
     trace = [TraceItem(0.5 * i, 10, 2) for i in range(8)]
-    res = run_point(cfg, "continuous", 1.0, 0, SharedPrefix(), trace=trace)
-    assert all(r.status.value == "finished" for r in res.requests)
-    assert res.summary["cached_prompt_tokens"] == 6 * 8       # each system prompt computed once
+    cached = {}
+    for router in ("cache_aware", "least_outstanding"):
+        cfg = load_config(None, ON + ["backend.replicas=3", f"backend.router={router}"])
+        res = run_point(cfg, "continuous", 1.0, 0, SharedPrefix(), trace=trace)
+        assert all(r.status.value == "finished" for r in res.requests)
+        cached[router] = res.summary["cached_prompt_tokens"]
+    assert cached["cache_aware"] == 6 * 8                     # each system prompt computed once
+    assert cached["least_outstanding"] < cached["cache_aware"]   # turns spread each prefix over replicas
