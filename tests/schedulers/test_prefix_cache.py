@@ -109,8 +109,9 @@ def check(pool: PrefixBlockPool) -> None:
 
 
 PREFIXES = [list(range(i * 100, i * 100 + 12)) for i in range(3)]
-traffic = st.lists(st.tuples(st.integers(0, 2), st.integers(0, 9), st.integers(1, 12), st.integers(0, 3)),
-                   min_size=1, max_size=25)
+# (system prompt, how much of it, output tokens, unique tail tokens, steps after arrival it is aborted; -1: never)
+traffic = st.lists(st.tuples(st.integers(0, 2), st.integers(0, 9), st.integers(1, 12), st.integers(0, 3),
+                             st.sampled_from([-1, -1, -1, 0, 2, 5])), min_size=1, max_size=25)
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -121,11 +122,15 @@ def test_random_traffic_never_leaks_or_double_frees_blocks(items, blocks, chunk,
     s = ContinuousScheduler(cfg, num_kv_blocks=blocks)
     s.multi_step = windows
     reqs = [req(f"r{i}", PREFIXES[p][:cut + 2] + [1000 + i] * tail, out=out, at=float(i % 4))
-            for i, (p, cut, out, tail) in enumerate(items)]
-    pending, now = list(reqs), 0.0
+            for i, (p, cut, out, tail, _) in enumerate(items)]
+    abort_at = {r: r.arrival_time + a for r, (*_, a) in zip(reqs, items) if a >= 0}
+    pending, now = sorted(reqs, key=lambda r: r.arrival_time), 0.0
     for _ in range(2000):
         while pending and pending[0].arrival_time <= now:
             s.add(pending.pop(0))
+        for r, t in abort_at.items():                        # a client goes away, waiting or running
+            if t == now and not r.is_done and s.abort(r):
+                r.fail("aborted")
         out = s.schedule(now)
         if isinstance(out, Step):
             for r, n in out.chunks:                          # what a backend does: stamp finishers
@@ -137,5 +142,5 @@ def test_random_traffic_never_leaks_or_double_frees_blocks(items, blocks, chunk,
         now += 1
         if not pending and not s.has_work():
             break
-    assert all(r.is_done for r in reqs)
+    assert all(r.is_done or r in abort_at for r in reqs)
     assert s.pool.free == blocks and not s.pool.tables and not s.pool._keys
