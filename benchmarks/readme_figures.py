@@ -130,12 +130,13 @@ def prefix_cache(d: dict) -> str:
     rep = d["replicas"]
     lines += ["", f"{rep['replicas']} simulated replicas at {rep['rate_req_s']:.1f} req/s (80 % of {rep['replicas']} × "
               f"one replica's capacity), caching on; cache-aware router with a slack of {rep['slack']} outstanding "
-              "requests:", "", "| KV blocks per replica | router | hit rate (tokens) | p50 TTFT |", "|---|---|---|---|"]
+              "requests:", "", "| KV blocks per replica | router | hit rate (tokens) | p50 TTFT | p90 TTFT |", "|---|---|---|---|---|"]
     for st in rep["settings"]:
         for router, pts in st["routers"].items():
             lines.append(f"| {st['kv_blocks_per_replica']:,} | {router} | "
                          f"{pct(statistics.median(p['prefix_hit_rate_tokens'] for p in pts))} | "
-                         f"{_spread([p['ttft_p50_s'] for p in pts], '{:.3f}')} s |")
+                         f"{_spread([p['ttft_p50_s'] for p in pts], '{:.3f}')} s | "
+                         f"{_spread([p['ttft_p90_s'] for p in pts], '{:.3f}')} s |")
     return "\n".join(lines)
 
 
