@@ -7,6 +7,7 @@ end get logits. The pass runs in a worker thread, so the event loop (and arrival
 The scheduler decides everything (admission, chunks, preemption); this class only executes.
 A decode window (`Step.repeat` > 1: identical decode-only steps the scheduler proved safe) runs
 as that many passes in one worker call, each stamped at its own end.
+With prefix caching, a Step's `cache` work is done around the pass (backends/hf_prefix.py).
 Tokens are greedy with EOS suppressed, exactly like the request-level backend's `generate()`
 (min_new_tokens = max_new_tokens), so every strategy produces the same tokens.
 """
@@ -20,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface
 
+from batchlab.backends.hf_prefix import BlockStore
 from batchlab.backends.hf_slots import ATTN_NAME, SlotKV, StepPlan, attention, slot_attention
 from batchlab.core.clock import Clock
 from batchlab.core.request import Request
@@ -53,6 +55,7 @@ class StepEngine:
         kv_heads = getattr(cfg, "num_key_value_heads", None) or self.heads
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.heads
         self.cache = SlotKV(cfg.num_hidden_layers, kv_heads, head_dim, model.dtype, self.device)
+        self.prefix = BlockStore()             # cached blocks' K/V, when the scheduler caches prefixes
         self.step_log: list[StepRecord] = []
         self._lock = threading.Lock()          # one forward at a time: the attention swap is global
         AttentionInterface.register(ATTN_NAME, slot_attention)
@@ -65,7 +68,11 @@ class StepEngine:
         if repeat > 1 and any(n != 1 or r.num_computed_tokens + 1 != r.num_tokens for r, n in step.chunks):
             repeat = 1                         # only pure decode steps repeat identically
         plan = self._plan(step.chunks, extra=repeat - 1)
+        if step.cache is not None:
+            self.prefix.before(step.cache, self.cache)
         passes = await asyncio.to_thread(self._forward, plan, clock, repeat, step.until)
+        if step.cache is not None:
+            self.prefix.after(step.cache, self.cache)
         if repeat > 1 or step.repeat > 1:
             step.repeat = len(passes)          # tell the scheduler how many steps ran
         for r, n in step.chunks:

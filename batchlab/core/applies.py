@@ -18,7 +18,7 @@ BACKEND_KEYS: dict[str, set[str]] = {
 # Strategy sections (or single knobs) a kind never reads.
 IGNORED_SECTIONS: dict[str, tuple[str, ...]] = {
     "sim": (), "hf": (),
-    "hf-cb": ("naive", "dynamic", "continuous.chunk_size", "continuous.preemption"),
+    "hf-cb": ("naive", "dynamic", "continuous.chunk_size", "continuous.preemption", "continuous.prefix_caching"),
     "openai": ("naive", "dynamic", "continuous"),
 }
 

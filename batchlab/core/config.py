@@ -111,7 +111,7 @@ class BackendConfig(_Model):
     preset: str = "llama2-7b-a100"          # sim: a named model+device preset (backends/presets.py)
     profile: str | None = None              # sim: a measured profile JSON (overrides preset)
     replicas: Annotated[int, Field(gt=0, le=1024)] = 1   # sim: replicas behind a router
-    router: Literal["round_robin", "least_outstanding"] = "round_robin"
+    router: Literal["round_robin", "least_outstanding", "cache_aware"] = "round_robin"
     model: str | None = None                # hf / openai: hub name or local path / served model name
     dtype: Literal["auto", "float32", "fp32", "float16", "fp16", "bfloat16", "bf16"] = "auto"  # hf
     device: str = "auto"                    # hf: auto | cpu | cuda | cuda:N | mps
@@ -181,6 +181,7 @@ class ContinuousConfig(_Model):
     block_size: Tokens = 16                 # tokens per KV block
     chunk_size: Tokens | None = None        # chunked prefill: prompt tokens per step per request (None: whole)
     preemption: Literal["recompute", "reserve"] = "recompute"  # out of blocks: preempt newest, or book all up front
+    prefix_caching: bool = False            # reuse KV blocks of equal prompt prefixes (vLLM's automatic prefix caching)
 
 
 class SLOConfig(_Model):
@@ -365,10 +366,31 @@ class RunConfig(_Model):
         if strategy == "server":
             knobs = {"backend.model": self.backend.model, "backend.base_url": self.backend.base_url}
             if self.backend.kind == "hf-cb":   # transformers' manager runs under our budgets
-                knobs |= {f"continuous.{k}": v for k, v in self.continuous.model_dump().items()}
+                knobs |= {f"continuous.{k}": v for k, v in _section(self, "continuous").items()}
             return knobs
-        section = getattr(self, strategy).model_dump()
-        return {f"{strategy}.{k}": v for k, v in section.items()}
+        return {f"{strategy}.{k}": v for k, v in _section(self, strategy).items()}
+
+    def tree(self) -> dict[str, Any]:
+        """The whole config as JSON-ready data (what identities and config.yaml record)."""
+        tree = self.model_dump(mode="json")
+        for (section, key), default in QUIET_DEFAULTS.items():
+            if tree[section].get(key) == default:
+                del tree[section][key]
+        return tree
+
+
+# NOTE: keys added after results directories existed are left out of knobs, identities and
+# config.yaml while they hold their default, so an older directory keeps its digest (and resumes)
+# and a default run writes the same bytes as before the key existed.
+QUIET_DEFAULTS: dict[tuple[str, str], Any] = {("continuous", "prefix_caching"): False}
+
+
+def _section(cfg: RunConfig, name: str) -> dict[str, Any]:
+    return {k: v for k, v in getattr(cfg, name).model_dump().items()
+            if QUIET_DEFAULTS.get((name, k), _NO_DEFAULT) != v}
+
+
+_NO_DEFAULT = object()
 
 
 def _leaves(tree: Any, prefix: str = "") -> set[str]:

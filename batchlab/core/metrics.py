@@ -149,6 +149,26 @@ def summarize(requests: list[Request], slo: SLOConfig = SLOConfig(),
     return out
 
 
+def prompt_tokens(r: Request) -> dict[str, int | None]:
+    """Prompt tokens reused from the prefix cache and computed, at the request's latest admission
+    (None for a request never admitted). Recomputation after a preemption is not counted twice."""
+    if r.scheduled_time is None:
+        return {"cached_prompt_tokens": None, "computed_prompt_tokens": None}
+    return {"cached_prompt_tokens": r.num_cached_tokens, "computed_prompt_tokens": r.prompt_len - r.num_cached_tokens}
+
+
+def prefix_cache(requests: list[Request], block_size: int) -> dict[str, float | int]:
+    """Prefix-cache hit rates over the admitted requests: prompt tokens served from the cache
+    over prompt tokens, and cached blocks over full prompt blocks (only full blocks are cached)."""
+    admitted = [r for r in requests if r.scheduled_time is not None]
+    cached = sum(r.num_cached_tokens for r in admitted)
+    prompt = sum(r.prompt_len for r in admitted)
+    blocks = sum(r.prompt_len // block_size for r in admitted)
+    return {"prefix_hit_rate_tokens": cached / prompt if prompt else float("nan"),
+            "prefix_hit_rate_blocks": cached // block_size / blocks if blocks else float("nan"),
+            "cached_prompt_tokens": cached, "computed_prompt_tokens": prompt - cached}
+
+
 def top_error(requests: Iterable[Request]) -> str:
     """The most common reason among failed requests ("" if none failed), for the verdict."""
     counts = Counter(r.error or "no reason recorded" for r in requests if r.status is Status.FAILED)

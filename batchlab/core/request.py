@@ -43,6 +43,7 @@ class Request:
     session_id: int | None = None    # traffic.sessions: the conversation (its first turn's trace index)
     turn: int | None = None          # traffic.sessions: 1 for the first message, 2 for the next, ...
     prefix_group: int | None = None  # traffic.prefix: the shared system prompt this prompt starts with
+    num_cached_tokens: int = 0       # prompt tokens reused from the prefix cache at its latest admission
 
     @property
     def output_len(self) -> int:

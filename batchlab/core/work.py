@@ -3,7 +3,7 @@
 These are the vocabulary schedulers and backends share, so they live below both: a scheduler
 fills them in (schedulers/), a backend executes them (backends/), the driver carries them between
 (run/driver.py), and neither side imports the other. `MemoryBudget` is a backend's KV memory as
-a request-level scheduler sees it.
+a request-level scheduler sees it; `CacheOps` is the prefix cache's work a step carries.
 """
 from __future__ import annotations
 
@@ -30,10 +30,23 @@ class Step:
     repeat: int = 1
     until: float | None = None
     booked: int = 1                   # steps the scheduler booked KV blocks for (the offer)
+    cache: CacheOps | None = None     # prefix caching on: what a KV-keeping backend must do
 
     @property
     def num_tokens(self) -> int:
         return sum(n for _, n in self.chunks)
+
+
+@dataclass(slots=True)
+class CacheOps:
+    """A step's prefix-cache work, for a backend that keeps KV itself (the HF step engine); the
+    scheduler's pool decides it (schedulers/prefix_cache.py), the backend only executes it:
+    drop `evict` first, copy each `load` into the request's KV before the pass, and after the
+    pass keep a copy of each `store` block. Keys name a full block's content and its prefix."""
+    block_size: int                                       # tokens per block
+    load: list[tuple[Request, list[int]]]                 # admitted with a hit: keys of its first blocks
+    store: list[tuple[Request, int, int]]                 # (request, block index, key) this step completes
+    evict: list[int]                                      # keys that left the cache before this step
 
 
 @dataclass(slots=True)

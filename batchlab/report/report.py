@@ -75,7 +75,7 @@ def build_report(results_dir: Path) -> tuple[Path, list[str]]:
     md = _title(config, lines) + _setup(setup, config) + _plots(figures, rate, outcomes)
     md += _tables(summary, outcomes) + _comparisons(comparisons) + _knees_crossovers(summary, crossings, caps, slo)
     md += _burst(burst, config)
-    md += _breakdown(summary, requests, outcomes) + _useful(requests) + _method()
+    md += _breakdown(summary, requests, outcomes) + prefix_cache_lines(summary) + _useful(requests) + _method()
     path = results_dir / "report.md"
     path.write_text("\n".join(md) + "\n")
     html.write_html(path)
@@ -291,6 +291,22 @@ def _breakdown(summary: pd.DataFrame, requests: pd.DataFrame | None, outcomes: d
             md.append(_row([fmt.num(rate), s] + [_cell(mean.loc[(rate, s), c]) for c in cols + ["e2e"]]))
         elif (s, float(rate)) in outcomes:
             md.append(_row([fmt.num(rate), s, "no requests finished"] + ["—"] * len(cols)))
+    return md + [""]
+
+
+def prefix_cache_lines(summary: pd.DataFrame) -> list[str]:
+    """One line per point that ran with prefix caching: the share of prompt tokens (and of full
+    blocks) served from the cache, and the prefill it saved. Nothing for runs without a cache."""
+    if "prefix_hit_rate_tokens" not in summary or summary["prefix_hit_rate_tokens"].isna().all():
+        return []
+    md = ["## Prefix cache", "", "Prompt tokens reused from the prefix cache instead of computed (continuous "
+          "batching with `continuous.prefix_caching`), per point after warm-up.", ""]
+    for _, p in summary[summary["prefix_hit_rate_tokens"].notna()].iterrows():
+        cached, computed = int(p["cached_prompt_tokens"]), int(p["computed_prompt_tokens"])
+        md.append(f"- {p['rate']:g} req/s, {p['strategy']}, repeat {int(p['repeat'])}: "
+                  f"{100 * p['prefix_hit_rate_tokens']:.1f}% of prompt tokens from the cache "
+                  f"({100 * p['prefix_hit_rate_blocks']:.1f}% of full blocks); prefill computed "
+                  f"{computed:,} tokens, skipped {cached:,}")
     return md + [""]
 
 

@@ -23,7 +23,7 @@ NO_EFFECT = ("name", "out", "report", "backend.api_key_env")    # do not change 
 def experiment(cfg: RunConfig) -> dict[str, Any]:
     """What a point of this config means: the config less GROWS and NO_EFFECT, plus the content
     digest of each input file it reads (an edited trace is another experiment)."""
-    tree = resolved_paths(cfg.model_dump(mode="json"))
+    tree = resolved_paths(cfg.tree())
     for dotted in GROWS + NO_EFFECT:
         *parents, leaf = dotted.split(".")
         node = _get(tree, ".".join(parents)) if parents else tree

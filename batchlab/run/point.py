@@ -17,7 +17,7 @@ from typing import Any
 from batchlab.backends.base import Backend, ServerBackend
 from batchlab.core.clock import Clock, RealClock, VirtualClock
 from batchlab.core.config import RunConfig
-from batchlab.core.metrics import measured, stamped_in_system, summarize
+from batchlab.core.metrics import measured, prefix_cache, stamped_in_system, summarize
 from batchlab.core.request import Request
 from batchlab.core.sessions import Conversations
 from batchlab.core.traffic import TraceItem, build_trace, make_requests
@@ -80,8 +80,11 @@ def run_point(cfg: RunConfig, strategy: str, rate: float, repeat: int, backend: 
     # ones too, so both edges of the window are counted alike (summary column little_source)
     in_system, source = ((occupancy.rebased(t0), "driver") if occupancy.changes
                          else (stamped_in_system(requests), "stamps"))
-    summary = summarize(measured(requests, cfg.traffic.warmup_s), cfg.slo, in_system,
+    counted = measured(requests, cfg.traffic.warmup_s)
+    summary = summarize(counted, cfg.slo, in_system,
                         (cfg.traffic.warmup_s, traffic_end(cfg, requests))) | {"little_source": source}
+    if strategy == "continuous" and cfg.continuous.prefix_caching:   # columns only where a cache ran
+        summary |= prefix_cache(counted, cfg.continuous.block_size)
     meta = {"wall_s": wall, **backend.peak_memory(),
             **backend.point_facts(t0 + cfg.traffic.warmup_s, summary)}
     return PointResult(strategy, rate, repeat, requests, summary, meta, in_system)

@@ -43,6 +43,9 @@ class Replica:
     def done(self, request: Request) -> None:
         self.outstanding -= 1
 
+    def cached_tokens(self, request: Request) -> int:
+        return self.scheduler.cached_tokens(request)
+
 
 def make_replicas(cfg: RunConfig, strategy: str, backend: Backend, n: int) -> list[Replica]:
     """n independent copies of `backend` (the simulator holds no shared state), each with a scheduler."""
@@ -91,7 +94,7 @@ class SessionRouting:
     async def _deliver(self, r: Request) -> None:
         await self.clock.sleep_until(r.arrival_time)      # exactly the planned time, as route does
         self.on_the_way -= 1
-        self.router.pick(self.replicas).take(r)
+        self.router.pick(self.replicas, r).take(r)
         self._mark()
 
     def _mark(self) -> None:
@@ -107,7 +110,7 @@ async def route(requests: list[Request], replicas: list[Replica], router: Router
     """Release each request at its planned arrival time to the replica the router picks."""
     for r in sorted(requests, key=lambda r: (r.arrival_time, r.index)):
         await clock.sleep_until(r.arrival_time)   # exactly the planned time, as the driver does
-        router.pick(replicas).take(r)
+        router.pick(replicas, r).take(r)
     if sessions is not None:
         sessions.released_trace()
         await sessions.ended.wait()                # later turns still come until every session ended

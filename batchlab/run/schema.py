@@ -13,7 +13,7 @@ import numpy as np
 
 from batchlab.core.breakdown import PHASES
 from batchlab.core.config import RunConfig, Strategy
-from batchlab.core.metrics import per_request
+from batchlab.core.metrics import per_request, prompt_tokens
 from batchlab.core.request import Request
 
 REQUEST_COLUMNS = [
@@ -23,6 +23,7 @@ REQUEST_COLUMNS = [
     "queue_wait", "ttft", "tpot", "e2e", "itl_max", "num_preemptions", "trigger",
     *PHASES,
     "session_id", "turn", "prefix_group",     # traffic.sessions / traffic.prefix; empty for plain traffic
+    "cached_prompt_tokens", "computed_prompt_tokens",
 ]
 KEY = ("strategy", "rate", "repeat")
 LEDGER = ("num_rows", "rows_digest")      # the last two columns of a summary row: its request rows' count and digest
@@ -98,6 +99,7 @@ def request_rows(cfg: RunConfig, strategy: str, rate: float, repeat: int, reques
             "first_token_time": r.first_token_time, "completion_time": r.completion_time,
             "itl_max": max(gaps) if gaps else None, "num_preemptions": r.num_preemptions,
             "trigger": r.trigger, "session_id": r.session_id, "turn": r.turn, "prefix_group": r.prefix_group,
+            **prompt_tokens(r),
         }
         for phase in PHASES:
             row[phase] = r.breakdown.get(phase, 0.0 if r.status.value == "finished" else None)

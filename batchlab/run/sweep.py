@@ -220,7 +220,7 @@ def _recorded_points(results: ResultsDir, exp: dict[str, Any], cfg: RunConfig) -
 def _write_config(plan: SweepPlan, done: set[Key]) -> None:
     path = plan.path / "config.yaml"
     if done:
-        text = recorded_config(plan.cfg.model_dump(mode="json"), done, experiment_digest(plan.experiment), plan.path)
+        text = recorded_config(plan.cfg.tree(), done, experiment_digest(plan.experiment), plan.path)
         plan.results.write_text(path, text)
     else:
         path.unlink(missing_ok=True)

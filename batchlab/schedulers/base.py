@@ -39,6 +39,11 @@ class Scheduler(ABC):
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
+    def cached_tokens(self, request: Request) -> int:
+        """Prompt tokens of `request` this scheduler's prefix cache holds now (0 without one);
+        a look that changes nothing, for a cache-aware router."""
+        return 0
+
     def abort(self, request: Request) -> bool:
         """Forget a request that is still waiting (a client went away). True if it was removed."""
         try:

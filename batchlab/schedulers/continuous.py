@@ -7,6 +7,8 @@ free their blocks. Out of blocks mid-decode (policy `recompute`, vLLM's default)
 running request is preempted, its blocks freed, and it goes back to the front of the queue to
 recompute its prompt plus what it has generated so far; no admission happens in a step that
 preempted. Policy `reserve` books prompt + max_new_tokens at admission, so it never preempts.
+With `prefix_caching`, an admission reuses the cached blocks of its prompt's prefix and starts
+with them computed (schedulers/prefix_cache.py); each Step then carries the cache's work.
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from batchlab.core.work import Idle, Step
 from batchlab.schedulers.base import Scheduler
 from batchlab.schedulers.decode_window import return_unused, window_length
 from batchlab.schedulers.kv_blocks import BlockPool
+from batchlab.schedulers.prefix_cache import PrefixBlockPool
 
 UNCHUNKED = sys.maxsize     # no chunked prefill: a prompt is computed in one step
 
@@ -28,7 +31,8 @@ class ContinuousScheduler(Scheduler):
     def __init__(self, cfg: ContinuousConfig, num_kv_blocks: int, policy: str = "recompute"):
         super().__init__()
         self.cfg = cfg
-        self.pool = BlockPool(num_kv_blocks, cfg.block_size, reserve=policy == "reserve")
+        pool = PrefixBlockPool if cfg.prefix_caching else BlockPool
+        self.pool = pool(num_kv_blocks, cfg.block_size, reserve=policy == "reserve")
         self.chunk = cfg.chunk_size or UNCHUNKED
 
     @property
@@ -68,7 +72,11 @@ class ContinuousScheduler(Scheduler):
         if not chunks:
             return Idle()
         window = window_length(chunks, self.pool) if self.multi_step and not preempted else 1
-        return Step(chunks, preempted, repeat=window, booked=window)
+        cache = self.pool.cache_ops(chunks) if self.cfg.prefix_caching else None
+        return Step(chunks, preempted, repeat=window, booked=window, cache=cache)
+
+    def cached_tokens(self, request: Request) -> int:
+        return self.pool.cached_tokens(request, remember=False)
 
     def _make_room(self, r: Request, tokens: int, preempted: list[Request]) -> bool:
         """Grow r's blocks, preempting the newest running requests until they fit; False if r
@@ -92,7 +100,8 @@ class ContinuousScheduler(Scheduler):
     def _admit(self, now: float, chunks: list, budget: int) -> None:
         while self.waiting and len(self.running) < self.cfg.max_num_seqs and budget > 0:
             r = self.waiting[0]
-            need = r.num_tokens - r.num_computed_tokens
+            cached = self.pool.cached_tokens(r)        # 0 without prefix caching
+            need = r.num_tokens - cached
             n = min(need, budget, self.chunk)
             if n < need and self.cfg.chunk_size is None:
                 if chunks:
@@ -100,11 +109,13 @@ class ContinuousScheduler(Scheduler):
                 n = need                       # alone in the step: let an over-long prompt run
             if not self.pool.can_ever_fit(r):
                 self.waiting.popleft()         # could never finish, even alone: fail it now
+                self.pool.release(r)
                 r.fail(f"needs more than {self.pool.num_blocks} KV blocks of {self.pool.block_size} tokens")
                 self.rejected.append(r)
                 continue
-            if not self.pool.grow(r, r.num_computed_tokens + n):
+            if not self.pool.grow(r, cached + n):
                 return                         # hold admission until blocks free up
+            r.num_computed_tokens = r.num_cached_tokens = cached
             self.waiting.popleft()
             self.running.append(r)
             if r.scheduled_time is None:
@@ -121,6 +132,8 @@ class ContinuousScheduler(Scheduler):
             r.num_computed_tokens += n * step.repeat
             if len(r.token_times) >= r.max_new_tokens:
                 done.append(r)
+        if step.cache is not None:
+            self.pool.commit(step)             # blocks this step completed become cache entries
         return_unused(step, self.pool)
         for r in done:
             self.running.remove(r)
@@ -132,4 +145,5 @@ class ContinuousScheduler(Scheduler):
             self.running.remove(request)
             self.pool.release(request)
             return True
+        self.pool.release(request)             # forgets a waiting request's memoized block keys
         return super().abort(request)

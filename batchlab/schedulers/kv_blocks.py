@@ -52,3 +52,7 @@ class BlockPool:
 
     def release(self, r: Request) -> None:
         self.free += self.held.pop(r, 0)
+
+    def cached_tokens(self, r: Request, remember: bool = True) -> int:
+        """Prompt tokens an admission would reuse: none without a prefix cache (prefix_cache.py)."""
+        return 0

@@ -28,18 +28,6 @@ from batchlab.schedulers.continuous import ContinuousScheduler  # noqa: E402
 MIX = [(5, 9, 0), (23, 6, 0), (40, 5, 2), (3, 14, 3), (17, 8, 3), (31, 7, 9)]
 
 
-@pytest.fixture(scope="module")
-def lm(tiny_model_dir):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float64).eval()
-    # NOTE: one intra-op thread: on a shared, busy CPU two threads wait on each other at every
-    # op and these small passes get ~10x slower. Results do not depend on it (float64, greedy).
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield model, AutoTokenizer.from_pretrained(tiny_model_dir)
-    torch.set_num_threads(threads)
-
-
 def make(mix, vocab=2000, seed=0):
     g = torch.Generator().manual_seed(seed)
     return [Request(f"r{i}", p, o, 0.0, index=i, prompt_token_ids=torch.randint(10, vocab, (p,), generator=g).tolist())
