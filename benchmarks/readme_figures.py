@@ -126,13 +126,13 @@ def serving(d: dict) -> str:
              f"over rates {', '.join(f'{r:g}' for r in t['rates'])} req/s, each pass stopping once a server serves "
              f"under 90 % of what arrives). A rate is sustained when no request failed, {limits}, and the server "
              f"completed ≥ {100 * d['keeps_up']:.0f} % of the requests that arrived:", "",
-             "| server | sustained rate, req/s (each pass) | tok/s there | p99 TTFT there | throughput at its "
-             "highest rate | memory (what it is) |", "|---|---|---|---|---|---|"]
+             "| server | sustained rate, req/s (each pass) | tok/s there | p99 TTFT there | most tok/s reached "
+             "| tok/s once behind (rate) | memory (what it is) |", "|---|---|---|---|---|---|---|"]
     best: dict[str, float] = {}
     per_pass: dict[str, list[float]] = {}
     for res in d["servers"]:
         if not res["passes"]:
-            lines.append(f"| {res['server']} | could not run: {res.get('error', '?')[:80]} | – | – | – | – |")
+            lines.append(f"| {res['server']} | could not run: {res.get('error', '?')[:80]} | – | – | – | – | – |")
             continue
         passes = res["passes"]
         at = [next(pt for pt in p["points"] if pt["rate"] == p["sustained_rate"]) for p in passes
@@ -143,8 +143,11 @@ def serving(d: dict) -> str:
         per_pass[res["server"]] = rates
         there = (f"{statistics.median([a['throughput_tok_s'] for a in at]):,.0f}",
                  f"{1e3 * statistics.median([a['ttft_p99'] for a in at]):,.0f} ms") if at else ("–", "–")
+        behind = [p["points"][-1] for p in passes if not p["points"][-1]["sustained"]
+                  and p["points"][-1]["served_share"] < 0.9]
+        after = " / ".join(f"{b['throughput_tok_s']:,.0f} ({b['rate']:g})" for b in behind) or "–"
         lines.append(f"| {res['server']} | {' / '.join(_rate(p, t['rates']) for p in passes)} | {there[0]} | "
-                     f"{there[1]} | {_spread(sat, '{:,.0f}')} tok/s | {_memory(res)} |")
+                     f"{there[1]} | {_spread(sat, '{:,.0f}')} | {after} | {_memory(res)} |")
     ours = {k: v for k, v in best.items() if k.startswith("batchlab")}
     if ours and best.get("vllm"):
         name = max(ours, key=ours.get)
@@ -163,6 +166,9 @@ def serving(d: dict) -> str:
                          f"**{_spread(srv, '{:+.2f}')} ms**; as the client sees it: {_spread(cli, '{:+.2f}')} ms.")
     for label, o in d.get("loadgen", {}).items():
         lines.append(f"- Load generator's send lag p99 at 200 req/s ({label}): **{_spread(o['runs_ms'])} ms**.")
+    for r in d.get("reruns", []):
+        lines.append(f"- Rerun, replacing its servers' rows above: `{r['command']}` ({_load(r | {'cpus': d['cpus']})}).")
+    return "\n".join(lines)
 
 
 def prefix_cache(d: dict) -> str:

@@ -345,9 +345,29 @@ def _lat(reqs) -> dict:
 # --- result file -------------------------------------------------------------------------------
 def save(report: dict, path: Path) -> None:
     """Rewritten after every server, so a crash late in the run keeps what was measured."""
-    report["load_avg_1_5_15"]["after"] = list(os.getloadavg())
+    run = report["reruns"][-1] if report.get("reruns") else report      # the run now going on
+    run["load_avg_1_5_15"]["after"] = list(os.getloadavg())
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(report, indent=2, default=str) + "\n")
+
+
+def put(report: dict, res: dict) -> None:
+    """Add a server's result, replacing an earlier one of the same name (a rerun)."""
+    names = [r["server"] for r in report["servers"]]
+    if res["server"] in names:
+        report["servers"][names.index(res["server"])] = res
+    else:
+        report["servers"].append(res)
+
+
+def rerun_into(path: Path, fresh: dict) -> dict:
+    """--rerun: keep the result file's other servers and record this run beside its command, so
+    the file says which rows came from which run (and under what load)."""
+    old = json.loads(path.read_text())
+    if old["trace"] != fresh["trace"] or old["slo"] != fresh["slo"]:
+        raise SystemExit(f"{path} was measured with another trace or SLO; rerun everything instead")
+    old.setdefault("reruns", []).append({"command": fresh["command"], "load_avg_1_5_15": fresh["load_avg_1_5_15"]})
+    return old
 
 
 def main() -> None:
@@ -362,6 +382,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3, help="repeats of the overhead and load-generator measurements")
     ap.add_argument("--sweep-repeats", type=int, default=2, help="passes over the rates for each server")
     ap.add_argument("--json", default=str(ROOT / "docs" / "results" / "serving.json"), help="result file")
+    ap.add_argument("--rerun", action="store_true",
+                    help="replace only the servers named in --servers in an existing result file")
     ap.add_argument("--no-pin", dest="pin", action="store_false",
                     help="do not pin (default: servers on core 1, this load generator on core 0, because vLLM's "
                          "engine busy-waits on a core and starves a client beside it)")
@@ -381,19 +403,21 @@ def main() -> None:
               "slo": {k: v for k, v in cfg.slo.model_dump().items() if v}, "keeps_up": KEEPS_UP,
               "sweep_repeats": args.sweep_repeats, "servers": []}
     out = Path(args.json)
+    if args.rerun:
+        report = rerun_into(out, report)
     print(f"trace: {t.arrival}, rates {t.rates}, {t.duration_s:g} s each, prompt {t.prompt_len.value} / output "
           f"{t.output_len.value} tokens; {args.sweep_repeats} pass(es) per server", flush=True)
     if "batchlab" in wanted:
         for res in run_batchlab(args, cfg):
-            report["servers"].append(res)
+            put(report, res)
         save(report, out)
     for name in ("vllm", "transformers"):
         if name in wanted:
             try:
-                report["servers"].append(run_external(name, args, cfg))
+                put(report, run_external(name, args, cfg))
             except Exception as e:  # noqa: BLE001 - a baseline that cannot start is reported, not fatal
                 print(f"  {name}: could not run: {e}", flush=True)
-                report["servers"].append({"server": name, "passes": [], "error": str(e)})
+                put(report, {"server": name, "passes": [], "error": str(e)})
             save(report, out)
     if "overhead" in wanted:
         report["overhead"] = overhead(args)

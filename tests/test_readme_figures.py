@@ -41,7 +41,8 @@ def _serving_result(vllm_passes: list[float | None]) -> dict:
     def server(name, sustained):
         rates = [8.0, 16.0, 32.0]
         passes = [{"sustained_rate": r, "saturated_tok_s": 1000.0,
-                   "points": [{"rate": x, "throughput_tok_s": 10 * x, "ttft_p99": 0.1} for x in rates]}
+                   "points": [{"rate": x, "throughput_tok_s": 10 * x, "ttft_p99": 0.1, "served_share": 1.0,
+                               "sustained": r is not None and x <= r} for x in rates]}
                   for r in sustained]
         return {"server": name, "passes": passes, "memory": {}}
     return {"command": "python benchmarks/serving.py", "cpus": 2, "pinned": True,
