@@ -25,6 +25,7 @@ from batchlab.report.capacity import Capacity
 from batchlab.report.captions import CAPTIONS
 from batchlab.report.load import load_requests, load_results
 from batchlab.report.outcomes import finished_rows, point_outcomes
+from batchlab.report.turns import turn_lines
 from batchlab.report.verdict import ranked_pairs, slo_text, verdict_lines
 
 COLUMNS = [("strategy", "strategy"), ("throughput_tok_s", "tok/s"), ("requests_per_s", "req/s"),
@@ -75,7 +76,8 @@ def build_report(results_dir: Path) -> tuple[Path, list[str]]:
     md = _title(config, lines) + _setup(setup, config) + _plots(figures, rate, outcomes)
     md += _tables(summary, outcomes) + _comparisons(comparisons) + _knees_crossovers(summary, crossings, caps, slo)
     md += _burst(burst, config)
-    md += _breakdown(summary, requests, outcomes) + prefix_cache_lines(summary) + _useful(requests) + _method()
+    md += _breakdown(summary, requests, outcomes) + prefix_cache_lines(summary) + turn_lines(requests)
+    md += _useful(requests) + _method()
     path = results_dir / "report.md"
     path.write_text("\n".join(md) + "\n")
     html.write_html(path)

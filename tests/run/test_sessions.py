@@ -120,3 +120,20 @@ def test_naive_batching_across_replicas_drains_when_only_its_own_answers_could_f
     res = run_point(cfg, "naive", 2.0, 0, from_config(cfg))
     assert res.requests and all(r.status is Status.FINISHED for r in res.requests)
     assert max(r.turn for r in res.requests) == 4
+
+
+def test_the_report_has_ttft_by_turn_for_sessions_and_nothing_for_plain_traffic(tmp_path):
+    from batchlab.report.report import build_report
+    from batchlab.report.turns import turn_lines
+    cfg = load_config(None, SESSIONS + ["strategies=[continuous, naive]", "report=true"])
+    run_sweep(cfg, tmp_path)
+    rows = load_requests(tmp_path)
+    md = turn_lines(rows)
+    assert md[0] == "## TTFT by turn" and "| turn | continuous | naive |" in md
+    table = ttft_by_turn(rows)
+    first = table[(table["strategy"] == "continuous") & (table["turn"] == 1)]
+    row = next(line for line in md if line.startswith("| 1 |"))
+    assert f"({int(first['requests'].item())})" in row.split("|")[2]
+    path, _ = build_report(tmp_path)
+    assert "## TTFT by turn" in path.read_text()
+    assert turn_lines(load_requests(_plain_run(tmp_path / "plain"))) == []
