@@ -40,6 +40,11 @@ COMPACT = {"box": box.SIMPLE_HEAD, "show_edge": False, "pad_edge": False, "colla
 def run_with_progress(cfg: RunConfig, out: Path, quiet: bool = False) -> Path:
     """Plan (every check, nothing written), then run with a progress bar that counts failed
     requests as they happen; then the headline, tables and report. Returns the results directory."""
+    with fmt.rate_unit("sessions/s" if cfg.traffic.sessions else "req/s"):
+        return _run_with_progress(cfg, out, quiet)
+
+
+def _run_with_progress(cfg: RunConfig, out: Path, quiet: bool) -> Path:
     plan = plan_sweep(cfg, out)
     for line in plan.warnings:
         warn(line)
@@ -130,7 +135,13 @@ def print_tables(summary: pd.DataFrame, out: Console | None = None) -> None:
 def write_report(results_dir: Path, summary: pd.DataFrame | None = None) -> Path:
     """Write report.md/html; print the headline, then (with `summary`) the tables and the burst,
     then the rest of the verdict."""
+    from batchlab.report.load import load_results
     from batchlab.report.report import build_report, burst_results
+    with fmt.rate_unit(fmt.unit_of(load_results(results_dir)[2].get("traffic"))):
+        return _write_report(results_dir, summary, build_report, burst_results)
+
+
+def _write_report(results_dir: Path, summary: pd.DataFrame | None, build_report, burst_results) -> Path:
     path, lines = build_report(results_dir)
     say = lambda line: console.print(f"[bold green]verdict:[/] {line}", soft_wrap=True, highlight=False)  # noqa: E731
     say(lines[0])

@@ -8,6 +8,9 @@ check first). Full precision stays in the CSV files; these strings are for readi
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 
 DASH = "—"
 
@@ -25,9 +28,29 @@ def num(x: float, sig: int = 3) -> str:
     return text.rstrip("0").rstrip(".") if "." in text else text
 
 
+# NOTE: with traffic.sessions a sweep's rate counts conversations started per second, each of
+# several requests; every sentence and title that names a rate must say so (see rate_unit).
+RATE_UNIT: ContextVar[str] = ContextVar("rate_unit", default="req/s")
+
+
+def unit_of(traffic: dict | None) -> str:
+    """The unit of a sweep's rates: 'sessions/s' for multi-turn session traffic, else 'req/s'."""
+    return "sessions/s" if (traffic or {}).get("sessions") else "req/s"
+
+
+@contextmanager
+def rate_unit(unit: str) -> Iterator[None]:
+    """Rates formatted inside this block carry `unit`."""
+    token = RATE_UNIT.set(unit)
+    try:
+        yield
+    finally:
+        RATE_UNIT.reset(token)
+
+
 def rate(x: float) -> str:
-    """An arrival rate: '0.714 req/s', '20 req/s'."""
-    return f"{num(x)} req/s"
+    """An arrival rate: '0.714 req/s', '20 req/s' ('2 sessions/s' inside rate_unit('sessions/s'))."""
+    return f"{num(x)} {RATE_UNIT.get()}"
 
 
 def seconds(x: float) -> str:

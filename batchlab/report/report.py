@@ -59,6 +59,11 @@ def build_report(results_dir: Path) -> tuple[Path, list[str]]:
     return report.md's path and the verdict."""
     results_dir = Path(results_dir)
     summary, setup, config = load_results(results_dir)
+    with fmt.rate_unit(fmt.unit_of(config.get("traffic"))):
+        return _build(results_dir, summary, setup, config)
+
+
+def _build(results_dir: Path, summary: pd.DataFrame, setup: dict, config: dict) -> tuple[Path, list[str]]:
     requests = load_requests(results_dir)
     slo = {k: v for k, v in (config.get("slo") or {}).items() if v}
     seed = int(summary["seed"].dropna().iloc[0]) if summary["seed"].notna().any() else 0
@@ -305,7 +310,7 @@ def prefix_cache_lines(summary: pd.DataFrame) -> list[str]:
           "batching with `continuous.prefix_caching`), per point after warm-up.", ""]
     for _, p in summary[summary["prefix_hit_rate_tokens"].notna()].iterrows():
         cached, computed = int(p["cached_prompt_tokens"]), int(p["computed_prompt_tokens"])
-        md.append(f"- {p['rate']:g} req/s, {p['strategy']}, repeat {int(p['repeat'])}: "
+        md.append(f"- {fmt.rate(p['rate'])}, {p['strategy']}, repeat {int(p['repeat'])}: "
                   f"{100 * p['prefix_hit_rate_tokens']:.1f}% of prompt tokens from the cache "
                   f"({100 * p['prefix_hit_rate_blocks']:.1f}% of full blocks); prefill computed "
                   f"{computed:,} tokens, skipped {cached:,}")

@@ -100,7 +100,7 @@ def failure_lines(summary: pd.DataFrame) -> list[str]:
         dead = per_rate[(per_rate["finished"] == 0) & (per_rate["num_requests"] > 0)].index
         if dead.empty:
             continue
-        at = "" if len(dead) == len(per_rate) else " at " + fmt.listing([fmt.num(r) for r in sorted(dead)]) + " req/s"
+        at = "" if len(dead) == len(per_rate) else " at " + fmt.listing([fmt.num(r) for r in sorted(dead)]) + " " + fmt.RATE_UNIT.get()
         errors = rows[rows["rate"].isin(dead)].get("top_error", pd.Series(dtype=object)).dropna()
         errors = errors[errors.astype(str).str.len() > 0]
         why = errors.astype(str).mode().iloc[0] if len(errors) else "no reason recorded (see requests.csv)"
@@ -129,7 +129,7 @@ def headline(caps: dict[str, Capacity], slo: dict, step: dict | None = None) -> 
         if c.rate is None:
             return "none"
         return f"≥ {fmt.num(c.rate)}{unit} (highest tried)" if c.highest_tried else f"{fmt.num(c.rate)}{unit}"
-    text = f"{best.strategy.capitalize()} sustains {at(best, ' req/s')}{_burst_text(step)} {within}"
+    text = f"{best.strategy.capitalize()} sustains {at(best, ' ' + fmt.RATE_UNIT.get())}{_burst_text(step)} {within}"
     text += "".join(f"; {s} {at(caps[s])}" for s in order[1:])
     return text + _lead(best, [caps[s] for s in order[1:]]) + "."
 
@@ -196,7 +196,7 @@ def crossover_lines(summary: pd.DataFrame, pairs_: list[tuple[str, str]]) -> lis
     out = []
     for a, b in pairs_:
         for c in stats.crossovers(summary, a, b):
-            out.append(f"{c.leader_after} overtakes {c.leader_before} on {c.metric} at about {c.rate:.3g} req/s.")
+            out.append(f"{c.leader_after} overtakes {c.leader_before} on {c.metric} at about {fmt.rate(c.rate)}.")
     return out
 
 

@@ -137,3 +137,17 @@ def test_the_report_has_ttft_by_turn_for_sessions_and_nothing_for_plain_traffic(
     path, _ = build_report(tmp_path)
     assert "## TTFT by turn" in path.read_text()
     assert turn_lines(load_requests(_plain_run(tmp_path / "plain"))) == []
+
+
+def test_a_session_sweep_names_its_rates_in_sessions_per_second(tmp_path):
+    """traffic.rates count conversations started, each of several requests: 'req/s' would be wrong."""
+    from batchlab.report.report import build_report
+    cfg = load_config(None, SESSIONS + ["strategies=[continuous, naive]", "traffic.rates=[1, 3]"])
+    run_sweep(cfg, tmp_path)
+    path, lines = build_report(tmp_path)
+    assert "sessions/s" in lines[0] and "req/s" not in lines[0]
+    md = path.read_text()
+    assert "### 1 sessions/s" in md and "### 1 req/s" not in md
+    plain = _plain_run(tmp_path / "plain")
+    _, plain_lines = build_report(plain)
+    assert "sessions/s" not in "\n".join(plain_lines) and "req/s" in "\n".join(plain_lines)
