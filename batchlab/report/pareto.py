@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 from batchlab.report import stats
-from batchlab.report.fmt import num
+from batchlab.report.fmt import RATE_UNIT, num
 from batchlab.report.plots import STYLE, color, drawable, empty_panel, missing_note, plt, rates_of, save, strategies
 
 
@@ -41,7 +41,7 @@ def plot_pareto(summary: pd.DataFrame, out: Path) -> Path:
             ax.set_xlim(left=0)
         else:
             empty_panel(ax)
-        ax.set_title("Per-user speed against total throughput (numbers on points: req/s)")
+        ax.set_title(f"Per-user speed against total throughput (numbers on points: {RATE_UNIT.get()})")
         ax.set_xlabel("total throughput (output tokens/s)")
         ax.set_ylabel("per-user speed (tokens/s per request, 1 / p50 TPOT)")
         fig.suptitle("Pareto view: up and to the right is better")

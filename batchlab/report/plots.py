@@ -25,7 +25,8 @@ from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.ticker import FuncFormatter  # noqa: E402
 
 from batchlab.report import stats  # noqa: E402
-from batchlab.report.fmt import num  # noqa: E402
+from batchlab.report.fmt import RATE_UNIT, num
+from batchlab.report.fmt import rate as rate_text  # noqa: E402
 
 # NOTE: Okabe-Ito, a palette whose colours stay apart under every common colour-vision deficiency;
 # every plot takes a strategy's colour from here.
@@ -91,7 +92,7 @@ def missing_note(fig, drawn: dict[str, set], every: dict[str, list]) -> str:
         gone = [r for r in rates if r not in drawn.get(s, set())]
         if gone:
             parts.append(f"{s} at every rate" if len(gone) == len(rates) and len(rates) > 1
-                         else f"{s} at {', '.join(num(r) for r in gone)} req/s")
+                         else f"{s} at {', '.join(num(r) for r in gone)} {RATE_UNIT.get()}")
     text = "Not drawn (nothing measured there: no request finished): " + "; ".join(parts) if parts else ""
     if text:
         fig.text(0.5, 0.0, text, ha="center", va="top", fontsize=10, color="0.3")
@@ -139,7 +140,7 @@ def plot_tradeoff(summary: pd.DataFrame, out: Path, slo: dict, knees: dict[str, 
         if broke:
             handles.append(Line2D([], [], marker="X", ls="", color="k", ms=10, mfc="none"))
             labels.append("next rate up: what it missed")
-        fig.suptitle("Throughput vs latency across arrival rates (numbers on points: req/s)\n"
+        fig.suptitle(f"Throughput vs latency across arrival rates (numbers on points: {RATE_UNIT.get()})\n"
                      "a curve that turns vertical has hit its capacity: more load, same tokens/s, longer waits")
         fig.tight_layout(rect=(0, 0, 1, 0.92))
         fig.legend(handles, labels, loc="upper center", ncol=min(len(labels), 4), bbox_to_anchor=(0.5, 0.94),
@@ -213,7 +214,7 @@ def plot_latency_vs_rate(summary: pd.DataFrame, out: Path, slo: dict) -> Path:
                         ax.plot(d["rate"], d[f"{key}_p{q}"], ls, marker="o", ms=4, color=color(s), lw=1.8)
             _latency_axis(ax, slo.get(f"{key}_s"))
             ax.set_title(f"{name}: p50 / p90 / p99")
-            ax.set_xlabel("arrival rate (requests/s)")
+            ax.set_xlabel(f"arrival rate ({RATE_UNIT.get()})")
             ax.set_ylabel(f"{name} (s, log scale)")
         handles = [Line2D([], [], color=color(s), lw=3, label=s) for s in strategies(med) if s in drawn]
         handles += [Line2D([], [], color="0.2", ls=ls, label=f"p{q}") for q, ls in PCT_STYLE.items()]
@@ -246,7 +247,7 @@ def plot_cdf(requests: pd.DataFrame, out: Path, rate: float, slo: dict) -> Path:
             ax.set_title(name)
             ax.set_xlabel(f"{name} (s, log scale)")
             ax.set_ylabel("fraction of requests ≤ x")
-        fig.suptitle(f"Latency distributions at {num(rate)} req/s (dotted lines: p50 and p99)")
+        fig.suptitle(f"Latency distributions at {rate_text(rate)} (dotted lines: p50 and p99)")
         fig.tight_layout(rect=(0, 0, 1, 0.88))
         handles = [h for h in axes[0].get_lines() if str(h.get_label()).startswith(tuple(strategies(sel)))]
         if handles and any(slo.get(k) for k in ("ttft_s", "tpot_s", "e2e_s")):

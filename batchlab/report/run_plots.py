@@ -18,7 +18,8 @@ import pandas as pd
 from matplotlib.ticker import MaxNLocator
 
 from batchlab.report import timeline as tl
-from batchlab.report.fmt import num
+from batchlab.report.fmt import RATE_UNIT, num
+from batchlab.report.fmt import rate as rate_text
 from batchlab.report.plots import OKABE_ITO, STYLE, color, empty_panel, log_axis, missing_note, plt, save, strategies
 
 # NOTE: one Okabe-Ito colour per phase (two greys were hard to tell apart); the three waits are
@@ -61,9 +62,9 @@ def plot_timeline(requests: pd.DataFrame, out: Path, rate: float, warmup_s: floa
         axes[0].hist(arrivals[np.isfinite(arrivals)], bins=bins, color="0.4")
         if run.empty:
             for ax in axes:
-                empty_panel(ax, f"no requests at {num(rate)} req/s")
+                empty_panel(ax, f"no requests at {rate_text(rate)}")
         axes[0].set_ylabel("arrivals per second")
-        axes[0].set_title(f"Arrivals (the same trace for every strategy, {num(rate)} req/s mean)")
+        axes[0].set_title(f"Arrivals (the same trace for every strategy, {rate_text(rate)} mean)")
         for s in strategies(run):
             rows = run[run["strategy"] == s]
             for ax, series in ((axes[1], tl.queue_depth(rows)), (axes[2], tl.running(rows))):
@@ -79,7 +80,7 @@ def plot_timeline(requests: pd.DataFrame, out: Path, rate: float, warmup_s: floa
         if len(run):
             axes[1].legend(loc="upper left")
         note = "grey band: warm-up, excluded from metrics" + ("; orange band: burst" if burst else "")
-        fig.suptitle(f"Timeline of one run at {num(rate)} req/s ({note})", y=1.0)
+        fig.suptitle(f"Timeline of one run at {rate_text(rate)} ({note})", y=1.0)
         fig.tight_layout()
         return save(fig, out / "timeline.png")
 
@@ -109,15 +110,15 @@ def plot_requests(requests: pd.DataFrame, out: Path, rate: float, warmup_s: floa
             ax.set_ylabel("request")
             ax.set_title(f"{s}")
             if not ids:
-                empty_panel(ax, f"no requests after the {warmup_s:g} s warm-up at {num(rate)} req/s")
+                empty_panel(ax, f"no requests after the {warmup_s:g} s warm-up at {rate_text(rate)}")
             elif rows["completion_time"].isna().all():
                 empty_panel(ax, "no requests finished")
         axes[-1, 0].set_xlabel("time since the run started (s)")
         start, end = finite_values(sel["arrival_time"]), finite_values(*(sel[c] for c in _STAMPS))
         if len(start):
             axes[-1, 0].set_xlim(start.min() - 0.3, end.max() + 0.3)
-        fig.suptitle(f"{len(ids)} consecutive requests at {num(rate)} req/s: waiting, prefill and decode" if ids
-                     else f"No request arrived after the warm-up at {num(rate)} req/s")
+        fig.suptitle(f"{len(ids)} consecutive requests at {rate_text(rate)}: waiting, prefill and decode" if ids
+                     else f"No request arrived after the warm-up at {rate_text(rate)}")
         fig.tight_layout(rect=(0, 0, 1, 0.95))
         if ids:
             handles, labels = axes[0, 0].get_legend_handles_labels()
@@ -146,11 +147,11 @@ def plot_useful_work(requests: pd.DataFrame, out: Path, rate: float, caps: dict[
                 axes[1, 1].axhline(caps[s], color=color(s), ls=":", lw=1.5, label=f"{s}: cap {caps[s]}")
         axes[1, 0].set_ylim(0, 105)
         axes[1, 0].set_title("Useful work: Σo / (B × max o) and Σp / (B × max p)")
-        axes[1, 0].set_xlabel("arrival rate (requests/s)")
+        axes[1, 0].set_xlabel(f"arrival rate ({RATE_UNIT.get()})")
         axes[1, 0].set_ylabel("useful share of slots (%)")
         axes[1, 0].legend(fontsize=9)
         axes[1, 1].set_title("Batch size at launch")
-        axes[1, 1].set_xlabel("arrival rate (requests/s)")
+        axes[1, 1].set_xlabel(f"arrival rate ({RATE_UNIT.get()})")
         axes[1, 1].set_ylabel("requests per batch")
         axes[1, 1].legend(fontsize=9)
         fig.suptitle("Useful work in lockstep (request-level) batches; continuous batching has no padded or idle "
@@ -179,7 +180,7 @@ def _example_batch(ax, requests: pd.DataFrame, b: pd.DataFrame, s: str, rate: fl
                     label="idle slots (row done, batch still running)")
     ax.set_ylim(0, size * 1.1)
     ax.yaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_title(f"{s}: one batch at {num(rate)} req/s, B = {size}, useful {100 * row['useful_decode']:.0f}%")
+    ax.set_title(f"{s}: one batch at {rate_text(rate)}, B = {size}, useful {100 * row['useful_decode']:.0f}%")
     ax.set_xlabel("decode step")
     ax.set_ylabel("rows in the batch")
     ax.legend(loc="lower left", fontsize=9)
@@ -211,7 +212,7 @@ def plot_breakdown(requests: pd.DataFrame, out: Path) -> Path | None:
                 ax.text(101, i, text, va="center", fontsize=10)
             ax.set_xlim(0, 100)
             ax.invert_yaxis()
-            ax.set_title(f"{num(rate)} req/s")
+            ax.set_title(f"{rate_text(rate)}")
             ax.set_ylabel("strategy")
         axes[-1, 0].set_xlabel("share of mean E2E latency (%)")
         axes[0, 0].legend(loc="lower left", bbox_to_anchor=(0, 1.25), ncol=3, frameon=False)
@@ -264,7 +265,7 @@ def plot_burst(requests: pd.DataFrame, out: Path, rate: float, warmup_s: float, 
         drawn = {str(line.get_label()).split(":")[0] for line in axes[1].get_lines()}
         missing_note(fig, {s: {rate} for s in drawn}, {s: [rate] for s in strategies(run)})
         to = f" → {burst_rate:g}" if burst_rate else ""
-        fig.suptitle(f"Burst: {num(rate)}{to} req/s from {burst[0]:g} s to {burst[1]:g} s (orange band); "
+        fig.suptitle(f"Burst: {num(rate)}{to} {RATE_UNIT.get()} from {burst[0]:g} s to {burst[1]:g} s (orange band); "
                      f"dotted: {tl.RECOVERY_SLACK:g} × each strategy's pre-burst p99 TTFT", y=1.0)
         fig.tight_layout()
         return save(fig, out / "burst.png")

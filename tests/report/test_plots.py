@@ -79,7 +79,7 @@ def test_latency_axes_say_seconds_and_are_log_scaled(data, parts):
         for ax in axes:
             assert "(s, log scale)" in ax.get_ylabel() and ax.get_yscale() == "log", name
     assert "tokens/s" in figures[0][2][-1].get_xlabel()
-    assert "requests/s" in figures[1][2][0].get_xlabel()
+    assert figures[1][2][0].get_xlabel() == "arrival rate (req/s)"
 
 
 def test_the_knee_is_marked_on_the_tradeoff_plot(data, parts):
