@@ -35,6 +35,7 @@ from batchlab.backends.openai import OpenAIBackend  # noqa: E402
 from batchlab.baselines import vllm as servers  # noqa: E402
 from batchlab.baselines.loadtest import closed_loop, open_loop  # noqa: E402
 from batchlab.core.config import RunConfig, load_config  # noqa: E402
+from batchlab.report.capacity import SERVED  # noqa: E402  (the report's own threshold: one number)
 
 PORT = 8010
 SERVER_CPU, CLIENT_CPU = "1", 0   # --pin: every server on core 1, the load generator on core 0
@@ -89,7 +90,7 @@ class MetricsSampler(threading.Thread):
 
 
 WARMUP_USERS = 8         # a closed-loop burst before each server's sweep: first-call costs stay out of it
-KEEPS_UP = 0.95          # "sustains" needs completed req/s >= this fraction of the offered rate (DESIGN.md)
+KEEPS_UP = SERVED        # "sustains" needs completed req/s >= this fraction of the offered rate (DESIGN.md)
 SATURATED = 0.9          # below this fraction the server is past capacity: higher rates are not tried
 
 

@@ -135,9 +135,9 @@ def print_tables(summary: pd.DataFrame, out: Console | None = None) -> None:
 def write_report(results_dir: Path, summary: pd.DataFrame | None = None) -> Path:
     """Write report.md/html; print the headline, then (with `summary`) the tables and the burst,
     then the rest of the verdict."""
-    from batchlab.report.load import load_results
+    from batchlab.report.load import load_config_of
     from batchlab.report.report import build_report, burst_results
-    with fmt.rate_unit(fmt.unit_of(load_results(results_dir)[2].get("traffic"))):
+    with fmt.rate_unit(fmt.unit_of(load_config_of(results_dir).get("traffic"))):
         return _write_report(results_dir, summary, build_report, burst_results)
 
 

@@ -26,9 +26,13 @@ def load_results(results_dir: Path) -> tuple[pd.DataFrame, dict, dict]:
         raise ConfigError(f"{results_dir}: summary.csv holds no finished point yet")
     setup_path = results_dir / "setup.json"
     setup = json.loads(setup_path.read_text()) if setup_path.is_file() else {}
-    cfg_path = results_dir / "config.yaml"
-    config = yaml.safe_load(cfg_path.read_text()) if cfg_path.is_file() else {}
-    return summary, setup, config
+    return summary, setup, load_config_of(results_dir)
+
+
+def load_config_of(results_dir: Path) -> dict:
+    """The config.yaml a run recorded ({} when there is none)."""
+    cfg_path = Path(results_dir) / "config.yaml"
+    return yaml.safe_load(cfg_path.read_text()) if cfg_path.is_file() else {}
 
 
 def load_requests(results_dir: Path) -> pd.DataFrame | None:

@@ -73,6 +73,18 @@ def step_by_hand(engine, scheduler, requests, arrive_at, windows=False):
     return steps
 
 
+def drive_all_at_once(engine, scheduler, requests) -> None:
+    """The real driver on a RealClock, every request arriving at its start."""
+    clock = RealClock()
+
+    async def main():
+        t0 = clock.now()
+        for r in requests:
+            r.arrival_time = t0
+        await drive(scheduler, engine, clock, Inbox(requests))
+    clock.run(main())
+
+
 def test_staggered_arrivals_match_generate_token_for_token(lm):
     reqs = make(MIX)
     engine = StepEngine(lm[0], lm[1])
@@ -101,14 +113,7 @@ def test_preempted_requests_recompute_and_still_match_generate_through_the_drive
     reqs = make(mix, seed=2)
     engine = StepEngine(lm[0], lm[1])
     sched = ContinuousScheduler(ContinuousConfig(block_size=4), num_kv_blocks=18)
-    clock = RealClock()
-
-    async def main():
-        t0 = clock.now()
-        for r in reqs:
-            r.arrival_time = t0
-        await drive(sched, engine, clock, Inbox(reqs))
-    clock.run(main())
+    drive_all_at_once(engine, sched, reqs)
     assert sum(r.num_preemptions for r in reqs) >= 1
     assert [r.status for r in reqs] == [Status.FINISHED] * len(reqs)
     assert [r.output_token_ids for r in reqs] == [reference(lm, r) for r in reqs]

@@ -15,7 +15,7 @@ from batchlab.core.metrics import prefix_cache  # noqa: E402
 from batchlab.core.request import Request, Status  # noqa: E402
 from batchlab.run.driver import Inbox, drive  # noqa: E402
 from batchlab.schedulers.continuous import ContinuousScheduler  # noqa: E402
-from tests.backends.test_hf_engine import reference, step_by_hand  # noqa: E402
+from tests.backends.test_hf_engine import drive_all_at_once, reference, step_by_hand  # noqa: E402
 
 # (system prompt, user message tokens, output tokens, step at which the request arrives)
 MIX = [(0, 5, 6, 0), (1, 9, 4, 0), (0, 3, 7, 4), (0, 11, 5, 6), (1, 2, 8, 7), (2, 6, 5, 8), (1, 7, 6, 12)]
@@ -61,14 +61,7 @@ def test_eviction_and_preemption_keep_the_store_in_step_with_the_pool_and_tokens
     evicted, real_before = [], engine.prefix.before
     engine.prefix.before = lambda ops, cache: (evicted.extend(ops.evict), real_before(ops, cache))
     sched = ContinuousScheduler(ContinuousConfig(block_size=4, max_num_seqs=3, prefix_caching=True), num_kv_blocks=20)
-    clock = RealClock()
-
-    async def main():
-        t0 = clock.now()
-        for r in reqs:
-            r.arrival_time = t0
-        await drive(sched, engine, clock, Inbox(reqs))
-    clock.run(main())
+    drive_all_at_once(engine, sched, reqs)
     assert [r.status for r in reqs] == [Status.FINISHED] * len(reqs)
     assert [r.output_token_ids for r in reqs] == [reference(lm, r) for r in reqs]
     assert set(engine.prefix.blocks) == set(sched.pool.cached)
