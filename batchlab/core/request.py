@@ -44,6 +44,11 @@ class Request:
     turn: int | None = None          # traffic.sessions: 1 for the first message, 2 for the next, ...
     prefix_group: int | None = None  # traffic.prefix: the shared system prompt this prompt starts with
     num_cached_tokens: int = 0       # prompt tokens reused from the prefix cache at its latest admission
+    # Traffic classes (traffic.classes): who sent it and how urgent it is; None/0 for plain traffic.
+    klass: str | None = None         # the class's name ("class" is a keyword)
+    tenant: str | None = None
+    priority: int = 0                # lower runs first (vLLM's convention)
+    predicted_output: int | None = None   # an SJF predictor's guess at max_new_tokens (None: oracle)
 
     @property
     def output_len(self) -> int:

@@ -82,12 +82,20 @@ class ContinuousScheduler(Scheduler):
         """Grow r's blocks, preempting the newest running requests until they fit; False if r
         itself had to go."""
         while not self.pool.grow(r, tokens):
-            victim = self.running[-1]
+            victim = self.victim()
             self._preempt(victim)
             preempted.append(victim)
             if victim is r:
                 return False
         return True
+
+    # Policy hooks (schedulers/policies.py overrides them): which waiting request is admitted
+    # next, and which running request gives up its blocks. FCFS: the queue's head; the newest.
+    def next_waiting(self, now: float) -> Request:
+        return self.waiting[0]
+
+    def victim(self) -> Request:
+        return self.running[-1]
 
     def _preempt(self, victim: Request) -> None:
         self.running.remove(victim)
@@ -99,7 +107,7 @@ class ContinuousScheduler(Scheduler):
 
     def _admit(self, now: float, chunks: list, budget: int) -> None:
         while self.waiting and len(self.running) < self.cfg.max_num_seqs and budget > 0:
-            r = self.waiting[0]
+            r = self.next_waiting(now)
             cached = self.pool.cached_tokens(r)        # 0 without prefix caching
             need = r.num_tokens - cached
             n = min(need, budget, self.chunk)
@@ -108,7 +116,7 @@ class ContinuousScheduler(Scheduler):
                     return                     # whole prompt does not fit this step's budget
                 n = need                       # alone in the step: let an over-long prompt run
             if not self.pool.can_ever_fit(r):
-                self.waiting.popleft()         # could never finish, even alone: fail it now
+                self._take(r)                  # could never finish, even alone: fail it now
                 self.pool.release(r)
                 r.fail(f"needs more than {self.pool.num_blocks} KV blocks of {self.pool.block_size} tokens")
                 self.rejected.append(r)
@@ -116,13 +124,19 @@ class ContinuousScheduler(Scheduler):
             if not self.pool.grow(r, cached + n):
                 return                         # hold admission until blocks free up
             r.num_computed_tokens = r.num_cached_tokens = cached
-            self.waiting.popleft()
+            self._take(r)
             self.running.append(r)
             if r.scheduled_time is None:
                 r.scheduled_time = now
             r.status = Status.RUNNING
             chunks.append((r, n))
             budget -= n
+
+    def _take(self, r: Request) -> None:
+        if self.waiting[0] is r:
+            self.waiting.popleft()
+        else:
+            self.waiting.remove(r)
 
     def finish_step(self, step: Step, now: float) -> list[Request]:
         """Advance the step's requests; those with all their tokens leave and free their blocks
