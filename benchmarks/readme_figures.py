@@ -215,9 +215,50 @@ def prefix_cache(d: dict) -> str:
     return "\n".join(lines)
 
 
+def policies(d: dict) -> str:
+    t = d["targets"]
+    parts = [(k, name, d[k]) for k, name in (("sim", "simulator (llama2-7b-a100)"), ("hf", "HF step engine (tiny, CPU)"))
+             if k in d]
+    lines = [f"`{d['command']}` ({_load(d)}; medians over repeats, min–max beside them):", "",
+             f"**Shortest-job-first vs FCFS**, bimodal outputs (80 % short, 20 % long), max_num_seqs "
+             f"{d['max_num_seqs']['sjf']}, at 90 % of FCFS capacity; SJF's aging cap {d['sim']['sjf']['aging_s']:g} s:", "",
+             "| backend | capacity (burst) | rate | mean E2E: FCFS | SJF, true lengths | SJF, guess ±50 % | mean E2E cut "
+             "| p99 E2E, SJF ÷ FCFS | gain kept with the guess |", "|---|---|---|---|---|---|---|---|---|"]
+    for _, name, p in parts:
+        s = p["sjf"]
+        m = s["mean_e2e_s"]
+        lines.append(f"| {name} | {s['capacity_req_s']:.1f} req/s | {s['rate_req_s']:.1f} req/s | {m['fcfs']:.2f} s | "
+                     f"{m['sjf_oracle']:.2f} s | {m['sjf_noisy']:.2f} s | "
+                     f"**{_spread([100 * x for x in s['mean_e2e_cut_per_repeat']], '{:.0f}')} %** | "
+                     f"{_spread(s['p99_ratio_per_repeat'])}× | {_spread([100 * x for x in s['noisy_gain_kept_per_repeat']], '{:.0f}')} % |")
+    lines += ["", f"**VTC vs FCFS**, two tenants with the same lengths, `heavy` sending 4× what `light` sends (light 40 % "
+              f"of capacity, heavy 160 %), max_num_seqs {d['max_num_seqs']['vtc']}; light's p99 TTFT, and its ratio to "
+              "light's solo run (the same light requests, heavy removed):", "",
+              "| backend | capacity (burst) | light / heavy | solo | FCFS | VTC | VTC ÷ solo | FCFS ÷ solo |",
+              "|---|---|---|---|---|---|---|---|"]
+    for _, name, p in parts:
+        v = p["vtc"]
+        med = lambda side: statistics.median(r[side]["light_ttft_p99_s"] for r in v["runs"])   # noqa: E731
+        lines.append(f"| {name} | {v['capacity_req_s']:.1f} req/s | {v['light_req_s']:.1f} / {v['heavy_req_s']:.1f} req/s | "
+                     f"{med('solo'):.3f} s | {med('fcfs'):.2f} s | {med('vtc'):.3f} s | "
+                     f"**{_spread(v['per_repeat']['vtc'], '{:.1f}')}×** | {_spread(v['per_repeat']['fcfs'], '{:.0f}')}× |")
+    verdict = lambda ok: "met" if ok else "not met"   # noqa: E731
+    lines += ["", "Targets: " + "; ".join(
+        f"{name}: SJF mean E2E cut ≥ {100 * t['sjf_mean_e2e_cut']:.0f} % with p99 ≤ {t['sjf_p99_ratio']:g}× **"
+        f"{verdict(p['sjf']['mean_e2e_cut'] >= t['sjf_mean_e2e_cut'] and p['sjf']['p99_ratio'] <= t['sjf_p99_ratio'])}**, "
+        f"VTC light p99 TTFT ≤ {t['vtc_light_vs_solo']:g}× solo **{verdict(p['vtc']['target_met'])}**" for _, name, p in parts) + "."]
+    a = d.get("agreement")
+    if a:
+        same = a["sjf_mean_e2e_ranking"]["same"] and all(a["vtc_helps_light_tenant"].values()) and all(a["sjf_cuts_mean_e2e"].values())
+        lines.append(f"Simulator and HF engine agree in ranking and direction: **{'yes' if same else 'no'}** (mean E2E "
+                     f"ranking sim {' < '.join(a['sjf_mean_e2e_ranking']['sim'])}, HF {' < '.join(a['sjf_mean_e2e_ranking']['hf'])}; "
+                     f"VTC helps the light tenant on both: {all(a['vtc_helps_light_tenant'].values())}).")
+    return "\n".join(lines)
+
+
 RENDER = {"sim_speed": sim_speed, "hf_dynamic_vs_naive": hf_dynamic_vs_naive, "engine_vs_hf_cb": engine_vs_hf_cb,
           "validate_sim": validate_sim, "serving": serving,
-          "prefix_cache": prefix_cache}
+          "prefix_cache": prefix_cache, "policies": policies}
 
 
 def render(readme: str, results: Path) -> str:

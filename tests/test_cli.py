@@ -44,6 +44,11 @@ def test_the_default_runs_first_line_is_the_capacity_headline_and_the_readme_quo
     (["run", "--set", "naive.batch_size=many"], "naive.batch_size"),
     (["run", "missing.yaml"], "config file not found"),
     (["report", "no-such-dir"], "no summary.csv"),
+    (["run", "--set", "strategies=[continuous, no_such_pkg.policies:Mine]"], "no module named 'no_such_pkg'"),
+    (["run", "--set", "strategies=[fifo_deluxe]"], "unknown strategy 'fifo_deluxe'"),
+    (["run", "--set", "strategies=['not a name']"], "strategies.0"),
+    (["run", "--set", "traffic.classes=[{name: a}]"], "give exactly one of weight"),
+    (["run", "--set", "traffic.classes=[{name: a, rate: 3}]"], "at least one class needs a weight"),
 ])
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, args, message):
     p = batchlab(*args, "--out", str(tmp_path / "out")) if args[0] == "run" else batchlab(*args)

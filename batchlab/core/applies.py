@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel
 
-from batchlab.core.config import RunConfig, TrafficConfig
+from batchlab.core.config import POLICIES, RunConfig, TrafficConfig
 
 # backend.* keys each kind reads (`kind` itself applies to all).
 _HF_KEYS = {"model", "dtype", "device", "threads", "memory_budget_bytes", "warmup_batches"}
@@ -18,8 +18,9 @@ BACKEND_KEYS: dict[str, set[str]] = {
 # Strategy sections (or single knobs) a kind never reads.
 IGNORED_SECTIONS: dict[str, tuple[str, ...]] = {
     "sim": (), "hf": (),
-    "hf-cb": ("naive", "dynamic", "continuous.chunk_size", "continuous.preemption", "continuous.prefix_caching"),
-    "openai": ("naive", "dynamic", "continuous"),
+    "hf-cb": ("naive", "dynamic", "continuous.chunk_size", "continuous.preemption", "continuous.prefix_caching",
+              "priority", "sjf", "vtc"),
+    "openai": ("naive", "dynamic", "continuous", "priority", "sjf", "vtc"),
 }
 
 
@@ -35,6 +36,8 @@ def config_warnings(cfg: RunConfig) -> list[str]:
             out.append(f"backend.{name} does not apply to backend.kind '{kind}' (ignored)")
         elif any(key == s or key.startswith(s + ".") for s in IGNORED_SECTIONS[kind]):
             out.append(f"{key} does not apply to backend.kind '{kind}' (ignored)")
+        elif section in POLICIES and section not in cfg.strategies:
+            out.append(f"{section}.{name} does not apply: '{section}' is not among the strategies (ignored)")
         elif section == "traffic":
             reason = _traffic_ignores(cfg.traffic, name)
             if reason:

@@ -239,10 +239,40 @@ class SessionsConfig(_Model):
     _lengths = field_validator("message_len", mode="before")(_as_length)
 
 
+class TrafficClass(_Model):
+    """One class of traffic (traffic.classes): a share of the arrivals with its own lengths, who
+    sends it (`tenant`), how urgent it is (`priority`, lower first, as vLLM's) and, optionally,
+    its own SLO. `weight`: its share of each point's rate; `rate`: instead, its own Poisson
+    stream of that many req/s whatever the point's rate (a fixed background load)."""
+    name: Annotated[str, Field(min_length=1, max_length=40, pattern=r"^[A-Za-z0-9_.-]+$")]
+    weight: Annotated[float, Field(gt=0, le=1e6)] | None = None
+    rate: Rate | None = None                 # req/s
+    prompt_len: LengthDist | None = None     # None: traffic.prompt_len
+    output_len: LengthDist | None = None     # None: traffic.output_len
+    priority: Annotated[int, Field(ge=-1000, le=1000)] = 0
+    tenant: Annotated[str, Field(min_length=1, max_length=40, pattern=r"^[A-Za-z0-9_.-]+$")] | None = None  # None: the class's name
+    slo: SLOConfig | None = None             # None: the run's slo
+
+    _lengths = field_validator("prompt_len", "output_len", mode="before")(_as_length)
+
+    @model_validator(mode="after")
+    def _check(self):
+        if (self.weight is None) == (self.rate is None):
+            raise ValueError(f"class '{self.name}': give exactly one of weight (a share of the point's rate) "
+                             "or rate (its own req/s)")
+        if self.rate is not None and self.rate < MIN_RATE:
+            raise ValueError(f"class '{self.name}': rate must be at least {MIN_RATE:g} req/s (got {self.rate:g})")
+        return self
+
+    @property
+    def who(self) -> str:
+        return self.tenant or self.name
+
+
 # Traffic keys added after results directories existed: left out of a config's dump (and so of
 # experiment digests and point hashes) while unset, so a sweep that does not use them keeps the
 # directory and the rows it always had.
-_OPTIONAL_TRAFFIC = ("replay", "prefix", "sessions")
+_OPTIONAL_TRAFFIC = ("replay", "prefix", "sessions", "classes")
 
 
 class TrafficConfig(_Model):
@@ -260,6 +290,7 @@ class TrafficConfig(_Model):
     replay: ReplayConfig | None = None      # trace files: format, window, time scale, filters
     prefix: PrefixConfig | None = None      # shared system prompts
     sessions: SessionsConfig | None = None  # multi-turn conversations (closed loop per session)
+    classes: list[TrafficClass] | None = Field(default=None, min_length=1, max_length=64)  # tenants, priorities, job mixes
 
     _lengths = field_validator("prompt_len", "output_len", mode="before")(_as_length)
 
@@ -275,8 +306,17 @@ class TrafficConfig(_Model):
     def _check(self):
         if self.arrival == "trace" and not self.trace_file:
             raise ValueError("arrival 'trace' needs traffic.trace_file")
+        if self.classes is not None:
+            names = [c.name for c in self.classes]
+            if len(set(names)) < len(names):
+                raise ValueError(f"classes: each class name may be used once (got {', '.join(names)})")
+            if self.sessions is not None:
+                raise ValueError("classes cannot be combined with sessions (yet): a session's turns would need a class each")
+            if all(c.weight is None for c in self.classes):
+                raise ValueError("classes: at least one class needs a weight (a share of the point's rate, "
+                                 "which the sweep varies)")
         if self.arrival == "trace":
-            for key in ("prefix", "sessions"):
+            for key in ("prefix", "sessions", "classes"):
                 if getattr(self, key) is not None:
                     raise ValueError(f"{key} makes synthetic traffic and cannot be combined with arrival 'trace' "
                                      "(a Mooncake trace's hash_ids carry its own shared prefixes)")
@@ -298,16 +338,20 @@ class TrafficConfig(_Model):
         """Mean number of arrivals in one point at `rate` req/s, a rate step's to_rate included;
         with sessions, at most `turns` requests per session started."""
         step = self.rate_step
+        fixed = sum(c.rate for c in self.classes or () if c.rate is not None) * self.horizon_s
         if step is None or step.at_s >= self.horizon_s:
             starts = rate * self.horizon_s
         else:
             inside = min(step.until_s or self.horizon_s, self.horizon_s) - step.at_s
             starts = rate * (self.horizon_s - inside) + step.to_rate * inside
-        return starts * (self.sessions.turns if self.sessions else 1)
+        return fixed + starts * (self.sessions.turns if self.sessions else 1)
 
     def mean_tokens(self) -> float:
         """Expected prompt + output tokens of one request (an upper bound with sessions: every
-        session is counted as running all its turns)."""
+        session is counted as running all its turns; with classes, the longest class's)."""
+        if self.classes:
+            return max((c.prompt_len or self.prompt_len).mean() + (c.output_len or self.output_len).mean()
+                       for c in self.classes) + (self.prefix.tokens if self.prefix else 0)
         first = self.prompt_len.mean() + (self.prefix.tokens if self.prefix else 0)
         out = self.output_len.mean()
         if not self.sessions:
@@ -318,9 +362,38 @@ class TrafficConfig(_Model):
         return first + (t - 1) / 2 * (out + msg) + out
 
 
+class PriorityConfig(_Model):
+    """Iteration-level priority (traffic.classes' `priority`, lower first): admission by priority,
+    then arrival; out of room, the lowest-priority running request is preempted, as vLLM's
+    `--scheduling-policy priority` does."""
+    preempt: bool = True                    # preempt lower priority running requests for a waiting higher one
+
+
+class SJFConfig(_Model):
+    """Shortest predicted remaining output first, with an aging cap: a request that has waited
+    `aging_s` goes ahead of every younger one (first come, first served among the aged)."""
+    aging_s: Annotated[float, Field(gt=0, le=MAX_SECONDS)] = 5.0
+    predictor: Literal["oracle", "noisy"] = "oracle"   # oracle: the true output length
+    error: Annotated[float, Field(gt=0, le=10)] = 0.5  # noisy: mean absolute relative error of the guess
+    seed: Annotated[int, Field(ge=0, le=2**63 - 1)] = 0   # noisy: the predictor's own seed
+
+
+class VTCConfig(_Model):
+    """Virtual token counter fair share across tenants (Sheng et al., "Fairness in Serving Large
+    Language Models", OSDI 2024): admit from the tenant that has received the least weighted
+    service; a tenant returning from idle is lifted to the least backlogged counter."""
+    prefill_weight: Annotated[float, Field(gt=0, le=1000)] = 1.0   # the paper's w_p per prompt token
+    decode_weight: Annotated[float, Field(gt=0, le=1000)] = 2.0    # the paper's w_q per output token
+
+
 # "server": the backend batches for itself (an OpenAI-compatible server, transformers' own
-# continuous batching); batchlab only sends the trace and measures.
-Strategy = Literal["naive", "dynamic", "continuous", "server"]
+# continuous batching); batchlab only sends the trace and measures. Policies run on the continuous
+# machinery; a third-party one is named by import path (`pkg.module:Class`) or by its entry point
+# in the `batchlab.schedulers` group (schedulers/plugins.py).
+BUILTIN_STRATEGIES = ("naive", "dynamic", "continuous", "priority", "sjf", "vtc", "server")
+POLICIES = ("priority", "sjf", "vtc")
+Strategy = Annotated[str, Field(min_length=1, max_length=200,
+                                pattern=r"^[A-Za-z_][A-Za-z0-9_.-]*(:[A-Za-z_][A-Za-z0-9_]*)?$")]
 SERVER_KINDS = ("openai", "hf-cb")
 
 
@@ -331,6 +404,9 @@ class RunConfig(_Model):
     naive: NaiveConfig = NaiveConfig()
     dynamic: DynamicConfig = DynamicConfig()
     continuous: ContinuousConfig = ContinuousConfig()
+    priority: PriorityConfig = PriorityConfig()
+    sjf: SJFConfig = SJFConfig()
+    vtc: VTCConfig = VTCConfig()
     traffic: TrafficConfig = TrafficConfig()
     slo: SLOConfig = SLOConfig()
     out: str = "results/latest"
@@ -345,7 +421,7 @@ class RunConfig(_Model):
         server = self.backend.kind in SERVER_KINDS
         wrong = [s for s in self.strategies if (s == "server") != server]
         if wrong:
-            need = "[server]" if server else "naive, dynamic and/or continuous"
+            need = "[server]" if server else "naive, dynamic, continuous, priority, sjf, vtc or a policy's import path"
             raise ValueError(f"strategies: backend.kind '{self.backend.kind}' takes {need}, not {', '.join(wrong)}")
         if len(set(self.strategies)) < len(self.strategies):
             raise ValueError(f"strategies: each strategy may be listed once (got {', '.join(self.strategies)})")
@@ -368,7 +444,13 @@ class RunConfig(_Model):
             if self.backend.kind == "hf-cb":   # transformers' manager runs under our budgets
                 knobs |= {f"continuous.{k}": v for k, v in _section(self, "continuous").items()}
             return knobs
-        return {f"{strategy}.{k}": v for k, v in _section(self, strategy).items()}
+        if strategy in ("naive", "dynamic", "continuous"):
+            return {f"{strategy}.{k}": v for k, v in _section(self, strategy).items()}
+        # policies run on the continuous machinery: its budgets, then their own knobs
+        knobs = {f"continuous.{k}": v for k, v in _section(self, "continuous").items()}
+        if strategy in POLICIES:
+            knobs |= {f"{strategy}.{k}": v for k, v in _section(self, strategy).items()}
+        return knobs
 
     def tree(self) -> dict[str, Any]:
         """The whole config as JSON-ready data (what identities and config.yaml record)."""
@@ -376,6 +458,9 @@ class RunConfig(_Model):
         for (section, key), default in QUIET_DEFAULTS.items():
             if tree[section].get(key) == default:
                 del tree[section][key]
+        for section in POLICIES:     # NOTE: sections added later: recorded once set, like QUIET_DEFAULTS
+            if getattr(self, section) == type(getattr(self, section))():
+                del tree[section]
         return tree
 
 

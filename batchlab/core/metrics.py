@@ -244,3 +244,38 @@ def batch_sizes(requests: Iterable[Request]) -> np.ndarray:
     """Sizes of request-level batches, recovered from shared scheduled stamps."""
     counts = Counter(r.scheduled_time for r in requests if r.scheduled_time is not None)
     return np.asarray(sorted(counts.values()), dtype=float)
+
+
+def max_min_shares(demands: list[float], capacity: float) -> list[float]:
+    """Max-min fair split of `capacity` among demands (water-filling): every demand below the
+    equal share gets all it asked for, the rest split what is left equally."""
+    out = [0.0] * len(demands)
+    left, todo = capacity, sorted(range(len(demands)), key=lambda i: demands[i])
+    while todo:
+        share = left / len(todo)
+        i = todo[0]
+        if demands[i] <= share:
+            out[i] = demands[i]
+            left -= demands[i]
+            todo.pop(0)
+        else:
+            for j in todo:
+                out[j] = share
+            break
+    return out
+
+
+def jain_index(x: list[float]) -> float:
+    """Jain's fairness index (sum x)^2 / (n sum x^2): 1 when all equal, 1/n when one takes all."""
+    a = np.asarray(x, dtype=np.float64)
+    sq = float((a * a).sum())
+    return float(a.sum() ** 2 / (len(a) * sq)) if len(a) and sq > 0 else float("nan")
+
+
+def tenant_fairness(received: dict[str, float], demanded: dict[str, float]) -> float:
+    """Jain's index over tenants of service received / max-min fair share of what was served in
+    all (Jain's own normalisation by the fair allocation): 1 when every tenant got its fair share,
+    however unequal their demands; a tenant that asked for less than an equal split is due all of it."""
+    tenants = sorted(demanded)
+    shares = max_min_shares([demanded[t] for t in tenants], sum(received.get(t, 0.0) for t in tenants))
+    return jain_index([received.get(t, 0.0) / s for t, s in zip(tenants, shares) if s > 0])

@@ -30,3 +30,6 @@ class TraceItem:
     content: tuple[Segment, ...] = ()           # the prompt's shared content; () = none (backend's own prompt)
     prefix_group: int | None = None             # traffic.prefix: which shared system prompt
     session: tuple[FollowUp, ...] | None = None  # traffic.sessions: this is turn 1; turns 2.. follow
+    klass: str | None = None                    # traffic.classes: the class's name
+    tenant: str | None = None                   # traffic.classes: who sent it
+    priority: int = 0                           # traffic.classes: lower runs first under `priority`

@@ -33,15 +33,44 @@ def build_trace(cfg: TrafficConfig, rate: float, repeat: int = 0) -> list[TraceI
     seed = np.random.SeedSequence([cfg.seed, repeat])
     arr_rng, len_rng = (np.random.default_rng(s) for s in seed.spawn(2))
     times = arrival_times(cfg, rate, arr_rng)
-    prompts, p_text = sample_lengths(cfg.prompt_len, len(times), len_rng, "human")
-    outputs, _ = sample_lengths(cfg.output_len, len(times), len_rng, "gpt")
-    trace = [TraceItem(float(t), int(p), int(o), p_text[i] if p_text else "")
-             for i, (t, p, o) in enumerate(zip(times, prompts, outputs))]
+    if cfg.classes:
+        trace = _classed(cfg, times, (cfg.seed, repeat))
+    else:
+        prompts, p_text = sample_lengths(cfg.prompt_len, len(times), len_rng, "human")
+        outputs, _ = sample_lengths(cfg.output_len, len(times), len_rng, "gpt")
+        trace = [TraceItem(float(t), int(p), int(o), p_text[i] if p_text else "")
+                 for i, (t, p, o) in enumerate(zip(times, prompts, outputs))]
     if cfg.prefix is None and cfg.sessions is None:
         return trace
     # NOTE: a third stream, spawned after the first two, which stay as they were: plain traffic
     # with the same seed keeps its arrivals and lengths when prefix or sessions are added.
     return _shared_content(cfg, trace, np.random.default_rng(seed.spawn(1)[0]), (cfg.seed, repeat))
+
+
+def _classed(cfg: TrafficConfig, times: np.ndarray, key: tuple[int, int]) -> list[TraceItem]:
+    """traffic.classes: each arrival of the point's process joins a weighted class; a class with
+    its own `rate` adds its own Poisson stream. Every class draws its lengths from its own seeded
+    stream, so adding a class leaves the others' requests as they were."""
+    classes = cfg.classes
+    shared = [i for i, c in enumerate(classes) if c.weight is not None]
+    w = np.array([classes[i].weight for i in shared], dtype=np.float64)
+    pick = np.random.default_rng([*key, 0xC1A55]).choice(len(shared), size=len(times), p=w / w.sum())
+    members: dict[int, list[float]] = {i: times[pick == j].tolist() for j, i in enumerate(shared)}
+    for i, c in enumerate(classes):
+        if c.rate is not None:
+            own = cfg.model_copy(update={"arrival": "poisson", "rate_step": None})
+            members[i] = arrival_times(own, c.rate, np.random.default_rng([*key, 0xA221, i])).tolist()
+    items = []
+    for i, c in enumerate(classes):
+        at = members[i]
+        rng = np.random.default_rng([*key, 0x1E46, i])
+        prompts, p_text = sample_lengths(c.prompt_len or cfg.prompt_len, len(at), rng, "human")
+        outputs, _ = sample_lengths(c.output_len or cfg.output_len, len(at), rng, "gpt")
+        items += [TraceItem(float(t), int(p), int(o), p_text[j] if p_text else "",
+                            klass=c.name, tenant=c.who, priority=c.priority)
+                  for j, (t, p, o) in enumerate(zip(at, prompts, outputs))]
+    # NOTE: a stable sort: equal arrival times keep the classes' listed order
+    return sorted(items, key=lambda it: it.arrival)
 
 
 def _shared_content(cfg: TrafficConfig, trace: list[TraceItem], rng: np.random.Generator,
@@ -189,6 +218,8 @@ def make_requests(trace: list[TraceItem], t0: float, prepare: Callable[[Request]
     reqs = []
     for i, item in enumerate(trace):
         r = Request(f"r{i:06d}", item.prompt_len, item.output_len, t0 + item.arrival, prompt=item.prompt, index=i)
+        if item.klass is not None:
+            r.klass, r.tenant, r.priority = item.klass, item.tenant, item.priority
         if item.content:
             r.prompt_token_ids = token_ids(item.content, vocab)
             r.prefix_group = item.prefix_group

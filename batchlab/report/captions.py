@@ -36,4 +36,7 @@ CAPTIONS = {
                    "already done. Bottom: useful decode work Σo / (B × max o) and the share of prompt slots that "
                    "are not padding; batch size at launch against each strategy's cap.",
     "burst": "The burst (orange band): queue depth, and the p99 TTFT of requests arriving in each window.",
+    "classes": "p99 TTFT of each traffic class under each strategy at {rate} (median over repeats): what a "
+               "policy buys one class and what another pays for it. *failed*: the percentile reaches requests "
+               "that did not finish.",
 }

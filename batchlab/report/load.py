@@ -39,11 +39,13 @@ def load_requests(results_dir: Path) -> pd.DataFrame | None:
     path = results_dir / "requests.csv"
     if not path.is_file():
         return None
-    rows = pd.read_csv(path, dtype={"request_id": str, "trigger": str, "error": str}, keep_default_na=True)
+    rows = pd.read_csv(path, dtype={"request_id": str, "trigger": str, "error": str, "class": str, "tenant": str},
+                       keep_default_na=True)
     return _numeric(rows)
 
 
-TEXT = {"request_id", "strategy", "backend", "model", "knobs", "point_hash", "status", "error", "trigger"}
+TEXT = {"request_id", "strategy", "backend", "model", "knobs", "point_hash", "status", "error", "trigger",
+        "class", "tenant"}
 
 
 def _numeric(df: pd.DataFrame, failed_latencies: bool = False) -> pd.DataFrame:

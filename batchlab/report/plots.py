@@ -33,7 +33,8 @@ from batchlab.report.fmt import rate as rate_text  # noqa: E402
 OKABE_ITO = {"orange": "#E69F00", "sky": "#56B4E9", "green": "#009E73", "yellow": "#F0E442",
              "blue": "#0072B2", "vermillion": "#D55E00", "purple": "#CC79A7", "grey": "#999999"}
 COLORS = {"naive": OKABE_ITO["vermillion"], "dynamic": OKABE_ITO["green"], "continuous": OKABE_ITO["blue"],
-          "server": OKABE_ITO["purple"]}
+          "server": OKABE_ITO["purple"], "priority": OKABE_ITO["orange"], "sjf": OKABE_ITO["sky"],
+          "vtc": OKABE_ITO["grey"]}
 PCT_STYLE = {50: "-", 90: "--", 99: ":"}
 STYLE = {"font.size": 11, "axes.titlesize": 12, "axes.labelsize": 11, "legend.fontsize": 10,
          "figure.titlesize": 14, "axes.grid": True, "grid.alpha": 0.3, "figure.dpi": 100}

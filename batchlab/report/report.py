@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from batchlab.report import capacity, fmt, html, pareto, plots, run_plots, stats
+from batchlab.report import capacity, classes, fmt, html, pareto, plots, run_plots, stats
 from batchlab.report import timeline as tl
 from batchlab.report.capacity import Capacity
 from batchlab.report.captions import CAPTIONS
@@ -77,11 +77,13 @@ def _build(results_dir: Path, summary: pd.DataFrame, setup: dict, config: dict) 
     with _quiet():
         lines = verdict_lines(summary, setup, comparisons, slo, stats.past_capacity(summary, _fittable(requests)), caps,
                               burst, traffic.get("rate_step"), _measured_s(traffic))
+        lines += classes.class_verdict(requests, config, list(dict.fromkeys(summary["strategy"])), rate)
     outcomes = point_outcomes(summary, requests)
     md = _title(config, lines) + _setup(setup, config) + _plots(figures, rate, outcomes)
     md += _tables(summary, outcomes) + _comparisons(comparisons) + _knees_crossovers(summary, crossings, caps, slo)
     md += _burst(burst, config)
     md += _breakdown(summary, requests, outcomes) + prefix_cache_lines(summary) + turn_lines(requests)
+    md += classes.class_lines(requests, config)
     md += _useful(requests) + _method()
     path = results_dir / "report.md"
     path.write_text("\n".join(md) + "\n")
@@ -152,6 +154,7 @@ def _run_figures(out, summary, requests, config, slo, rate, warmup, window) -> d
     if _has_breakdown(requests):
         figs["breakdown"] = run_plots.plot_breakdown(requests, out)
     figs["useful_work"] = run_plots.plot_useful_work(requests, out, rate, {k: v for k, v in caps.items() if v})
+    figs["classes"] = classes.class_figure(requests, config, out, rate)
     return {k: v for k, v in figs.items() if v}
 
 

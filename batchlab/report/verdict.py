@@ -19,7 +19,9 @@ import pandas as pd
 from batchlab.report import capacity, fmt, stats
 from batchlab.report.capacity import Capacity
 
-NAMES = {"naive": "Naive", "dynamic": "Dynamic", "continuous": "Continuous", "server": "Server-side"}
+NAMES = {"naive": "Naive", "dynamic": "Dynamic", "continuous": "Continuous", "server": "Server-side",
+         "priority": "Priority", "sjf": "Shortest-job-first", "vtc": "VTC fair-share"}
+LEADS = {"sjf": "SJF", "vtc": "VTC"}      # a strategy's name opening a sentence (acronyms stay upper case)
 
 
 def _comparable(row: pd.Series) -> bool:
@@ -129,7 +131,7 @@ def headline(caps: dict[str, Capacity], slo: dict, step: dict | None = None) -> 
         if c.rate is None:
             return "none"
         return f"≥ {fmt.num(c.rate)}{unit} (highest tried)" if c.highest_tried else f"{fmt.num(c.rate)}{unit}"
-    text = f"{best.strategy.capitalize()} sustains {at(best, ' ' + fmt.RATE_UNIT.get())}{_burst_text(step)} {within}"
+    text = f"{LEADS.get(best.strategy, best.strategy[:1].upper() + best.strategy[1:])} sustains {at(best, ' ' + fmt.RATE_UNIT.get())}{_burst_text(step)} {within}"
     text += "".join(f"; {s} {at(caps[s])}" for s in order[1:])
     return text + _lead(best, [caps[s] for s in order[1:]]) + "."
 
@@ -187,9 +189,15 @@ def limits_line(caps: dict[str, Capacity]) -> str | None:
 
 
 def ranked_pairs(caps: dict[str, Capacity]) -> list[tuple[str, str]]:
-    """Every pair, the strategy that sustains more first (ties keep the config's order)."""
+    """Every pair, the strategy that sustains more first (ties keep the config's order). With
+    FCFS continuous batching in the run, a policy on its machinery (priority, sjf, vtc, your own)
+    is compared with it alone, not with every other policy: that is the question it answers."""
     order = capacity.ranked(caps)
-    return [(a, b) for i, a in enumerate(order) for b in order[i + 1:]]
+    pairs = [(a, b) for i, a in enumerate(order) for b in order[i + 1:]]
+    if "continuous" not in order:
+        return pairs
+    policy = lambda s: s not in ("naive", "dynamic", "continuous", "server")   # noqa: E731
+    return [(a, b) for a, b in pairs if not (policy(a) or policy(b)) or "continuous" in (a, b)]
 
 
 def crossover_lines(summary: pd.DataFrame, pairs_: list[tuple[str, str]]) -> list[str]:

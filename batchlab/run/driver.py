@@ -174,7 +174,7 @@ async def drive(scheduler: Scheduler, backend: Backend, clock: Clock, inbox: Inb
         inbox.release(now, scheduler, occupancy)
         _drop_cancelled(scheduler, backend, inbox, on_done)
         out = scheduler.schedule(now, draining=inbox.draining(now))
-        _drain_rejected(scheduler, on_done)
+        _drain_rejected(scheduler, backend, on_done)
         if isinstance(out, Batch):
             charge_launch(out.requests, now, idle_since)
             if on_launch is not None:
@@ -239,7 +239,7 @@ async def _run_batch(scheduler: Scheduler, backend: Backend, clock: Clock, batch
         await backend.run_batch(batch.requests, clock)
     except OutOfMemory as e:   # the backend's message says why (sizes, budget): keep it
         scheduler.finish_batch(batch, clock.now(), oom=f"out of memory — {e}" if str(e) else True)
-        _drain_rejected(scheduler, on_done)
+        _drain_rejected(scheduler, backend, on_done)
         return
     except Exception as e:  # a failed batch fails its requests, not the run
         for r in batch.requests:
@@ -312,6 +312,10 @@ def _drop_cancelled(scheduler: Scheduler, backend: Backend, inbox: Inbox, on_don
         on_done(r)
 
 
-def _drain_rejected(scheduler: Scheduler, on_done: Callback) -> None:
+def _drain_rejected(scheduler: Scheduler, backend: Backend, on_done: Callback) -> None:
+    """Hand back what the scheduler failed; one that had run (a policy that broke its contract
+    fails its running requests too) gives its KV back to the backend."""
     while scheduler.rejected:
-        on_done(scheduler.rejected.pop(0))
+        r = scheduler.rejected.pop(0)
+        backend.release(r)
+        on_done(r)

@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 
 from batchlab.core.config import RunConfig
-from batchlab.run.schema import INPUT_FILES, STRATEGY_RANK, Key, canonical, resolved_paths
+from batchlab.run.schema import INPUT_FILES, Key, canonical, resolved_paths, strategy_rank
 
 GROWS = ("strategies", "traffic.rates", "traffic.repeats")       # may grow inside one experiment
 NO_EFFECT = ("name", "out", "report", "backend.api_key_env")    # do not change what a point means
@@ -81,7 +81,7 @@ def recorded_config(tree: dict[str, Any], keys: Iterable[Key], digest: str, wher
     keys = sorted(keys, key=canonical)
     tree = resolved_paths(json.loads(json.dumps(tree))) | {"out": str(Path(where).resolve())}   # the real directory
     tree.get("backend", {}).pop("api_key", None)      # NOTE: a secret is never written to disk
-    strategies = sorted({k[0] for k in keys}, key=STRATEGY_RANK.get)
+    strategies = sorted({k[0] for k in keys}, key=strategy_rank)
     rates = sorted({k[1] for k in keys})
     repeats = max(k[2] for k in keys) + 1
     tree["strategies"] = strategies

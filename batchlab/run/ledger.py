@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from batchlab.run.schema import KEY, LEDGER, REQUEST_COLUMNS, STRATEGY_RANK, Key, canonical
+from batchlab.run.schema import KEY, LEDGER, REQUEST_COLUMNS, STRATEGY_NAME, Key, canonical
 
 EOL = "\r\n"                              # the csv module's line terminator; a row without it is torn
 
@@ -68,7 +68,7 @@ def parse_key(rec: list[str], at: tuple[int, int, int]) -> Key | None:
         strategy, rate, repeat = rec[at[0]], float(rec[at[1]]), int(rec[at[2]])
     except (IndexError, ValueError):
         return None
-    ok = strategy in STRATEGY_RANK and math.isfinite(rate) and rate > 0 and repeat >= 0
+    ok = STRATEGY_NAME.match(strategy) is not None and math.isfinite(rate) and rate > 0 and repeat >= 0
     return (strategy, rate, repeat) if ok else None
 
 

@@ -22,7 +22,7 @@ from batchlab.core.request import Request
 from batchlab.core.sessions import Conversations
 from batchlab.core.traffic import TraceItem, build_trace, make_requests
 from batchlab.run.driver import Inbox, Occupancy, drive
-from batchlab.schedulers import make_scheduler
+from batchlab.schedulers import level_of, make_scheduler
 
 
 @dataclass
@@ -83,7 +83,7 @@ def run_point(cfg: RunConfig, strategy: str, rate: float, repeat: int, backend: 
     counted = measured(requests, cfg.traffic.warmup_s)
     summary = summarize(counted, cfg.slo, in_system,
                         (cfg.traffic.warmup_s, traffic_end(cfg, requests))) | {"little_source": source}
-    if strategy == "continuous" and cfg.continuous.prefix_caching:   # columns only where a cache ran
+    if cfg.continuous.prefix_caching and level_of(strategy) == "iteration":   # columns only where a cache ran
         summary |= prefix_cache(counted, cfg.continuous.block_size)
     meta = {"wall_s": wall, **backend.peak_memory(),
             **backend.point_facts(t0 + cfg.traffic.warmup_s, summary)}

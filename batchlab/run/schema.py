@@ -6,13 +6,14 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 from pathlib import Path
-from typing import Any, get_args
+from typing import Any
 
 import numpy as np
 
 from batchlab.core.breakdown import PHASES
-from batchlab.core.config import RunConfig, Strategy
+from batchlab.core.config import BUILTIN_STRATEGIES, RunConfig
 from batchlab.core.metrics import per_request, prompt_tokens
 from batchlab.core.request import Request
 
@@ -24,17 +25,25 @@ REQUEST_COLUMNS = [
     *PHASES,
     "session_id", "turn", "prefix_group",     # traffic.sessions / traffic.prefix; empty for plain traffic
     "cached_prompt_tokens", "computed_prompt_tokens",
+    "class", "tenant", "priority",            # traffic.classes; empty for plain traffic
 ]
 KEY = ("strategy", "rate", "repeat")
 LEDGER = ("num_rows", "rows_digest")      # the last two columns of a summary row: its request rows' count and digest
-STRATEGY_RANK = {s: i for i, s in enumerate(get_args(Strategy))}
 Key = tuple[str, float, int]
+_BUILTIN_RANK = {s: i for i, s in enumerate(BUILTIN_STRATEGIES)}
+STRATEGY_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*(:[A-Za-z_][A-Za-z0-9_]*)?$")
+
+
+def strategy_rank(strategy: str) -> tuple[int, str]:
+    """Built-in strategies in their order (naive, dynamic, continuous, priority, sjf, vtc, server),
+    then policies of your own by name."""
+    return _BUILTIN_RANK.get(strategy, len(_BUILTIN_RANK)), strategy
 
 
 def canonical(key: Key) -> tuple:
     """The order points are written in: rate, then repeat, then strategy (naive, dynamic, ...)."""
     strategy, rate, repeat = key
-    return rate, repeat, STRATEGY_RANK[strategy]
+    return rate, repeat, strategy_rank(strategy)
 
 
 INPUT_FILES = ("traffic.trace_file", "backend.profile", "traffic.prompt_len.path", "traffic.output_len.path")
@@ -99,6 +108,7 @@ def request_rows(cfg: RunConfig, strategy: str, rate: float, repeat: int, reques
             "first_token_time": r.first_token_time, "completion_time": r.completion_time,
             "itl_max": max(gaps) if gaps else None, "num_preemptions": r.num_preemptions,
             "trigger": r.trigger, "session_id": r.session_id, "turn": r.turn, "prefix_group": r.prefix_group,
+            "class": r.klass, "tenant": r.tenant, "priority": r.priority if r.klass is not None else None,
             **prompt_tokens(r),
         }
         for phase in PHASES:

@@ -30,7 +30,8 @@ from batchlab.errors import ConfigError
 from batchlab.run.experiment import differences, experiment, experiment_digest, recorded_config
 from batchlab.run.point import PointResult, run_point
 from batchlab.run.results import ResultsDir, check_location
-from batchlab.run.schema import STRATEGY_RANK, Key, canonical, point_hash, request_rows, summary_row
+from batchlab.run.schema import Key, canonical, point_hash, request_rows, strategy_rank, summary_row
+from batchlab.schedulers import scheduler_class
 
 LINK_NAME = "latest"
 
@@ -43,7 +44,7 @@ def points(cfg: RunConfig) -> Iterator[Key]:
         rates = [round(trace_rate(read_trace(cfg.traffic).items), 6)]
     else:
         rates = sorted(set(cfg.traffic.rates))
-    strategies = sorted(set(cfg.strategies), key=STRATEGY_RANK.get)
+    strategies = sorted(set(cfg.strategies), key=strategy_rank)
     for rate in rates:
         for repeat in range(cfg.traffic.repeats):
             for strategy in strategies:
@@ -108,6 +109,8 @@ class PointDone:
 
 def plan_sweep(cfg: RunConfig, out: str | Path) -> SweepPlan:
     """Check the whole sweep and open nothing for writing; raises ConfigError for a user mistake."""
+    for strategy in cfg.strategies:                     # a policy of your own is imported here
+        scheduler_class(strategy)
     grid = list(points(cfg))                            # a replayed trace is read (and checked) here
     exp = experiment(cfg)
     results, link = _choose_directory(cfg, Path(out), exp)

@@ -16,8 +16,9 @@ from abc import ABC, abstractmethod
 from collections import deque
 from typing import ClassVar
 
+from batchlab.core.config import RunConfig
 from batchlab.core.request import Request, Status
-from batchlab.core.work import Batch, Idle, Step
+from batchlab.core.work import Batch, Idle, MemoryBudget, Step
 
 
 class Scheduler(ABC):
@@ -32,6 +33,13 @@ class Scheduler(ABC):
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.rejected: list[Request] = []     # failed by the scheduler (can never fit); driver drains it
+
+    @classmethod
+    def from_config(cls, cfg: RunConfig, memory: MemoryBudget | None, num_kv_blocks: int | None) -> Scheduler:
+        """Build from a run's config: `memory` is the backend's KV memory (request-level
+        policies), `num_kv_blocks` its KV capacity in blocks when continuous.num_kv_blocks is
+        unset. A policy of your own overrides this to read its settings."""
+        return cls()
 
     def add(self, request: Request) -> None:
         self.waiting.append(request)

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import sys
 
-from batchlab.core.config import ContinuousConfig
+from batchlab.core.config import ContinuousConfig, RunConfig
 from batchlab.core.request import Request, Status
-from batchlab.core.work import Idle, Step
+from batchlab.core.work import Idle, MemoryBudget, Step
+from batchlab.errors import ConfigError
 from batchlab.schedulers.base import Scheduler
 from batchlab.schedulers.decode_window import return_unused, window_length
 from batchlab.schedulers.kv_blocks import BlockPool
@@ -34,6 +35,20 @@ class ContinuousScheduler(Scheduler):
         pool = PrefixBlockPool if cfg.prefix_caching else BlockPool
         self.pool = pool(num_kv_blocks, cfg.block_size, reserve=policy == "reserve")
         self.chunk = cfg.chunk_size or UNCHUNKED
+        # NOTE: a decode window assumes no arrival can be admitted ahead of the queue (driver's
+        # _bound_window); a policy that reorders the queue (next_waiting) steps one at a time.
+        self.fcfs = type(self).next_waiting is ContinuousScheduler.next_waiting
+
+    @classmethod
+    def from_config(cls, cfg: RunConfig, memory: MemoryBudget | None, num_kv_blocks: int | None) -> ContinuousScheduler:
+        """Every policy on this machinery runs under the continuous section's budgets; the
+        built-in ones (priority, sjf, vtc) also get their own section as `options`."""
+        blocks = cfg.continuous.num_kv_blocks or num_kv_blocks
+        if blocks is None:
+            raise ConfigError("continuous.num_kv_blocks must be set for this backend")
+        own = getattr(cls, "options_section", None)
+        extra = {"options": getattr(cfg, own)} if own else {}
+        return cls(cfg.continuous, blocks, cfg.continuous.preemption, **extra)
 
     @property
     def free_blocks(self) -> int:
@@ -71,7 +86,7 @@ class ContinuousScheduler(Scheduler):
             self._admit(now, chunks, budget)
         if not chunks:
             return Idle()
-        window = window_length(chunks, self.pool) if self.multi_step and not preempted else 1
+        window = window_length(chunks, self.pool) if self.multi_step and self.fcfs and not preempted else 1
         cache = self.pool.cache_ops(chunks) if self.cfg.prefix_caching else None
         return Step(chunks, preempted, repeat=window, booked=window, cache=cache)
 

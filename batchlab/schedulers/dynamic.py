@@ -18,6 +18,10 @@ from batchlab.schedulers.base import RequestLevelScheduler
 
 
 class DynamicScheduler(RequestLevelScheduler):
+    @classmethod
+    def from_config(cls, cfg, memory, num_kv_blocks):
+        return cls(cfg.dynamic, memory)
+
     def __init__(self, cfg: DynamicConfig, memory: MemoryBudget | None = None):
         super().__init__()
         self.max_batch_size = cfg.max_batch_size

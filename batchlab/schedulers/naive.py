@@ -12,6 +12,10 @@ from batchlab.schedulers.base import RequestLevelScheduler
 
 
 class NaiveScheduler(RequestLevelScheduler):
+    @classmethod
+    def from_config(cls, cfg, memory, num_kv_blocks):
+        return cls(cfg.naive)
+
     def __init__(self, cfg: NaiveConfig):
         super().__init__()
         self.batch_size = cfg.batch_size

@@ -22,7 +22,7 @@ def test_defaults_and_overrides(tmp_path):
     ("dynamic.max_wait_ms=soon", "dynamic.max_wait_ms: Input should be a valid number"),
     ("traffic.arrival=trace", "needs traffic.trace_file"),
     ("traffic.output_len={dist: uniform, low: 9, high: 5}", "high (5) must be >= low (9)"),
-    ("strategies=[naive, turbo]", "strategies.1"),
+    ("strategies=[naive, 'turbo mode']", "strategies.1"),   # an unknown name is refused when the sweep is planned
     ("backend.kind=openai", "takes [server]"),
 ])
 def test_bad_values_name_the_key(override, message):

@@ -32,7 +32,7 @@ def test_hit_rates_per_point_and_cached_vs_computed_tokens_per_request():
     assert s["prefix_hit_rate_tokens"] == 32 / 60
     assert s["prefix_hit_rate_blocks"] == 8 / 12                # 2 full blocks of 4 per 10-token prompt
     rows = request_rows(cfg, "continuous", 1.0, 0, res.requests, "m")
-    assert REQUEST_COLUMNS[-2:] == ["cached_prompt_tokens", "computed_prompt_tokens"]
+    assert REQUEST_COLUMNS[-5:-3] == ["cached_prompt_tokens", "computed_prompt_tokens"]
     assert [(r["cached_prompt_tokens"], r["computed_prompt_tokens"]) for r in rows][1:3] == [(0, 10), (8, 2)]
 
 

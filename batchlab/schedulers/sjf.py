@@ -1,0 +1,65 @@
+"""Shortest job first on the continuous machinery, with an aging cap so nothing starves.
+
+Admission takes the waiting request with the least predicted remaining output; one that has
+waited `aging_s` since it arrived goes ahead of every younger request (first come, first served
+among the aged), so a long job waits at most the aging cap plus the time to serve the older ones.
+Out of KV blocks, the running request with the most predicted remaining output is preempted.
+The predictor is the true length (`oracle`) or a noisy guess: true x exp(sigma Z), Z ~ N(0, 1),
+seeded per request, with sigma set so the mean absolute relative error is `error`.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from batchlab.core.config import ContinuousConfig, SJFConfig
+from batchlab.core.request import Request
+from batchlab.schedulers.continuous import ContinuousScheduler
+
+
+class SJFScheduler(ContinuousScheduler):
+    options_section = "sjf"
+
+    def __init__(self, cfg: ContinuousConfig, num_kv_blocks: int, policy: str = "recompute",
+                 options: SJFConfig = SJFConfig()):
+        super().__init__(cfg, num_kv_blocks, policy)
+        self.options = options
+        self.sigma = sigma_for_error(options.error) if options.predictor == "noisy" else None
+
+    def predicted(self, r: Request) -> int:
+        """Predicted output length, made once per request (the same on every backend)."""
+        if r.predicted_output is None:
+            r.predicted_output = r.max_new_tokens
+            if self.sigma is not None:
+                z = np.random.default_rng([self.options.seed, r.index, r.turn or 0]).standard_normal()
+                r.predicted_output = max(1, round(r.max_new_tokens * math.exp(self.sigma * z)))
+        return r.predicted_output
+
+    def remaining(self, r: Request) -> int:
+        return max(self.predicted(r) - len(r.token_times), 0)
+
+    def next_waiting(self, now: float) -> Request:
+        oldest = min(self.waiting, key=_age_order)
+        if now - oldest.arrival_time >= self.options.aging_s:
+            return oldest                      # aged: first come, first served
+        return min(self.waiting, key=lambda r: (self.remaining(r), r.arrival_time, r.index))
+
+    def victim(self) -> Request:
+        return max(self.running, key=lambda r: (self.remaining(r), r.arrival_time, r.index))
+
+
+def _age_order(r: Request) -> tuple[float, int]:
+    return r.arrival_time, r.index
+
+
+def sigma_for_error(error: float) -> float:
+    """sigma with E|exp(sigma Z) - 1| = error, Z standard normal. That mean is
+    exp(sigma^2 / 2) (2 Phi(sigma) - 1), increasing in sigma: solved by bisection."""
+    def mare(s: float) -> float:
+        return math.exp(s * s / 2) * math.erf(s / math.sqrt(2))
+    lo, hi = 0.0, 10.0
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if mare(mid) < error else (lo, mid)
+    return (lo + hi) / 2
