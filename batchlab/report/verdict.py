@@ -131,7 +131,8 @@ def headline(caps: dict[str, Capacity], slo: dict, step: dict | None = None) -> 
         if c.rate is None:
             return "none"
         return f"≥ {fmt.num(c.rate)}{unit} (highest tried)" if c.highest_tried else f"{fmt.num(c.rate)}{unit}"
-    text = f"{LEADS.get(best.strategy, best.strategy[:1].upper() + best.strategy[1:])} sustains {at(best, ' ' + fmt.RATE_UNIT.get())}{_burst_text(step)} {within}"
+    lead = LEADS.get(best.strategy, best.strategy[:1].upper() + best.strategy[1:])
+    text = f"{lead} sustains {at(best, ' ' + fmt.RATE_UNIT.get())}{_burst_text(step)} {within}"
     text += "".join(f"; {s} {at(caps[s])}" for s in order[1:])
     return text + _lead(best, [caps[s] for s in order[1:]]) + "."
 

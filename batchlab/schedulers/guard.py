@@ -31,6 +31,13 @@ class Guarded(Scheduler):
     multi_step = property(lambda self: self.inner.multi_step,
                           lambda self, v: setattr(self.inner, "multi_step", v))
 
+    def __getattr__(self, name: str):
+        # NOTE: only for what this class does not define: read-only facts a caller may look at
+        # (free_blocks, num_kv_blocks, a policy's own counters), from the policy itself.
+        if name == "inner":
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
     def add(self, request: Request) -> None:
         if self.broken:
             request.fail(self.broken)

@@ -15,13 +15,14 @@ from batchlab.core.request import Request
 from batchlab.core.work import Idle, Step
 from batchlab.schedulers.continuous import ContinuousScheduler
 from batchlab.schedulers.kv_blocks import cdiv
+from batchlab.schedulers.queues import KeyedAdmission
 
 
 def urgency(r: Request) -> tuple[int, float, int]:
     return r.priority, r.arrival_time, r.index
 
 
-class PriorityScheduler(ContinuousScheduler):
+class PriorityScheduler(KeyedAdmission):
     options_section = "priority"
 
     def __init__(self, cfg: ContinuousConfig, num_kv_blocks: int, policy: str = "recompute",
@@ -29,8 +30,8 @@ class PriorityScheduler(ContinuousScheduler):
         super().__init__(cfg, num_kv_blocks, policy)
         self.options = options
 
-    def next_waiting(self, now: float) -> Request:
-        return min(self.waiting, key=urgency)
+    def order_key(self, r: Request) -> tuple:
+        return urgency(r)
 
     def victim(self) -> Request:
         return max(self.running, key=urgency)

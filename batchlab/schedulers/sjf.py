@@ -4,6 +4,9 @@ Admission takes the waiting request with the least predicted remaining output; o
 waited `aging_s` since it arrived goes ahead of every younger request (first come, first served
 among the aged), so a long job waits at most the aging cap plus the time to serve the older ones.
 Out of KV blocks, the running request with the most predicted remaining output is preempted.
+It never preempts to make way for a shorter request: measured on benchmarks/policies.py's mix,
+doing so (shortest remaining first) cut mean E2E less and doubled p99, as long jobs were
+preempted and recomputed again and again.
 The predictor is the true length (`oracle`) or a noisy guess: true x exp(sigma Z), Z ~ N(0, 1),
 seeded per request, with sigma set so the mean absolute relative error is `error`.
 """
@@ -15,10 +18,10 @@ import numpy as np
 
 from batchlab.core.config import ContinuousConfig, SJFConfig
 from batchlab.core.request import Request
-from batchlab.schedulers.continuous import ContinuousScheduler
+from batchlab.schedulers.queues import KeyedAdmission, KeyedQueue
 
 
-class SJFScheduler(ContinuousScheduler):
+class SJFScheduler(KeyedAdmission):
     options_section = "sjf"
 
     def __init__(self, cfg: ContinuousConfig, num_kv_blocks: int, policy: str = "recompute",
@@ -26,6 +29,7 @@ class SJFScheduler(ContinuousScheduler):
         super().__init__(cfg, num_kv_blocks, policy)
         self.options = options
         self.sigma = sigma_for_error(options.error) if options.predictor == "noisy" else None
+        self.by_age = KeyedQueue()               # the same waiting requests, oldest first
 
     def predicted(self, r: Request) -> int:
         """Predicted output length, made once per request (the same on every backend)."""
@@ -39,18 +43,35 @@ class SJFScheduler(ContinuousScheduler):
     def remaining(self, r: Request) -> int:
         return max(self.predicted(r) - len(r.token_times), 0)
 
+    def order_key(self, r: Request) -> tuple:
+        return self.remaining(r), r.arrival_time, r.index
+
+    def add(self, request: Request) -> None:
+        super().add(request)
+        self.by_age.push(request, (request.arrival_time, request.index))
+
+    def _preempt(self, victim: Request) -> None:
+        super()._preempt(victim)
+        self.by_age.push(victim, (victim.arrival_time, victim.index))
+
     def next_waiting(self, now: float) -> Request:
-        oldest = min(self.waiting, key=_age_order)
+        oldest = self.by_age.peek()
         if now - oldest.arrival_time >= self.options.aging_s:
             return oldest                      # aged: first come, first served
-        return min(self.waiting, key=lambda r: (self.remaining(r), r.arrival_time, r.index))
+        return self.order.peek()
+
+    def _take(self, r: Request) -> None:
+        super()._take(r)
+        self.by_age.discard(r)
+
+    def abort(self, request: Request) -> bool:
+        gone = super().abort(request)
+        if gone:
+            self.by_age.discard(request)
+        return gone
 
     def victim(self) -> Request:
         return max(self.running, key=lambda r: (self.remaining(r), r.arrival_time, r.index))
-
-
-def _age_order(r: Request) -> tuple[float, int]:
-    return r.arrival_time, r.index
 
 
 def sigma_for_error(error: float) -> float:

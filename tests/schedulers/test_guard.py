@@ -68,3 +68,9 @@ def test_entry_point_policies_load_by_name(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
     res = point("edf")
     assert res.summary["finished"] > 100 and res.summary["failed"] == 0
+
+
+def test_the_guard_shows_the_policy_s_own_facts():
+    cfg = load_config(None, ["strategies=[batchlab.schedulers:ContinuousScheduler]", "continuous.num_kv_blocks=77"])
+    s = make_scheduler("batchlab.schedulers:ContinuousScheduler", cfg, None, None)
+    assert s.free_blocks == s.num_kv_blocks == 77 and s.level == "iteration"
