@@ -100,14 +100,34 @@ class Scan:
         return list(self.points) == sorted(self.points, key=canonical)
 
 
+def older_schema(header: list[str] | None) -> bool:
+    """requests.csv written by an earlier batchlab: columns are only ever added at the end, so
+    its header is a proper prefix of today's and its rows read as today's with empty new cells."""
+    return header is not None and len(header) < len(REQUEST_COLUMNS) and REQUEST_COLUMNS[:len(header)] == header
+
+
+def _upgraded(rows: list[Record], summary: Record, header: list[str]) -> tuple[list[Record], Record]:
+    """An older point's rows with today's columns (empty), and its summary row's ledger redone."""
+    pad = len(REQUEST_COLUMNS) - len(rows[0].fields) if rows else 0
+    new = []
+    for r in rows:
+        body = r.raw.rstrip("\r\n")
+        new.append(Record(r.fields + [""] * pad, body + "," * pad + r.raw[len(body):]))
+    fields = list(summary.fields)
+    fields[header.index("num_rows")] = str(len(new))
+    fields[header.index("rows_digest")] = rows_digest("".join(r.raw for r in new))
+    return new, Record(fields, csv_text([fields]))
+
+
 def scan_files(requests_csv: Path, summary_csv: Path) -> Scan:
     req_header, req_records, req_intact = read_records(requests_csv)
     at = tuple(REQUEST_COLUMNS.index(c) for c in KEY)
     groups: dict[Key, list[Record]] = {}
     runs: list[Key | None] = []             # the key of each run of consecutive rows, in file order
-    stray = not req_intact or (req_records and req_header != REQUEST_COLUMNS)
-    for rec in req_records if req_header == REQUEST_COLUMNS else []:
-        key = parse_key(rec.fields, at) if len(rec.fields) == len(REQUEST_COLUMNS) else None
+    cols = req_header if older_schema(req_header) else REQUEST_COLUMNS
+    stray = not req_intact or (req_records and req_header != cols)
+    for rec in req_records if req_header == cols else []:
+        key = parse_key(rec.fields, at) if len(rec.fields) == len(cols) else None
         if key is None:
             stray = True
             continue
@@ -131,6 +151,9 @@ def scan_files(requests_csv: Path, summary_csv: Path) -> Scan:
                 if key is not None and key not in scan.dropped:
                     scan.dropped.append(key)
                 continue
+            if cols is not REQUEST_COLUMNS:  # verified as written, then carried over to today's columns
+                rows, rec = _upgraded(rows, rec, header)
+                scan.clean = False
             scan.points[key] = Point(key, rec, rows)
     for key in groups:
         if key not in scan.points and key not in scan.dropped:

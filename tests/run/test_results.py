@@ -92,6 +92,27 @@ def test_appended_points_are_found_intact_with_their_rows(tmp_path):
     assert scan.points["naive", 5.0, 0].summary.fields[header.index("num_rows")] == "3"
 
 
+def test_points_an_older_batchlab_wrote_are_kept_and_carried_to_today_s_columns(tmp_path, monkeypatch):
+    """requests.csv from before columns were added at its end: its points are verified as written,
+    then rewritten with the new columns empty, byte for byte otherwise; none is dropped or rerun."""
+    import batchlab.run.ledger as ledger
+    old = REQUEST_COLUMNS[:-3]
+    monkeypatch.setattr(ledger, "REQUEST_COLUMNS", old)       # write as the older version did
+    monkeypatch.setattr("batchlab.run.results.REQUEST_COLUMNS", old)
+    d = two_points(tmp_path)
+    before = d.requests_csv.read_text()
+    monkeypatch.undo()
+    scan = d.scan()
+    assert not scan.clean and scan.dropped == [] and len(scan.points) == 2
+    with d.writing():
+        d.repair(scan)
+    after = d.requests_csv.read_text()
+    assert after.splitlines()[0].split(",") == REQUEST_COLUMNS
+    assert [line + ",,," for line in before.splitlines()[1:]] == after.splitlines()[1:]
+    again = d.scan()
+    assert again.clean and [len(p.rows) for p in again.points.values()] == [3, 2]
+
+
 @pytest.mark.parametrize("damage", ["delete a row", "edit a value", "glue a torn row", "duplicate a row"])
 def test_damaged_request_rows_drop_their_point_only(tmp_path, damage):
     d = two_points(tmp_path)
