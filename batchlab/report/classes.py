@@ -40,33 +40,37 @@ def _window(config: dict) -> tuple[float, float]:
     return start, start + float(t.get("duration_s", 0.0))
 
 
-def _met(part: pd.DataFrame, slo: dict) -> np.ndarray:
-    ok = (part["status"] == "finished").to_numpy()
-    for key, limit in (("ttft", slo.get("ttft_s")), ("tpot", slo.get("tpot_s")), ("e2e", slo.get("e2e_s"))):
-        if limit is not None:
-            ok = ok & (part[key].fillna(np.inf).to_numpy() <= limit)
-    return ok
+def _met(rows: pd.DataFrame, slos: dict[str, dict]) -> np.ndarray:
+    """Per row: finished and within its own class's SLO (NaN where the class has none)."""
+    ok = (rows["status"] == "finished").to_numpy()
+    for key in ("ttft", "tpot", "e2e"):
+        limit = rows["class"].map(lambda k, key=key: slos.get(k, {}).get(f"{key}_s", np.inf)).to_numpy(dtype=float)
+        ok = ok & (rows[key].fillna(np.inf).to_numpy() <= limit)
+    has = rows["class"].map(lambda k: bool(slos.get(k))).to_numpy()
+    return np.where(has, ok, np.nan)
 
 
-def class_table(rows: pd.DataFrame, config: dict) -> pd.DataFrame:
-    """One row per (strategy, rate, repeat, class); latencies in seconds (inf where a percentile
-    reaches failed requests), slo_met a share, goodput requests meeting their SLO per second."""
+def class_table(rows: pd.DataFrame, config: dict, by: str = "class") -> pd.DataFrame:
+    """One row per (strategy, rate, repeat, class) (or tenant, with by="tenant"); latencies in
+    seconds (inf where a percentile reaches failed requests), slo_met a share, goodput requests
+    meeting their SLO per second; each request is held to its own class's SLO."""
     if not has_classes(rows):
         return pd.DataFrame(columns=COLUMNS)
     slos, (start, end) = _slos(config), _window(config)
-    sel = rows[rows["class"].notna() & (rows["warmup"] != 1)]
+    sel = rows[rows["class"].notna() & (rows["warmup"] != 1)].copy()
+    sel["met"] = _met(sel, slos)
     out = []
-    for (s, rate, rep, k), part in sel.groupby(["strategy", "rate", "repeat", "class"], sort=True):
+    for (s, rate, rep, k), part in sel.groupby(["strategy", "rate", "repeat", by], sort=True):
         failed = (part["status"] != "finished").to_numpy()
         lat = {m: np.where(failed, np.inf, part[m].to_numpy(dtype=float)) for m in ("ttft", "tpot", "e2e")}
-        met = _met(part, slos.get(k, {}))
+        met = part["met"].dropna().to_numpy()
         out.append({"strategy": s, "rate": float(rate), "repeat": int(rep), "class": k, "requests": len(part),
                     "failed": int(failed.sum()),
                     "ttft_p50": float(percentile(lat["ttft"], 50)), "ttft_p99": float(percentile(lat["ttft"], 99)),
                     "tpot_p50": float(percentile(lat["tpot"], 50)), "e2e_mean": float(np.mean(lat["e2e"])),
                     "e2e_p99": float(percentile(lat["e2e"], 99)),
-                    "slo_met": float(met.mean()) if slos.get(k) else float("nan"),
-                    "goodput": float(met.sum() / (end - start)) if slos.get(k) and end > start else float("nan")})
+                    "slo_met": float(met.mean()) if met.size else float("nan"),
+                    "goodput": float(met.sum() / (end - start)) if met.size and end > start else float("nan")})
     return pd.DataFrame(out, columns=COLUMNS)
 
 
@@ -107,21 +111,16 @@ def class_lines(rows: pd.DataFrame | None, config: dict) -> list[str]:
     if not has_classes(rows):
         return []
     table = class_table(rows, config)
+    pairs = rows[["class", "tenant"]].dropna().drop_duplicates()
+    by_tenant = class_table(rows, config, by="tenant") if (pairs["class"] != pairs["tenant"]).any() else None
     fair = fairness_table(rows, config)
     md = ["## Classes and tenants", "", "Per traffic class (median over repeats; failed requests count as "
           "infinite latency; SLO met and goodput against the class's own SLO where it has one).", ""]
     for rate, part in table.groupby("rate", sort=True):
-        med = _median(part, ["strategy", "class"]).reset_index()
-        md += [f"**{fmt.rate(float(rate))}**", "",
-               "| strategy | class | requests | failed | p50 TTFT | p99 TTFT | p50 TPOT | mean E2E | p99 E2E | SLO met | goodput |",
-               "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-        for _, r in med.iterrows():
-            cells = [_sec(r[m]) for m in ("ttft_p50", "ttft_p99", "tpot_p50", "e2e_mean", "e2e_p99")]
-            slo = fmt.DASH if np.isnan(r["slo_met"]) else f"{100 * r['slo_met']:.0f} %"
-            good = fmt.DASH if np.isnan(r["goodput"]) else f"{r['goodput']:.3g} req/s"
-            md.append(f"| {r['strategy']} | {r['class']} | {int(r['requests'])} | {int(r['failed'])} | "
-                      + " | ".join(cells) + f" | {slo} | {good} |")
-        md.append("")
+        md += [f"**{fmt.rate(float(rate))}**", ""] + _class_rows(part, "class")
+        if by_tenant is not None:
+            md += ["Per tenant (each request against its own class's SLO):", ""]
+            md += _class_rows(by_tenant[by_tenant["rate"] == rate], "tenant")
     if not fair.empty:
         md += ["Fairness across tenants: Jain's index of each tenant's service over its max-min fair share "
                "(1 = every tenant got its fair share; service in VTC's weighted tokens), median over repeats.", "",
@@ -133,6 +132,19 @@ def class_lines(rows: pd.DataFrame | None, config: dict) -> list[str]:
                                               for r in sorted(fair["rate"].unique())) + " |")
         md.append("")
     return md
+
+
+def _class_rows(part: pd.DataFrame, label: str) -> list[str]:
+    med = _median(part, ["strategy", "class"]).reset_index()
+    md = [f"| strategy | {label} | requests | failed | p50 TTFT | p99 TTFT | p50 TPOT | mean E2E | p99 E2E | SLO met | goodput |",
+          "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for _, r in med.iterrows():
+        cells = [_sec(r[m]) for m in ("ttft_p50", "ttft_p99", "tpot_p50", "e2e_mean", "e2e_p99")]
+        slo = fmt.DASH if np.isnan(r["slo_met"]) else f"{100 * r['slo_met']:.0f} %"
+        good = fmt.DASH if np.isnan(r["goodput"]) else f"{r['goodput']:.3g} req/s"
+        md.append(f"| {r['strategy']} | {r['class']} | {int(r['requests'])} | {int(r['failed'])} | "
+                  + " | ".join(cells) + f" | {slo} | {good} |")
+    return md + [""]
 
 
 def _sec(v: float) -> str:

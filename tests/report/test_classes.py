@@ -55,3 +55,11 @@ def test_fairness_table_needs_two_tenants():
     t = fairness_table(df, CONFIG)
     assert list(t["tenants"]) == [2] and 0.9 < t["jain"].iloc[0] <= 1.0
     assert fairness_table(df[df["tenant"] == "chat"], CONFIG).empty
+
+
+def test_per_tenant_rows_hold_each_request_to_its_own_class_slo():
+    df = pd.DataFrame(rows("continuous", [0.4] * 10, [2.0] * 10))
+    df["tenant"] = "acme"                                  # one tenant sends both classes
+    t = class_table(df, CONFIG, by="tenant").set_index("class")
+    # chat within its 0.5 s, batch within the run's 5 s: every request met its own SLO
+    assert list(t.index) == ["acme"] and t.loc["acme", "slo_met"] == 1.0 and t.loc["acme", "requests"] == 20
