@@ -112,7 +112,8 @@ def class_lines(rows: pd.DataFrame | None, config: dict) -> list[str]:
         return []
     table = class_table(rows, config)
     pairs = rows[["class", "tenant"]].dropna().drop_duplicates()
-    by_tenant = class_table(rows, config, by="tenant") if (pairs["class"] != pairs["tenant"]).any() else None
+    shared = pairs.groupby("tenant")["class"].nunique().max() > 1      # some tenant sends several classes
+    by_tenant = class_table(rows, config, by="tenant") if shared else None
     fair = fairness_table(rows, config)
     md = ["## Classes and tenants", "", "Per traffic class (median over repeats; failed requests count as "
           "infinite latency; SLO met and goodput against the class's own SLO where it has one).", ""]
