@@ -166,6 +166,8 @@ def main() -> None:
     ap.add_argument("--hf-duration", type=float, default=30.0,
                     help="seconds of real traffic per HF point after warm-up (VTC: half, since its overload drains after)")
     ap.add_argument("--skip-hf", action="store_true")
+    ap.add_argument("--only-hf", action="store_true",
+                    help="rerun the HF part only, keeping the simulator's figures already in --json (a quieter machine)")
     ap.add_argument("--json", type=Path)
     a = ap.parse_args()
     load0 = list(os.getloadavg())
@@ -173,9 +175,16 @@ def main() -> None:
                  "max_num_seqs": {"sjf": SEQS, "vtc": VTC_SEQS},
                  "targets": {"sjf_mean_e2e_cut": SJF_TARGET, "sjf_p99_ratio": P99_LIMIT, "vtc_light_vs_solo": VTC_LIMIT}}
     t = time.perf_counter()
-    out["sim"] = {"sjf": sjf_part("sim", a.repeats, a.sim_duration, 20.0, 2000),
-                  "vtc": vtc_part("sim", a.repeats, a.sim_duration, 20.0, 2000)}
-    out["sim"]["wall_s"] = time.perf_counter() - t
+    if a.only_hf:
+        if not (a.json and a.json.is_file()):
+            raise SystemExit("--only-hf needs --json naming a result file that has the simulator's part")
+        old = json.loads(a.json.read_text())
+        out["sim"] = old["sim"]
+        out["command"] = old["command"] + f"; HF part rerun: {out['command']}"
+    else:
+        out["sim"] = {"sjf": sjf_part("sim", a.repeats, a.sim_duration, 20.0, 2000),
+                      "vtc": vtc_part("sim", a.repeats, a.sim_duration, 20.0, 2000)}
+        out["sim"]["wall_s"] = time.perf_counter() - t
     if not a.skip_hf:
         t = time.perf_counter()
         out["hf"] = {"sjf": sjf_part("hf", a.repeats, a.hf_duration, 5.0, 300),

@@ -229,8 +229,8 @@ def policies(d: dict) -> str:
         m = s["mean_e2e_s"]
         lines.append(f"| {name} | {s['capacity_req_s']:.1f} req/s | {s['rate_req_s']:.1f} req/s | {m['fcfs']:.2f} s | "
                      f"{m['sjf_oracle']:.2f} s | {m['sjf_noisy']:.2f} s | "
-                     f"**{_spread([100 * x for x in s['mean_e2e_cut_per_repeat']], '{:.0f}')} %** | "
-                     f"{_spread(s['p99_ratio_per_repeat'])}× | {_spread([100 * x for x in s['noisy_gain_kept_per_repeat']], '{:.0f}')} % |")
+                     f"**{_spread([100 * x for x in s['mean_e2e_cut_per_repeat']], '{:.0f}%')}** | "
+                     f"{_spread(s['p99_ratio_per_repeat'], '{:.2f}×')} | {_spread([100 * x for x in s['noisy_gain_kept_per_repeat']], '{:.0f}%')} |")
     lines += ["", f"**VTC vs FCFS**, two tenants with the same lengths, `heavy` sending 4× what `light` sends (light 40 % "
               f"of capacity, heavy 160 %), max_num_seqs {d['max_num_seqs']['vtc']}; light's p99 TTFT, and its ratio to "
               "light's solo run (the same light requests, heavy removed):", "",
@@ -241,7 +241,7 @@ def policies(d: dict) -> str:
         med = lambda side: statistics.median(r[side]["light_ttft_p99_s"] for r in v["runs"])   # noqa: E731
         lines.append(f"| {name} | {v['capacity_req_s']:.1f} req/s | {v['light_req_s']:.1f} / {v['heavy_req_s']:.1f} req/s | "
                      f"{med('solo'):.3f} s | {med('fcfs'):.2f} s | {med('vtc'):.3f} s | "
-                     f"**{_spread(v['per_repeat']['vtc'], '{:.1f}')}×** | {_spread(v['per_repeat']['fcfs'], '{:.0f}')}× |")
+                     f"**{_spread(v['per_repeat']['vtc'], '{:.1f}×')}** | {_spread(v['per_repeat']['fcfs'], '{:.0f}×')} |")
     verdict = lambda ok: "met" if ok else "not met"   # noqa: E731
     lines += ["", "Targets: " + "; ".join(
         f"{name}: SJF mean E2E cut ≥ {100 * t['sjf_mean_e2e_cut']:.0f} % with p99 ≤ {t['sjf_p99_ratio']:g}× **"
