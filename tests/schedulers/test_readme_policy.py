@@ -54,3 +54,20 @@ def test_readme_policy_runs_unchanged_on_the_hf_step_engine(tmp_path, monkeypatc
     res = run_point(cfg, NAME, 20.0, 0, make_backend(cfg))
     assert res.requests and all(r.status.value == "finished" and r.output_len == r.max_new_tokens for r in res.requests)
     assert {r.klass for r in res.requests} == {"chat", "batch"}
+
+
+def test_the_readme_quotes_what_configs_policies_yaml_reports(tmp_path):
+    """The policy lab's quoted verdict and throughputs are what the deterministic simulation prints."""
+    out = tmp_path / "out"
+    p = subprocess.run([sys.executable, "-m", "batchlab.cli", "run", str(ROOT / "configs/policies.yaml"),
+                        "--out", str(out)], capture_output=True, text=True, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    quote = re.search(r"> (priority cut p99 TTFT of class `interactive`[^\n]*?\.)(?= Preemption)", readme)
+    assert quote and quote.group(1) in " ".join(p.stdout.split()), "README: paste the policy lab's verdict line"
+    summary = {(r["strategy"], float(r["rate"])): r for r in csv.DictReader((out / "summary.csv").open())}
+    served = {s: float(summary[s, 7.0]["requests_per_s"]) for s in ("priority", "continuous")}
+    assert f"priority served {served['priority']:.2f} req/s there against FCFS's {served['continuous']:.2f}" in readme
+    drop = re.search(r"capacity under the run's SLO drops from (\d+) to (\d+) req/s", readme)
+    first = p.stdout.splitlines()[0]
+    assert drop and f"continuous {drop.group(1)};" in first and f"priority {drop.group(2)} " in first, first
