@@ -83,6 +83,12 @@ def ttft_p99(requests, warmup: float, tenant: str) -> float:
     return float(percentile(np.array([(r.token_times[0] - r.arrival_time) if r.token_times else np.inf for r in m]), 99))
 
 
+def light_tpot(requests, warmup: float) -> float:
+    """p50 TPOT of the light tenant's finished requests: the step time its batch runs at."""
+    return float(np.median([(r.token_times[-1] - r.token_times[0]) / (len(r.token_times) - 1)
+                            for r in measured(requests, warmup) if r.tenant == "light" and len(r.token_times) > 1]))
+
+
 def sjf_part(kind: str, repeats: int, duration: float, warmup: float, burst: int) -> dict:
     base = config(kind, duration, warmup, SJF_CLASSES)
     backend = make_backend(base)
@@ -146,6 +152,32 @@ def vtc_part(kind: str, repeats: int, duration: float, warmup: float, burst: int
             "target_met": statistics.median(ratio("vtc")) <= VTC_LIMIT}
 
 
+def vtc_light_loads(repeats: int, duration: float, warmup: float, cap: float) -> list[dict]:
+    """Simulator only: light's p99 TTFT under VTC over solo as light's own load varies, heavy at
+    twice capacity (4x a fair share): where the policy's cost ends and the shared batch's begins."""
+    out = []
+    for light in (0.1, 0.25, 0.4):
+        heavy = 2.0
+        classes = (f"traffic.classes=[{{name: light, weight: {light}, tenant: light}}, "
+                   f"{{name: heavy, weight: {heavy}, tenant: heavy}}]")
+        base = config("sim", duration, warmup, classes, VTC_LENGTH, seqs=VTC_SEQS)
+        backend = make_backend(base)
+        rate = (light + heavy) * cap
+        ratios, tpots = [], []
+        for k in range(repeats):
+            trace = build_trace(base.traffic, rate, k)
+            alone = run_point(base, "continuous", rate, k, backend, [t for t in trace if t.tenant == "light"]).requests
+            shared = run_point(base, "vtc", rate, k, backend, trace).requests
+            ratios.append(ttft_p99(shared, warmup, "light") / ttft_p99(alone, warmup, "light"))
+            tpots.append(light_tpot(shared, warmup) / light_tpot(alone, warmup))
+        out.append({"light_share_of_capacity": light, "heavy_share_of_capacity": heavy,
+                    "vtc_over_solo_per_repeat": ratios, "vtc_over_solo": statistics.median(ratios),
+                    "light_p50_tpot_vtc_over_solo_per_repeat": tpots})
+        print(f"[sim] VTC, light at {light:.0%} of capacity, heavy at {heavy:.0%}: light p99 TTFT "
+              f"x{statistics.median(ratios):.2f} solo", flush=True)
+    return out
+
+
 def agreement(out: dict) -> dict | None:
     """Do the simulator and the HF engine agree in ranking and direction?"""
     if "hf" not in out:
@@ -184,6 +216,8 @@ def main() -> None:
     else:
         out["sim"] = {"sjf": sjf_part("sim", a.repeats, a.sim_duration, 20.0, 2000),
                       "vtc": vtc_part("sim", a.repeats, a.sim_duration, 20.0, 2000)}
+        out["sim"]["vtc_light_loads"] = vtc_light_loads(a.repeats, a.sim_duration, 20.0,
+                                                        out["sim"]["vtc"]["capacity_req_s"])
         out["sim"]["wall_s"] = time.perf_counter() - t
     if not a.skip_hf:
         t = time.perf_counter()

@@ -242,6 +242,14 @@ def policies(d: dict) -> str:
         lines.append(f"| {name} | {v['capacity_req_s']:.1f} req/s | {v['light_req_s']:.1f} / {v['heavy_req_s']:.1f} req/s | "
                      f"{med('solo'):.3f} s | {med('fcfs'):.2f} s | {med('vtc'):.3f} s | "
                      f"**{_spread(v['per_repeat']['vtc'], '{:.1f}×')}** | {_spread(v['per_repeat']['fcfs'], '{:.0f}×')} |")
+    loads = d["sim"].get("vtc_light_loads")
+    if loads:
+        lines += ["", "Simulator, heavy at 200 % of capacity, light's own load varied — light's p99 TTFT under VTC ÷ solo: "
+                  + "; ".join(f"light at {100 * x['light_share_of_capacity']:.0f} %: "
+                              f"{_spread(x['vtc_over_solo_per_repeat'], '{:.1f}×')} (its p50 TPOT, the step time "
+                              f"of the batch it shares, "
+                              f"{statistics.median(x['light_p50_tpot_vtc_over_solo_per_repeat']):.1f}× solo's)"
+                              for x in loads) + "."]
     verdict = lambda ok: "met" if ok else "not met"   # noqa: E731
     lines += ["", "Targets: " + "; ".join(
         f"{name}: SJF mean E2E cut ≥ {100 * t['sjf_mean_e2e_cut']:.0f} % with p99 ≤ {t['sjf_p99_ratio']:g}× **"
