@@ -290,7 +290,9 @@ async def _run_step(scheduler: Scheduler, backend: Backend, clock: Clock, step: 
 
 def _charge_preemptions(stalled: dict, step: Step, end: float) -> None:
     """A preempted request would have had its next token at the end of the step that evicted it;
-    everything from then until its next token (requeue, recompute) is a stall caused by others."""
+    everything from then until its next token (requeue, recompute) is a stall caused by others.
+    NOTE: that next token is token_times[had], not the last one: a decode window (Step.repeat > 1)
+    stamps several tokens after the recompute in one call."""
     for r in step.preempted:
         stalled.setdefault(r, (end, r.output_len))
     if not stalled:                            # the common case: skip the per-row loop
@@ -298,7 +300,7 @@ def _charge_preemptions(stalled: dict, step: Step, end: float) -> None:
     for r, _ in step.chunks:
         if r in stalled and r.output_len > stalled[r][1]:
             since, had = stalled.pop(r)
-            charge_stall(r, r.token_times[-1] - since, before_first_token=had == 0)
+            charge_stall(r, r.token_times[had] - since, before_first_token=had == 0)
 
 
 def _drop_cancelled(scheduler: Scheduler, backend: Backend, inbox: Inbox, on_done: Callback) -> None:
