@@ -8,6 +8,7 @@ time (the server over the simulator) it sleeps step by step so tokens stream.
 """
 from __future__ import annotations
 
+from bisect import bisect_left
 from typing import Any
 
 import numpy as np
@@ -116,22 +117,37 @@ class SimulatedBackend(Backend):
             self._stall_mark[r] = self._stall_clock
 
     async def _decode_window(self, step: Step, clock: Clock) -> None:
-        """`step.repeat` decode-only steps in one jump of the clock. Each step's time and stamp
-        are computed exactly as `step()` would (same expression, sequential sums), so the
-        results are bit-identical; the window ends after the first step reaching `until`."""
-        rows = len(step.chunks)
-        context0 = sum(r.num_computed_tokens + 1 for r, _ in step.chunks)
-        context = context0 + rows * np.arange(step.repeat, dtype=np.int64)
-        dt = self.cost.step_time(context, 0, rows)
-        ends = np.cumsum(np.concatenate(([clock.now()], dt)))[1:]
-        if step.until is not None:
-            step.repeat = min(step.repeat, int(np.searchsorted(ends, step.until, side="left")) + 1)
-        stamps = ends[: step.repeat].tolist()
+        """`step.repeat` steps in one jump of the clock: the step as scheduled (every row gets a
+        token from it: a decode, or a prefill that completes its prompt), then decode steps of
+        every row. Each step's time and stamp are what `step()` would compute, summed in the same
+        order, so the results are bit-identical; the window ends after the first step reaching
+        `until`."""
+        chunks = step.chunks
+        rows = len(chunks)
+        context = prefill = 0
+        prefilling = []
+        for r, n in chunks:
+            context += r.num_computed_tokens + n
+            if n != 1 or not r.token_times:    # step()'s test, given that every row gets a token
+                prefill += n
+                prefilling.append((r, n))
+        start = clock.now()
+        first = start + self.cost.step_time(context, prefill, rows - len(prefilling))
+        self._charge_stalls(prefill, prefilling)
+        if step.until is not None and first >= step.until:
+            stamps = [first]
+        else:
+            stamps = [first, *self.cost.decode_ends(first, context + rows, rows, step.repeat - 1)]
+            if step.until is not None:
+                del stamps[bisect_left(stamps, step.until) + 1:]
+        step.repeat = len(stamps)
         self.steps += step.repeat
-        self.busy_s += float(np.sum(dt[: step.repeat]))
+        self.busy_s += stamps[-1] - start
         await clock.sleep_until(stamps[-1])
-        for r, _ in step.chunks:
+        for r, _ in chunks:
             r.token_times.extend(stamps)
+        for r, _ in prefilling:                # first token after a (re)prefill: decoding from now
+            self._stall_mark[r] = self._stall_clock
 
     def _charge_stalls(self, prefill: int, prefilling: list[tuple[Request, int]]) -> None:
         """Stall = step time spent on *other* rows' prompt tokens. A decoding row is charged
