@@ -67,11 +67,15 @@ class ContinuousScheduler(Scheduler):
                 continue
             chunks.append((r, n))
             budget -= n
-        if not preempted:
-            self._admit(now, chunks, budget)
+        held_back = None if preempted else self._admit(now, chunks, budget)
         if not chunks:
             return Idle()
-        window = window_length(chunks, self.pool) if self.multi_step and not preempted else 1
+        window = 1
+        if self.multi_step and not preempted:
+            # A window may start with this step's prefills only if admission cannot change once
+            # they are done: tokens free up then, and (with a prefix cache) prompts become hits.
+            steady = held_back in (None, "seqs") or held_back == "blocks" and not self.cfg.prefix_caching
+            window = window_length(chunks, self.pool, prefills=steady)
         cache = self.pool.cache_ops(chunks) if self.cfg.prefix_caching else None
         return Step(chunks, preempted, repeat=window, booked=window, cache=cache)
 
@@ -105,7 +109,9 @@ class ContinuousScheduler(Scheduler):
         victim.status = Status.QUEUED
         self.waiting.appendleft(victim)
 
-    def _admit(self, now: float, chunks: list, budget: int) -> None:
+    def _admit(self, now: float, chunks: list, budget: int) -> str | None:
+        """Admit waiting requests into this step; returns what held the rest back ("seqs",
+        "tokens" or "blocks"), None if nobody is left waiting."""
         while self.waiting and len(self.running) < self.cfg.max_num_seqs and budget > 0:
             r = self.next_waiting(now)
             cached = self.pool.cached_tokens(r)        # 0 without prefix caching
@@ -113,7 +119,7 @@ class ContinuousScheduler(Scheduler):
             n = min(need, budget, self.chunk)
             if n < need and self.cfg.chunk_size is None:
                 if chunks:
-                    return                     # whole prompt does not fit this step's budget
+                    return "tokens"            # whole prompt does not fit this step's budget
                 n = need                       # alone in the step: let an over-long prompt run
             if not self.pool.can_ever_fit(r):
                 self._take(r)                  # could never finish, even alone: fail it now
@@ -122,7 +128,7 @@ class ContinuousScheduler(Scheduler):
                 self.rejected.append(r)
                 continue
             if not self.pool.grow(r, cached + n):
-                return                         # hold admission until blocks free up
+                return "blocks"                # hold admission until blocks free up
             r.num_computed_tokens = r.num_cached_tokens = cached
             self._take(r)
             self.running.append(r)
@@ -131,6 +137,9 @@ class ContinuousScheduler(Scheduler):
             r.status = Status.RUNNING
             chunks.append((r, n))
             budget -= n
+        if not self.waiting:
+            return None
+        return "seqs" if len(self.running) >= self.cfg.max_num_seqs else "tokens"
 
     def _take(self, r: Request) -> None:
         if self.waiting[0] is r:
@@ -143,7 +152,7 @@ class ContinuousScheduler(Scheduler):
         (the driver finishes them)."""
         done = []
         for r, n in step.chunks:
-            r.num_computed_tokens += n * step.repeat
+            r.num_computed_tokens += n + step.repeat - 1     # this step's n, then one per decode step
             if len(r.token_times) >= r.max_new_tokens:
                 done.append(r)
         if step.cache is not None:

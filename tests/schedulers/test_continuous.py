@@ -92,3 +92,21 @@ def test_max_num_seqs_caps_the_running_set():
         s.add(r)
     step = s.schedule(0.0)
     assert isinstance(step, Step) and len(step.chunks) == 2 and len(s.waiting) == 1
+
+
+def test_a_window_may_start_with_prefills_that_complete_their_prompts():
+    s = ContinuousScheduler(ContinuousConfig(), num_kv_blocks=100)
+    s.multi_step = True
+    s.add(Request("a", 4, 5, 0.0)), s.add(Request("b", 4, 3, 0.0))
+    step = s.schedule(0.0)
+    # both prompts whole in the first step, then decodes until b's last token
+    assert [(r.request_id, n) for r, n in step.chunks] == [("a", 4), ("b", 4)] and step.repeat == 3
+
+
+def test_no_window_starts_with_prefills_while_the_token_budget_holds_someone_back():
+    s = ContinuousScheduler(ContinuousConfig(max_num_batched_tokens=10), num_kv_blocks=100)
+    s.multi_step = True
+    s.add(Request("a", 6, 5, 0.0)), s.add(Request("b", 6, 5, 0.0))
+    step = s.schedule(0.0)
+    # b fits in the next step, once a's prompt no longer takes the budget
+    assert [(r.request_id, n) for r, n in step.chunks] == [("a", 6)] and step.repeat == 1
