@@ -13,8 +13,8 @@ Presets (backends/presets.py) and measured profiles are both `StepCost`s.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass
-from itertools import accumulate
 from pathlib import Path
 
 from batchlab.errors import ConfigError
@@ -50,21 +50,25 @@ class StepCost:
                 + self.prefill_s_per_token * prefill_tokens + self.decode_s_per_row * decode_rows
                 + self.prefill_step_s * (prefill_tokens > 0))
 
-    def decode_ends(self, start: float, context_tokens: int, rows: int, steps: int) -> list[float]:
-        """End times of `steps` decode-only steps of `rows` rows run back to back from `start`, the
-        first over `context_tokens` of context and each next one over `rows` more: the running sums
-        of `step_time(context, 0, rows)`, bit for bit (the same terms, added in the same order).
-        NOTE: plain floats, not numpy: a simulator's decode window is a dozen steps or so, where
+    def decode_ends(self, start: float, context_tokens: int, rows: int, steps: int,
+                    until: float = math.inf) -> list[float]:
+        """End times of up to `steps` decode-only steps of `rows` rows run back to back from
+        `start`, the first over `context_tokens` of context and each next one over `rows` more,
+        stopping after the first that ends at or after `until`: the running sums of
+        `step_time(context, 0, rows)`, bit for bit (the same terms, added in the same order).
+        NOTE: a plain loop, not numpy: a simulator's decode window is a dozen steps or so, where
         numpy's per-call cost outweighs its per-element speed several times over."""
         if rows < 1:
             raise ValueError(f"a decode step has at least one row (got {rows})")
         fixed = self.overhead_s + self.weight_s
         kv, per_rows = self.kv_s_per_token, self.decode_s_per_row * rows
         no_prefill, no_pass = self.prefill_s_per_token * 0, self.prefill_step_s * False
-        stop = context_tokens + rows * steps
-        ends = list(accumulate([fixed + kv * c + no_prefill + per_rows + no_pass
-                                for c in range(context_tokens, stop, rows)], initial=start))
-        del ends[0]
+        ends, t = [], start
+        for context in range(context_tokens, context_tokens + rows * steps, rows):
+            t += fixed + kv * context + no_prefill + per_rows + no_pass
+            ends.append(t)
+            if t >= until:
+                break
         return ends
 
     @property

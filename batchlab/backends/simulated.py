@@ -8,7 +8,7 @@ time (the server over the simulator) it sleeps step by step so tokens stream.
 """
 from __future__ import annotations
 
-from bisect import bisect_left
+import math
 from typing import Any
 
 import numpy as np
@@ -25,7 +25,7 @@ from batchlab.core.work import MemoryBudget, Step
 class SimulatedBackend(Backend):
     virtual_time = True
     levels = frozenset({"request", "iteration"})
-    runs_decode_windows = True      # see _decode_window
+    runs_decode_windows = True      # see _window
 
     def __init__(self, cost: StepCost, enforce_memory: bool = True, vocab_size: int = DEFAULT_VOCAB_SIZE):
         self.cost = cost
@@ -88,8 +88,14 @@ class SimulatedBackend(Backend):
                     r.token_times.append(now)
 
     async def step(self, step: Step, clock: Clock) -> None:
-        if step.repeat > 1:
-            return await self._decode_window(step, clock)
+        if step.repeat > 1:                    # a window, in one jump of the clock
+            stamps, starting = self._window(step, clock.now())
+            await clock.sleep_until(stamps[-1])
+            for r, _ in step.chunks:
+                r.token_times.extend(stamps)
+            for r, _ in starting:              # first token after a (re)prefill: decoding from now
+                self._stall_mark[r] = self._stall_clock
+            return
         context = prefill = decode = 0
         emit, prefilling, starting = [], [], []
         for r, n in step.chunks:               # NOTE: hot path; properties inlined
@@ -116,38 +122,32 @@ class SimulatedBackend(Backend):
         for r in starting:
             self._stall_mark[r] = self._stall_clock
 
-    async def _decode_window(self, step: Step, clock: Clock) -> None:
-        """`step.repeat` steps in one jump of the clock: the step as scheduled (every row gets a
+    def _window(self, step: Step, start: float) -> tuple[list[float], list[tuple[Request, int]]]:
+        """The stamps of `step.repeat` steps from `start`: the step as scheduled (every row gets a
         token from it: a decode, or a prefill that completes its prompt), then decode steps of
-        every row. Each step's time and stamp are what `step()` would compute, summed in the same
-        order, so the results are bit-identical; the window ends after the first step reaching
-        `until`."""
+        every row; and the rows that were prefilling. Each step's time and stamp are what
+        `step()` would compute, summed in the same order, so the results are bit-identical; the
+        window ends after the first step reaching `until`."""
         chunks = step.chunks
         rows = len(chunks)
         context = prefill = 0
         prefilling = []
-        for r, n in chunks:
+        for r, n in chunks:                    # NOTE: hot path (every row of every window)
             context += r.num_computed_tokens + n
             if n != 1 or not r.token_times:    # step()'s test, given that every row gets a token
                 prefill += n
                 prefilling.append((r, n))
-        start = clock.now()
         first = start + self.cost.step_time(context, prefill, rows - len(prefilling))
-        self._charge_stalls(prefill, prefilling)
-        if step.until is not None and first >= step.until:
-            stamps = [first]
-        else:
-            stamps = [first, *self.cost.decode_ends(first, context + rows, rows, step.repeat - 1)]
-            if step.until is not None:
-                del stamps[bisect_left(stamps, step.until) + 1:]
+        if prefill:
+            self._charge_stalls(prefill, prefilling)
+        until = math.inf if step.until is None else step.until
+        stamps = [first]
+        if first < until:
+            stamps += self.cost.decode_ends(first, context + rows, rows, step.repeat - 1, until)
         step.repeat = len(stamps)
         self.steps += step.repeat
         self.busy_s += stamps[-1] - start
-        await clock.sleep_until(stamps[-1])
-        for r, _ in chunks:
-            r.token_times.extend(stamps)
-        for r, _ in prefilling:                # first token after a (re)prefill: decoding from now
-            self._stall_mark[r] = self._stall_clock
+        return stamps, prefilling
 
     def _charge_stalls(self, prefill: int, prefilling: list[tuple[Request, int]]) -> None:
         """Stall = step time spent on *other* rows' prompt tokens. A decoding row is charged

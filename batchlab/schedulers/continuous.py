@@ -112,34 +112,36 @@ class ContinuousScheduler(Scheduler):
     def _admit(self, now: float, chunks: list, budget: int) -> str | None:
         """Admit waiting requests into this step; returns what held the rest back ("seqs",
         "tokens" or "blocks"), None if nobody is left waiting."""
-        while self.waiting and len(self.running) < self.cfg.max_num_seqs and budget > 0:
+        waiting, running, pool, max_seqs = self.waiting, self.running, self.pool, self.cfg.max_num_seqs
+        unchunked, prefix = self.cfg.chunk_size is None, self.cfg.prefix_caching
+        while waiting and len(running) < max_seqs and budget > 0:
             r = self.next_waiting(now)
-            cached = self.pool.cached_tokens(r)        # 0 without prefix caching
-            need = r.num_tokens - cached
+            cached = pool.cached_tokens(r) if prefix else 0
+            need = r.prompt_len + len(r.token_times) - cached
             n = min(need, budget, self.chunk)
-            if n < need and self.cfg.chunk_size is None:
+            if n < need and unchunked:
                 if chunks:
                     return "tokens"            # whole prompt does not fit this step's budget
                 n = need                       # alone in the step: let an over-long prompt run
-            if not self.pool.can_ever_fit(r):
+            if not pool.can_ever_fit(r):
                 self._take(r)                  # could never finish, even alone: fail it now
-                self.pool.release(r)
-                r.fail(f"needs more than {self.pool.num_blocks} KV blocks of {self.pool.block_size} tokens")
+                pool.release(r)
+                r.fail(f"needs more than {pool.num_blocks} KV blocks of {pool.block_size} tokens")
                 self.rejected.append(r)
                 continue
-            if not self.pool.grow(r, cached + n):
+            if not pool.grow(r, cached + n):
                 return "blocks"                # hold admission until blocks free up
             r.num_computed_tokens = r.num_cached_tokens = cached
             self._take(r)
-            self.running.append(r)
+            running.append(r)
             if r.scheduled_time is None:
                 r.scheduled_time = now
             r.status = Status.RUNNING
             chunks.append((r, n))
             budget -= n
-        if not self.waiting:
+        if not waiting:
             return None
-        return "seqs" if len(self.running) >= self.cfg.max_num_seqs else "tokens"
+        return "seqs" if len(running) >= max_seqs else "tokens"
 
     def _take(self, r: Request) -> None:
         if self.waiting[0] is r:
@@ -151,13 +153,15 @@ class ContinuousScheduler(Scheduler):
         """Advance the step's requests; those with all their tokens leave and free their blocks
         (the driver finishes them)."""
         done = []
+        more = step.repeat - 1                 # decode steps after this one: a token each
         for r, n in step.chunks:
-            r.num_computed_tokens += n + step.repeat - 1     # this step's n, then one per decode step
+            r.num_computed_tokens += n + more
             if len(r.token_times) >= r.max_new_tokens:
                 done.append(r)
         if step.cache is not None:
             self.pool.commit(step)             # blocks this step completed become cache entries
-        return_unused(step, self.pool)
+        if step.booked > step.repeat:
+            return_unused(step, self.pool)
         for r in done:
             self.running.remove(r)
             self.pool.release(r)

@@ -14,6 +14,8 @@ waiting request is held back by tokens (see ContinuousScheduler.schedule).
 """
 from __future__ import annotations
 
+import sys
+
 from batchlab.core.request import Request
 from batchlab.core.work import Step
 from batchlab.schedulers.kv_blocks import BlockPool, cdiv
@@ -26,14 +28,13 @@ def window_length(chunks: list[tuple[Request, int]], pool: BlockPool, prefills: 
     last, n_last = chunks[-1]              # admissions come last: the usual reason to stop
     if not prefills and (n_last != 1 or not last.token_times):
         return 1
-    k = None
-    for r, n in chunks:
+    k = sys.maxsize
+    for r, n in chunks:                    # NOTE: hot path (every row of every step)
         had = len(r.token_times)
         if r.num_computed_tokens + n != r.prompt_len + had or not prefills and (n != 1 or not had):
             return 1                       # no token from this step, or a prefill we may not lead with
-        left = r.max_new_tokens - had
-        if k is None or left < k:
-            k = left
+        if r.max_new_tokens - had < k:
+            k = r.max_new_tokens - had
     if k < 2:
         return 1
     if pool.reserve or pool.free >= len(chunks) * cdiv(k, pool.block_size):

@@ -44,3 +44,10 @@ def test_decode_ends_are_the_running_sums_of_step_time_bit_for_bit(cost):
             expected.append(t)
         assert cost.decode_ends(start, context, rows, steps) == expected
     assert cost.decode_ends(1.0, 10, 3, 0) == []
+
+
+def test_decode_ends_stop_after_the_first_step_reaching_until():
+    ends = COST.decode_ends(5.0, 100, 4, 50)
+    assert COST.decode_ends(5.0, 100, 4, 50, until=ends[9]) == ends[:10]
+    assert COST.decode_ends(5.0, 100, 4, 50, until=ends[9] - 1e-9) == ends[:10]
+    assert COST.decode_ends(5.0, 100, 4, 50, until=ends[-1] + 1) == ends
