@@ -23,8 +23,9 @@ from batchlab.schedulers.kv_blocks import BlockPool, cdiv
 
 def window_length(chunks: list[tuple[Request, int]], pool: BlockPool, prefills: bool = False) -> int:
     """How many steps are safe in one window: until the first request finishes, within the free
-    blocks; 1 if a row gets no token from this step (a partial prefill chunk), or if a row is
-    prefilling and `prefills` is False. Blocks for the whole window are booked now."""
+    blocks that hold no cached prefix; 1 if a row gets no token from this step (a partial prefill
+    chunk), or if a row is prefilling and `prefills` is False. Blocks for the whole window are
+    booked now."""
     last, n_last = chunks[-1]              # admissions come last: the usual reason to stop
     if not prefills and (n_last != 1 or not last.token_times):
         return 1
@@ -37,13 +38,14 @@ def window_length(chunks: list[tuple[Request, int]], pool: BlockPool, prefills: 
             k = r.max_new_tokens - had
     if k < 2:
         return 1
-    if pool.reserve or pool.free >= len(chunks) * cdiv(k, pool.block_size):
+    spare = pool.spare                     # free blocks it may book without evicting a cached prefix
+    if pool.reserve or spare >= len(chunks) * cdiv(k, pool.block_size):
         lo = k                             # blocks cannot run out within k steps
     else:
         lo = 1
         while lo < k:                      # largest window whose extra blocks fit
             mid = (lo + k + 1) // 2
-            if _extra_blocks(chunks, pool, mid) <= pool.free:
+            if _extra_blocks(chunks, pool, mid) <= spare:
                 lo = mid
             else:
                 k = mid - 1

@@ -22,6 +22,11 @@ class BlockPool:
         self.free = num_blocks
         self.held: dict[Request, int] = {}       # blocks held by each running request
 
+    @property
+    def spare(self) -> int:
+        """Free blocks a booking can take without evicting anything: here, every free block."""
+        return self.free
+
     def blocks_for(self, r: Request, tokens: int) -> int:
         """Blocks `r` must hold once `tokens` of it are computed."""
         if self.reserve:

@@ -76,3 +76,20 @@ def test_simulated_oom_fails_naive_but_dynamic_backs_off():
     assert all(r.is_done for r in naive.requests)   # failed or finished: none lost
     dyn = run_point(cfg, "dynamic", 20.0, 0, SimulatedBackend(tight, enforce_memory=True))
     assert all(r.status.value == "finished" for r in dyn.requests)
+
+
+@pytest.mark.parametrize("blocks", [1000, 2000])
+def test_decode_windows_never_evict_a_cached_prefix_that_single_steps_keep(blocks):
+    """Multi-turn chat over a full prefix cache: a window cut short by an arrival hands back the
+    blocks it booked ahead, but not the prefixes it would have evicted to get them."""
+    cfg = load_config(None, [
+        "traffic.duration_s=120", "traffic.warmup_s=10", "traffic.rates=[1]",
+        "traffic.prompt_len={dist: uniform, low: 32, high: 256}", "traffic.output_len={dist: uniform, low: 32, high: 256}",
+        "traffic.prefix={groups: 4, tokens: 512, zipf: 1.0}",
+        "traffic.sessions={turns: 6, think_s: 5.0, think: exponential,"
+        " message_len: {dist: lognormal, median: 64, sigma: 0.6, low: 8, high: 512}}",
+        "continuous.prefix_caching=true", f"continuous.num_kv_blocks={blocks}"])
+    fast = SimulatedBackend(load_cost("llama2-7b-a100"))
+    slow = SimulatedBackend(load_cost("llama2-7b-a100"))
+    slow.runs_decode_windows = False
+    assert stamps(run_point(cfg, "continuous", 1.0, 0, fast)) == stamps(run_point(cfg, "continuous", 1.0, 0, slow))
