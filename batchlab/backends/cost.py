@@ -64,7 +64,18 @@ class StepCost:
         kv, per_rows = self.kv_s_per_token, self.decode_s_per_row * rows
         no_prefill, no_pass = self.prefill_s_per_token * 0, self.prefill_step_s * False
         ends, t = [], start
-        for context in range(context_tokens, context_tokens + rows * steps, rows):
+        stop = context_tokens + rows * steps
+        if no_prefill == 0 and no_pass == 0:
+            # NOTE: adding a zero changes no sum here (x + 0.0 is x, but for -0.0, which then adds
+            # to a time as 0.0 does), so the hot loop skips the two; not so for NaN (an infinite
+            # coefficient), which takes the loop below.
+            for context in range(context_tokens, stop, rows):
+                t += fixed + kv * context + per_rows
+                ends.append(t)
+                if t >= until:
+                    break
+            return ends
+        for context in range(context_tokens, stop, rows):
             t += fixed + kv * context + no_prefill + per_rows + no_pass
             ends.append(t)
             if t >= until:

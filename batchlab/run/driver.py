@@ -170,6 +170,7 @@ async def drive(scheduler: Scheduler, backend: Backend, clock: Clock, inbox: Inb
     stalled: dict[Request, tuple[float, int]] = {}   # preempted -> (when, tokens it had)
     # Decode windows only where every arrival is known in advance and the backend runs them.
     scheduler.multi_step = backend.runs_decode_windows and not inbox.open
+    scheduler.finish_in_window = scheduler.multi_step and next_turn is None
     while True:
         now = clock.now()
         inbox.release(now, scheduler, occupancy)

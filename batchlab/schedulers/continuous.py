@@ -75,9 +75,22 @@ class ContinuousScheduler(Scheduler):
             # A window may start with this step's prefills only if admission cannot change once
             # they are done: tokens free up then, and (with a prefix cache) prompts become hits.
             steady = held_back in (None, "seqs") or held_back == "blocks" and not self.cfg.prefix_caching
-            window = window_length(chunks, self.pool, prefills=steady)
+            window = window_length(chunks, self.pool, steady, self._room(held_back))
         cache = self.pool.cache_ops(chunks) if self.cfg.prefix_caching else None
         return Step(chunks, preempted, repeat=window, booked=window, cache=cache)
+
+    def _room(self, held_back: str | None) -> int | None:
+        """For a window that may run past finishes: the free blocks the next admission needs
+        (sys.maxsize if nobody waits: no finish lets anyone in); None if any finish might.
+        NOTE: only the default FCFS order under `reserve` is predicted (the head's booking is
+        fixed); a policy choosing otherwise, or a prefix cache, stops windows at a finish."""
+        if not self.finish_in_window or self.cfg.prefix_caching:
+            return None
+        if held_back is None:
+            return sys.maxsize
+        if held_back == "blocks" and self.pool.reserve and type(self).next_waiting is ContinuousScheduler.next_waiting:
+            return self.pool.blocks_for(self.waiting[0], 0)
+        return None
 
     def cached_tokens(self, request: Request) -> int:
         return self.pool.cached_tokens(request, remember=False)
@@ -153,9 +166,12 @@ class ContinuousScheduler(Scheduler):
         """Advance the step's requests; those with all their tokens leave and free their blocks
         (the driver finishes them)."""
         done = []
-        more = step.repeat - 1                 # decode steps after this one: a token each
+        window = step.booked > 1               # every row got a token from each step it ran
         for r, n in step.chunks:
-            r.num_computed_tokens += n + more
+            if window:                         # all its KV but the newest token's (rows may leave early)
+                r.num_computed_tokens = r.prompt_len + len(r.token_times) - 1
+            else:
+                r.num_computed_tokens += n
             if len(r.token_times) >= r.max_new_tokens:
                 done.append(r)
         if step.cache is not None:

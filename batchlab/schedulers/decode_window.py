@@ -11,6 +11,11 @@ Admission cannot change inside the window: whoever waits now is blocked by seque
 or blocks, none of which free up before a running request finishes. A window that starts with
 prefills frees the token budget after its first step, so the scheduler allows one only when no
 waiting request is held back by tokens (see ContinuousScheduler.schedule).
+A finish frees a sequence slot and blocks, so a window normally ends at the first one. When no
+one acts on a finish before the window ends (the driver says so: no session waits to send its
+next turn) and the scheduler can tell that it admits nobody (nobody waits, or the head of the
+queue needs more blocks than the finishers free), the window runs on, and each request leaves
+it with its last token.
 """
 from __future__ import annotations
 
@@ -21,11 +26,13 @@ from batchlab.core.work import Step
 from batchlab.schedulers.kv_blocks import BlockPool, cdiv
 
 
-def window_length(chunks: list[tuple[Request, int]], pool: BlockPool, prefills: bool = False) -> int:
-    """How many steps are safe in one window: until the first request finishes, within the free
-    blocks that hold no cached prefix; 1 if a row gets no token from this step (a partial prefill
-    chunk), or if a row is prefilling and `prefills` is False. Blocks for the whole window are
-    booked now."""
+def window_length(chunks: list[tuple[Request, int]], pool: BlockPool, prefills: bool = False,
+                  room: int | None = None) -> int:
+    """How many steps are safe in one window, within the free blocks that hold no cached prefix:
+    until the first request finishes, or (`room` given: finishes cannot change admission until
+    the free blocks reach `room`) until the finish that frees that many, or the last one. 1 if a
+    row gets no token from this step (a partial prefill chunk), or if a row is prefilling and
+    `prefills` is False. Blocks for the whole window are booked now."""
     last, n_last = chunks[-1]              # admissions come last: the usual reason to stop
     if not prefills and (n_last != 1 or not last.token_times):
         return 1
@@ -36,6 +43,10 @@ def window_length(chunks: list[tuple[Request, int]], pool: BlockPool, prefills: 
             return 1                       # no token from this step, or a prefill we may not lead with
         if r.max_new_tokens - had < k:
             k = r.max_new_tokens - had
+    if room == sys.maxsize:                # nobody waits: to the last finish
+        k = max(r.max_new_tokens - len(r.token_times) for r, _ in chunks)
+    elif room is not None:
+        k = _past_finishes(chunks, pool, room)
     if k < 2:
         return 1
     spare = pool.spare                     # free blocks it may book without evicting a cached prefix
@@ -51,14 +62,28 @@ def window_length(chunks: list[tuple[Request, int]], pool: BlockPool, prefills: 
                 k = mid - 1
     if not pool.reserve:
         for r, n in chunks:
-            pool.grow(r, r.num_computed_tokens + n + lo - 1)
+            pool.grow(r, r.num_computed_tokens + n + min(lo, r.max_new_tokens - len(r.token_times)) - 1)
     return lo
 
 
+def _past_finishes(chunks: list[tuple[Request, int]], pool: BlockPool, room: int) -> int:
+    """Steps until the finish after which the free blocks reach `room` (each finisher frees what
+    it holds), or until the last request finishes."""
+    held = pool.held
+    ends = sorted([(r.max_new_tokens - len(r.token_times), held[r]) for r, _ in chunks])
+    free = pool.free
+    for i, (left, blocks) in enumerate(ends):
+        free += blocks
+        if free >= room and (i + 1 == len(ends) or ends[i + 1][0] > left):
+            return left                    # the step that may admit someone comes after this one
+    return ends[-1][0]
+
+
 def _extra_blocks(chunks: list[tuple[Request, int]], pool: BlockPool, steps: int) -> int:
-    """Blocks the rows need beyond what they hold to run `steps` steps: this one (n tokens), then
-    one token per step."""
-    return sum(max(0, pool.blocks_for(r, r.num_computed_tokens + n + steps - 1) - pool.held[r]) for r, n in chunks)
+    """Blocks the rows need beyond what they hold to run `steps` steps (or until they finish):
+    this one (n tokens), then one token per step."""
+    return sum(max(0, pool.blocks_for(r, r.num_computed_tokens + n + min(steps, r.max_new_tokens - len(r.token_times)) - 1)
+                   - pool.held[r]) for r, n in chunks)
 
 
 def return_unused(step: Step, pool: BlockPool) -> None:

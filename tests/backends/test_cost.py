@@ -1,4 +1,6 @@
 """The one step-time function: scalars and arrays agree bit for bit, and it is the fit's model."""
+import math
+
 import numpy as np
 import pytest
 
@@ -51,3 +53,10 @@ def test_decode_ends_stop_after_the_first_step_reaching_until():
     assert COST.decode_ends(5.0, 100, 4, 50, until=ends[9]) == ends[:10]
     assert COST.decode_ends(5.0, 100, 4, 50, until=ends[9] - 1e-9) == ends[:10]
     assert COST.decode_ends(5.0, 100, 4, 50, until=ends[-1] + 1) == ends
+
+
+def test_decode_ends_keep_the_zero_terms_when_they_are_not_zero():
+    """An infinite prefill coefficient makes step_time's prefill terms NaN even in a decode step."""
+    cost = StepCost(1e-3, 0.0, 1e-6, float("inf"), 1e-4, kv_bytes_per_token=1, kv_budget_bytes=1)
+    assert all(math.isnan(t) for t in cost.decode_ends(0.0, 10, 2, 3))
+    assert math.isnan(cost.step_time(10, 0, 2))

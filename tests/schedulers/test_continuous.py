@@ -1,3 +1,5 @@
+import pytest
+
 from batchlab.core.clock import VirtualClock
 from batchlab.core.config import ContinuousConfig
 from batchlab.core.request import Request
@@ -110,3 +112,22 @@ def test_no_window_starts_with_prefills_while_the_token_budget_holds_someone_bac
     step = s.schedule(0.0)
     # b fits in the next step, once a's prompt no longer takes the budget
     assert [(r.request_id, n) for r, n in step.chunks] == [("a", 6)] and step.repeat == 1
+
+
+def test_with_nobody_waiting_a_window_runs_past_finishes():
+    s = ContinuousScheduler(ContinuousConfig(), num_kv_blocks=100)
+    s.multi_step = s.finish_in_window = True
+    s.add(Request("a", 4, 5, 0.0)), s.add(Request("b", 4, 3, 0.0))
+    assert s.schedule(0.0).repeat == 5         # to a's last token; b leaves after its third
+
+
+@pytest.mark.parametrize("waiting_out, repeat", [(4, 4), (20, 8)])
+def test_a_window_ends_at_the_finish_that_frees_room_for_the_head_of_the_queue(waiting_out, repeat):
+    # blocks of 4 tokens, booked whole under reserve: a holds 2, b 3, 1 of 6 is free; a's finish
+    # (after 4 tokens) frees 2, b's (after 8) 3 more. c needs 2 blocks (fits after a) or 6 (after b).
+    s = ContinuousScheduler(ContinuousConfig(block_size=4), num_kv_blocks=6, policy="reserve")
+    s.multi_step = s.finish_in_window = True
+    for r in (Request("a", 4, 4, 0.0), Request("b", 4, 8, 0.0), Request("c", 4, waiting_out, 0.0)):
+        s.add(r)
+    step = s.schedule(0.0)
+    assert [r.request_id for r, _ in step.chunks] == ["a", "b"] and step.repeat == repeat
