@@ -143,11 +143,12 @@ class SimulatedBackend(Backend):
         prefilling = []
         for r, n in chunks:                    # NOTE: hot path (every row of every window)
             context += r.num_computed_tokens + n
-            if n != 1 or not r.token_times:    # step()'s test, given that every row gets a token
+            had = len(r.token_times)
+            if n != 1 or not had:              # step()'s test, given that every row gets a token
                 prefill += n
                 prefilling.append((r, n))
-            if r.max_new_tokens - len(r.token_times) < shortest:
-                shortest = r.max_new_tokens - len(r.token_times)
+            if r.max_new_tokens - had < shortest:
+                shortest = r.max_new_tokens - had
         first = start + self.cost.step_time(context, prefill, rows - len(prefilling))
         if prefill:
             self._charge_stalls(prefill, prefilling)

@@ -82,13 +82,15 @@ class ContinuousScheduler(Scheduler):
     def _room(self, held_back: str | None) -> int | None:
         """For a window that may run past finishes: the free blocks the next admission needs
         (sys.maxsize if nobody waits: no finish lets anyone in); None if any finish might.
-        NOTE: only the default FCFS order under `reserve` is predicted (the head's booking is
-        fixed); a policy choosing otherwise, or a prefix cache, stops windows at a finish."""
-        if not self.finish_in_window or self.cfg.prefix_caching:
+        NOTE: only under `reserve`, where a window books nothing: under `recompute` it would book
+        every row's blocks to its last token, wasted when the next arrival cuts it short (that
+        made the default sweep slower, not faster). Only the default FCFS order is predicted; a
+        policy choosing otherwise, or a prefix cache, stops windows at a finish."""
+        if not self.finish_in_window or self.cfg.prefix_caching or not self.pool.reserve:
             return None
         if held_back is None:
             return sys.maxsize
-        if held_back == "blocks" and self.pool.reserve and type(self).next_waiting is ContinuousScheduler.next_waiting:
+        if held_back == "blocks" and type(self).next_waiting is ContinuousScheduler.next_waiting:
             return self.pool.blocks_for(self.waiting[0], 0)
         return None
 
@@ -168,11 +170,12 @@ class ContinuousScheduler(Scheduler):
         done = []
         window = step.booked > 1               # every row got a token from each step it ran
         for r, n in step.chunks:
+            had = len(r.token_times)
             if window:                         # all its KV but the newest token's (rows may leave early)
-                r.num_computed_tokens = r.prompt_len + len(r.token_times) - 1
+                r.num_computed_tokens = r.prompt_len + had - 1
             else:
                 r.num_computed_tokens += n
-            if len(r.token_times) >= r.max_new_tokens:
+            if had >= r.max_new_tokens:
                 done.append(r)
         if step.cache is not None:
             self.pool.commit(step)             # blocks this step completed become cache entries

@@ -115,7 +115,7 @@ def test_no_window_starts_with_prefills_while_the_token_budget_holds_someone_bac
 
 
 def test_with_nobody_waiting_a_window_runs_past_finishes():
-    s = ContinuousScheduler(ContinuousConfig(), num_kv_blocks=100)
+    s = ContinuousScheduler(ContinuousConfig(), num_kv_blocks=100, policy="reserve")
     s.multi_step = s.finish_in_window = True
     s.add(Request("a", 4, 5, 0.0)), s.add(Request("b", 4, 3, 0.0))
     assert s.schedule(0.0).repeat == 5         # to a's last token; b leaves after its third
