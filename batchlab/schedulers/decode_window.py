@@ -13,9 +13,9 @@ prefills frees the token budget after its first step, so the scheduler allows on
 waiting request is held back by tokens (see ContinuousScheduler.schedule).
 A finish frees a sequence slot and blocks, so a window normally ends at the first one. When no
 one acts on a finish before the window ends (the driver says so: no session waits to send its
-next turn) and the scheduler can tell that it admits nobody (nobody waits, or the head of the
-queue needs more blocks than the finishers free), the window runs on, and each request leaves
-it with its last token.
+next turn) and the scheduler can tell that it admits nobody (under `reserve`: nobody waits, or
+the head of the queue needs more blocks than the finishers free), the window runs on, and each
+request leaves it with its last token.
 """
 from __future__ import annotations
 
