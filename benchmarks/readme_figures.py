@@ -36,7 +36,9 @@ def sim_speed(d: dict) -> str:
              "| what | measured |", "|---|---|",
              f"| continuous batching on the seed toy's workload ({d['requests']:,} requests, toy constants), batchlab's "
              f"scheduler + driver + clock vs the toy itself | **{statistics.median(r):.2f}×** the toy's speed "
-             f"(paired per repeat {min(r):.2f}–{max(r):.2f}×; {ours:.3f} s vs {toy:.3f} s; same simulated throughput: "
+             f"(paired per repeat {min(r):.2f}–{max(r):.2f}×; {ours:.3f} s vs {toy:.3f} s, "
+             f"{d['requests'] / ours:,.0f} vs {d['requests'] / toy:,.0f} simulated requests per second of wall time; "
+             f"same simulated throughput: "
              f"{d['batchlab_throughput_tok_s']:.0f} vs {d['toy_throughput_tok_s']:.0f} tok/s) |"]
     hours = d.get("hour_at_50", {})
     if "default" in hours:

@@ -43,8 +43,10 @@ class Backend(ABC):
     Empty for a backend that batches for itself (a ServerBackend)."""
 
     runs_decode_windows: ClassVar[bool] = False
-    """True if `step()` honours `Step.repeat > 1` (identical decode steps in one call) and sets
-    `Step.repeat` to the steps it ran; the driver only lets a scheduler offer windows then."""
+    """True if `step()` honours `Step.repeat > 1` (the step, then decode steps of every row until
+    it has `max_new_tokens`, in one call; schedulers/decode_window.py) and sets `Step.repeat` to
+    the steps it ran, which may be fewer than offered; the driver only lets a scheduler offer
+    windows then."""
 
     def describe(self) -> dict[str, Any]:
         """Setup facts for reports (device, model, dtype, library versions); `model` names the

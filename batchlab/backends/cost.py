@@ -13,6 +13,7 @@ Presets (backends/presets.py) and measured profiles are both `StepCost`s.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -48,6 +49,38 @@ class StepCost:
         return (self.overhead_s + self.weight_s + self.kv_s_per_token * context_tokens
                 + self.prefill_s_per_token * prefill_tokens + self.decode_s_per_row * decode_rows
                 + self.prefill_step_s * (prefill_tokens > 0))
+
+    def decode_ends(self, start: float, context_tokens: int, rows: int, steps: int,
+                    until: float = math.inf) -> list[float]:
+        """End times of up to `steps` decode-only steps of `rows` rows run back to back from
+        `start`, the first over `context_tokens` of context and each next one over `rows` more,
+        stopping after the first that ends at or after `until`: the running sums of
+        `step_time(context, 0, rows)`, bit for bit (the same terms, added in the same order).
+        NOTE: a plain loop, not numpy: a simulator's decode window is a dozen steps or so, where
+        numpy's per-call cost outweighs its per-element speed several times over."""
+        if rows < 1:
+            raise ValueError(f"a decode step has at least one row (got {rows})")
+        fixed = self.overhead_s + self.weight_s
+        kv, per_rows = self.kv_s_per_token, self.decode_s_per_row * rows
+        no_prefill, no_pass = self.prefill_s_per_token * 0, self.prefill_step_s * False
+        ends, t = [], start
+        stop = context_tokens + rows * steps
+        if no_prefill == 0 and no_pass == 0:
+            # NOTE: adding a zero changes no sum here (x + 0.0 is x, but for -0.0, which then adds
+            # to a time as 0.0 does), so the hot loop skips the two; not so for NaN (an infinite
+            # coefficient), which takes the loop below.
+            for context in range(context_tokens, stop, rows):
+                t += fixed + kv * context + per_rows
+                ends.append(t)
+                if t >= until:
+                    break
+            return ends
+        for context in range(context_tokens, stop, rows):
+            t += fixed + kv * context + no_prefill + per_rows + no_pass
+            ends.append(t)
+            if t >= until:
+                break
+        return ends
 
     @property
     def fixed_s(self) -> float:

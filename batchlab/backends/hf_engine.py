@@ -67,6 +67,8 @@ class StepEngine:
         repeat = step.repeat
         if repeat > 1 and any(n != 1 or r.num_computed_tokens + 1 != r.num_tokens for r, n in step.chunks):
             repeat = 1                         # only pure decode steps repeat identically
+        elif repeat > 1:                       # every row runs every pass: stop at the first finish
+            repeat = min(repeat, min(r.max_new_tokens - r.output_len for r, _ in step.chunks))
         plan = self._plan(step.chunks, extra=repeat - 1)
         if step.cache is not None:
             self.prefix.before(step.cache, self.cache)

@@ -8,6 +8,8 @@ time (the server over the simulator) it sleeps step by step so tokens stream.
 """
 from __future__ import annotations
 
+import math
+import sys
 from typing import Any
 
 import numpy as np
@@ -24,7 +26,7 @@ from batchlab.core.work import MemoryBudget, Step
 class SimulatedBackend(Backend):
     virtual_time = True
     levels = frozenset({"request", "iteration"})
-    runs_decode_windows = True      # see _decode_window
+    runs_decode_windows = True      # see _window
 
     def __init__(self, cost: StepCost, enforce_memory: bool = True, vocab_size: int = DEFAULT_VOCAB_SIZE):
         self.cost = cost
@@ -87,8 +89,20 @@ class SimulatedBackend(Backend):
                     r.token_times.append(now)
 
     async def step(self, step: Step, clock: Clock) -> None:
-        if step.repeat > 1:
-            return await self._decode_window(step, clock)
+        if step.repeat > 1:                    # a window, in one jump of the clock
+            stamps, starting, shortest = self._window(step, clock.now())
+            await clock.sleep_until(stamps[-1])
+            if len(stamps) <= shortest:        # nobody finished before the window's end
+                for r, _ in step.chunks:
+                    r.token_times.extend(stamps)
+            else:                              # a row leaves the window with its last token
+                ran = len(stamps)
+                for r, _ in step.chunks:
+                    left = r.max_new_tokens - len(r.token_times)
+                    r.token_times.extend(stamps if left >= ran else stamps[:left])
+            for r, _ in starting:              # first token after a (re)prefill: decoding from now
+                self._stall_mark[r] = self._stall_clock
+            return
         context = prefill = decode = 0
         emit, prefilling, starting = [], [], []
         for r, n in step.chunks:               # NOTE: hot path; properties inlined
@@ -115,23 +129,60 @@ class SimulatedBackend(Backend):
         for r in starting:
             self._stall_mark[r] = self._stall_clock
 
-    async def _decode_window(self, step: Step, clock: Clock) -> None:
-        """`step.repeat` decode-only steps in one jump of the clock. Each step's time and stamp
-        are computed exactly as `step()` would (same expression, sequential sums), so the
-        results are bit-identical; the window ends after the first step reaching `until`."""
-        rows = len(step.chunks)
-        context0 = sum(r.num_computed_tokens + 1 for r, _ in step.chunks)
-        context = context0 + rows * np.arange(step.repeat, dtype=np.int64)
-        dt = self.cost.step_time(context, 0, rows)
-        ends = np.cumsum(np.concatenate(([clock.now()], dt)))[1:]
-        if step.until is not None:
-            step.repeat = min(step.repeat, int(np.searchsorted(ends, step.until, side="left")) + 1)
-        stamps = ends[: step.repeat].tolist()
+    def _window(self, step: Step, start: float) -> tuple[list[float], list[tuple[Request, int]], int]:
+        """The stamps of `step.repeat` steps from `start`: the step as scheduled (every row gets a
+        token from it: a decode, or a prefill that completes its prompt), then decode steps of
+        every row that still needs tokens; the rows that were prefilling; and the fewest tokens a
+        row needed. Each step's time and stamp are what `step()` would compute, summed in the same
+        order, so the results are bit-identical; the window ends after the first step reaching
+        `until`."""
+        chunks = step.chunks
+        rows = len(chunks)
+        context = prefill = 0
+        shortest = sys.maxsize
+        prefilling = []
+        for r, n in chunks:                    # NOTE: hot path (every row of every window)
+            context += r.num_computed_tokens + n
+            had = len(r.token_times)
+            if n != 1 or not had:              # step()'s test, given that every row gets a token
+                prefill += n
+                prefilling.append((r, n))
+            if r.max_new_tokens - had < shortest:
+                shortest = r.max_new_tokens - had
+        first = start + self.cost.step_time(context, prefill, rows - len(prefilling))
+        if prefill:
+            self._charge_stalls(prefill, prefilling)
+        until = math.inf if step.until is None else step.until
+        stamps = [first]
+        if first < until and step.repeat <= shortest:
+            stamps += self.cost.decode_ends(first, context + rows, rows, step.repeat - 1, until)
+        elif first < until:
+            stamps += self._past_finishes(chunks, first, step.repeat, until)
+        step.repeat = len(stamps)
         self.steps += step.repeat
-        self.busy_s += float(np.sum(dt[: step.repeat]))
-        await clock.sleep_until(stamps[-1])
-        for r, _ in step.chunks:
-            r.token_times.extend(stamps)
+        self.busy_s += stamps[-1] - start
+        return stamps, prefilling, shortest
+
+    def _past_finishes(self, chunks: list[tuple[Request, int]], start: float, repeat: int, until: float) -> list[float]:
+        """Ends of steps 1 .. repeat-1 of a window that rows leave once they have all their tokens:
+        one `decode_ends` per stretch between two finishes, over the rows still in it."""
+        rows = sorted([(r.max_new_tokens - len(r.token_times), r.num_computed_tokens + n) for r, n in chunks])
+        context, active = sum(done for _, done in rows), len(rows)   # done: computed after step 0
+        ends, t, i, j = [], start, 1, 0
+        while i < repeat:
+            while j < len(rows) and rows[j][0] <= i:   # its last token came from step i - 1
+                context -= rows[j][1]
+                active -= 1
+                j += 1
+            if not active:
+                break
+            stop = repeat if j == len(rows) else min(repeat, rows[j][0])
+            stretch = self.cost.decode_ends(t, context + active * i, active, stop - i, until)
+            ends += stretch
+            if len(stretch) < stop - i or stretch[-1] >= until:   # reached `until`
+                break
+            t, i = stretch[-1], stop
+        return ends
 
     def _charge_stalls(self, prefill: int, prefilling: list[tuple[Request, int]]) -> None:
         """Stall = step time spent on *other* rows' prompt tokens. A decoding row is charged

@@ -29,9 +29,11 @@ def charge_launch(batch: list[Request], launched_at: float, idle_since: float) -
 
 def charge_stall(r: Request, seconds: float, before_first_token: bool = False) -> None:
     """`seconds` of r's time were spent on other requests' work (their prefill, a preemption)."""
-    r.add_time("stall", seconds)
-    if before_first_token:
-        r.add_time(_STALL_BEFORE_FIRST, seconds)
+    if seconds > 0:                            # Request.add_time, inlined: called for every request
+        b = r.breakdown
+        b["stall"] = b.get("stall", 0.0) + seconds
+        if before_first_token:
+            b[_STALL_BEFORE_FIRST] = b.get(_STALL_BEFORE_FIRST, 0.0) + seconds
 
 
 def finish(r: Request, queued_as: str | None = None) -> None:

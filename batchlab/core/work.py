@@ -22,11 +22,12 @@ class Batch:
 class Step:
     chunks: list[tuple[Request, int]]           # (request, tokens to compute this step)
     preempted: list[Request] = field(default_factory=list)
-    # Decode window: when every chunk is a one-token decode and nothing could change the batch
-    # for a while, the scheduler may offer `repeat` identical steps in a row. A backend that
-    # runs them (the simulator) stops early after the first step ending at or after `until`
-    # (the next arrival) and sets `repeat` to the steps it ran. Results are identical to
-    # stepping one at a time; it only saves bookkeeping per step.
+    # Decode window: when every chunk gets a token from this step (a decode, or a prefill that
+    # completes its prompt) and nothing could change the batch for a while, the scheduler may
+    # offer `repeat` steps in a row: this one, then decodes of every chunk until it has all its
+    # tokens. A backend that runs them (the simulator) stops early after the first step ending at
+    # or after `until` (the next arrival) and sets `repeat` to the steps it ran. Results are
+    # identical to stepping one at a time; it only saves bookkeeping per step.
     repeat: int = 1
     until: float | None = None
     booked: int = 1                   # steps the scheduler booked KV blocks for (the offer)

@@ -131,8 +131,9 @@ class Inbox:
         """No more requests will come, or (live, with flush_idle_s) none came for a while, or
         (`quiet`, set by whoever feeds a live inbox: replicas running sessions) none will come
         unless a request now waiting runs and answers: naive batching must not wait for a full batch."""
-        paused = self.paused_at
-        return self.exhausted or self.quiet or (paused is not None and now >= paused)
+        if not (self.planned or self.later or self.live or self.open):      # exhausted, inlined: every step asks
+            return True
+        return self.quiet or (self.flush_idle_s is not None and now >= self.last_arrival + self.flush_idle_s)
 
     def release(self, now: float, scheduler: Scheduler, occupancy: Occupancy | None = None) -> None:
         while self.later and self.later[0][0] <= now:      # merged with the trace by (arrival, index)
@@ -169,12 +170,15 @@ async def drive(scheduler: Scheduler, backend: Backend, clock: Clock, inbox: Inb
     stalled: dict[Request, tuple[float, int]] = {}   # preempted -> (when, tokens it had)
     # Decode windows only where every arrival is known in advance and the backend runs them.
     scheduler.multi_step = backend.runs_decode_windows and not inbox.open
+    scheduler.finish_in_window = scheduler.multi_step and next_turn is None
     while True:
         now = clock.now()
         inbox.release(now, scheduler, occupancy)
-        _drop_cancelled(scheduler, backend, inbox, on_done)
+        if inbox.cancelled:                    # NOTE: hot loop (every step): call only when needed
+            _drop_cancelled(scheduler, backend, inbox, on_done)
         out = scheduler.schedule(now, draining=inbox.draining(now))
-        _drain_rejected(scheduler, backend, on_done)
+        if scheduler.rejected:
+            _drain_rejected(scheduler, backend, on_done)
         if isinstance(out, Batch):
             charge_launch(out.requests, now, idle_since)
             if on_launch is not None:
@@ -182,7 +186,8 @@ async def drive(scheduler: Scheduler, backend: Backend, clock: Clock, inbox: Inb
             await _run_batch(scheduler, backend, clock, out, on_done, on_progress)
             idle_since = clock.now()
         elif isinstance(out, Step):
-            _bound_window(out, scheduler, inbox)
+            if out.repeat > 1:
+                _bound_window(out, scheduler, inbox)
             if on_launch is not None:
                 on_launch(len(out.chunks))
             await _run_step(scheduler, backend, clock, out, on_done, on_progress, stalled)
@@ -228,7 +233,7 @@ async def _idle(clock: Clock, inbox: Inbox, now: float, wake_at: float | None) -
 def _bound_window(step: Step, scheduler: Scheduler, inbox: Inbox) -> None:
     """A decode window must end at the step in flight when the next request arrives (it might
     be admitted then) unless someone is already waiting ahead of it (FCFS: it cannot be)."""
-    if step.repeat > 1 and not scheduler.waiting:
+    if not scheduler.waiting:
         step.until = inbox.next_arrival
 
 
@@ -279,7 +284,8 @@ async def _run_step(scheduler: Scheduler, backend: Backend, clock: Clock, step: 
             r.fail(f"{type(e).__name__}: {e}")
             on_done(r)
         return
-    _charge_preemptions(stalled, step, clock.now())
+    if stalled or step.preempted:              # NOTE: rare; skip the call on every other step
+        _charge_preemptions(stalled, step, clock.now())
     if on_progress is not None:
         on_progress([r for r, _ in step.chunks])
     for r in scheduler.finish_step(step, clock.now()):
@@ -290,15 +296,15 @@ async def _run_step(scheduler: Scheduler, backend: Backend, clock: Clock, step: 
 
 def _charge_preemptions(stalled: dict, step: Step, end: float) -> None:
     """A preempted request would have had its next token at the end of the step that evicted it;
-    everything from then until its next token (requeue, recompute) is a stall caused by others."""
+    everything from then until its next token (requeue, recompute) is a stall caused by others.
+    NOTE: that next token is token_times[had], not the last one: a decode window (Step.repeat > 1)
+    stamps several tokens after the recompute in one call."""
     for r in step.preempted:
         stalled.setdefault(r, (end, r.output_len))
-    if not stalled:                            # the common case: skip the per-row loop
-        return
     for r, _ in step.chunks:
         if r in stalled and r.output_len > stalled[r][1]:
             since, had = stalled.pop(r)
-            charge_stall(r, r.token_times[-1] - since, before_first_token=had == 0)
+            charge_stall(r, r.token_times[had] - since, before_first_token=had == 0)
 
 
 def _drop_cancelled(scheduler: Scheduler, backend: Backend, inbox: Inbox, on_done: Callback) -> None:

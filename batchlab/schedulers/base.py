@@ -28,6 +28,9 @@ class Scheduler(ABC):
 
     level: ClassVar[str]              # "request" or "iteration"
     multi_step: bool = False          # may offer decode windows (Step.repeat > 1); set by the driver
+    # A window may run past a request's last token (the request leaves the window there): nobody
+    # acts on a finish before the window ends (no session plans its next turn); set by the driver.
+    finish_in_window: bool = False
 
     def __init__(self) -> None:
         self.waiting: deque[Request] = deque()

@@ -82,13 +82,32 @@ class ContinuousScheduler(Scheduler):
                 continue
             chunks.append((r, n))
             budget -= n
-        if not preempted:
-            self._admit(now, chunks, budget)
+        held_back = None if preempted else self._admit(now, chunks, budget)
         if not chunks:
             return Idle()
-        window = window_length(chunks, self.pool) if self.multi_step and self.fcfs and not preempted else 1
+        window = 1
+        if self.multi_step and self.fcfs and not preempted:
+            # A window may start with this step's prefills only if admission cannot change once
+            # they are done: tokens free up then, and (with a prefix cache) prompts become hits.
+            steady = held_back in (None, "seqs") or held_back == "blocks" and not self.cfg.prefix_caching
+            window = window_length(chunks, self.pool, steady, self._room(held_back))
         cache = self.pool.cache_ops(chunks) if self.cfg.prefix_caching else None
         return Step(chunks, preempted, repeat=window, booked=window, cache=cache)
+
+    def _room(self, held_back: str | None) -> int | None:
+        """For a window that may run past finishes: the free blocks the next admission needs
+        (sys.maxsize if nobody waits: no finish lets anyone in); None if any finish might.
+        NOTE: only under `reserve`, where a window books nothing: under `recompute` it would book
+        every row's blocks to its last token, wasted when the next arrival cuts it short (that
+        made the default sweep slower, not faster). Only the default FCFS order is predicted; a
+        policy choosing otherwise, or a prefix cache, stops windows at a finish."""
+        if not self.finish_in_window or self.cfg.prefix_caching or not self.pool.reserve:
+            return None
+        if held_back is None:
+            return sys.maxsize
+        if held_back == "blocks" and type(self).next_waiting is ContinuousScheduler.next_waiting:
+            return self.pool.blocks_for(self.waiting[0], 0)
+        return None
 
     def cached_tokens(self, request: Request) -> int:
         return self.pool.cached_tokens(request, remember=False)
@@ -104,7 +123,7 @@ class ContinuousScheduler(Scheduler):
                 return False
         return True
 
-    # Policy hooks (schedulers/policies.py overrides them): which waiting request is admitted
+    # Policy hooks (priority.py, sjf.py, vtc.py override them): which waiting request is admitted
     # next, and which running request gives up its blocks. FCFS: the queue's head; the newest.
     def next_waiting(self, now: float) -> Request:
         return self.waiting[0]
@@ -120,32 +139,39 @@ class ContinuousScheduler(Scheduler):
         victim.status = Status.QUEUED
         self.waiting.appendleft(victim)
 
-    def _admit(self, now: float, chunks: list, budget: int) -> None:
-        while self.waiting and len(self.running) < self.cfg.max_num_seqs and budget > 0:
+    def _admit(self, now: float, chunks: list, budget: int) -> str | None:
+        """Admit waiting requests into this step; returns what held the rest back ("seqs",
+        "tokens" or "blocks"), None if nobody is left waiting."""
+        waiting, running, pool, max_seqs = self.waiting, self.running, self.pool, self.cfg.max_num_seqs
+        unchunked, prefix = self.cfg.chunk_size is None, self.cfg.prefix_caching
+        while waiting and len(running) < max_seqs and budget > 0:
             r = self.next_waiting(now)
-            cached = self.pool.cached_tokens(r)        # 0 without prefix caching
-            need = r.num_tokens - cached
+            cached = pool.cached_tokens(r) if prefix else 0
+            need = r.prompt_len + len(r.token_times) - cached
             n = min(need, budget, self.chunk)
-            if n < need and self.cfg.chunk_size is None:
+            if n < need and unchunked:
                 if chunks:
-                    return                     # whole prompt does not fit this step's budget
+                    return "tokens"            # whole prompt does not fit this step's budget
                 n = need                       # alone in the step: let an over-long prompt run
-            if not self.pool.can_ever_fit(r):
+            if not pool.can_ever_fit(r):
                 self._take(r)                  # could never finish, even alone: fail it now
-                self.pool.release(r)
-                r.fail(f"needs more than {self.pool.num_blocks} KV blocks of {self.pool.block_size} tokens")
+                pool.release(r)
+                r.fail(f"needs more than {pool.num_blocks} KV blocks of {pool.block_size} tokens")
                 self.rejected.append(r)
                 continue
-            if not self.pool.grow(r, cached + n):
-                return                         # hold admission until blocks free up
+            if not pool.grow(r, cached + n):
+                return "blocks"                # hold admission until blocks free up
             r.num_computed_tokens = r.num_cached_tokens = cached
             self._take(r)
-            self.running.append(r)
+            running.append(r)
             if r.scheduled_time is None:
                 r.scheduled_time = now
             r.status = Status.RUNNING
             chunks.append((r, n))
             budget -= n
+        if not waiting:
+            return None
+        return "seqs" if len(running) >= max_seqs else "tokens"
 
     def _take(self, r: Request) -> None:
         if self.waiting[0] is r:
@@ -157,13 +183,19 @@ class ContinuousScheduler(Scheduler):
         """Advance the step's requests; those with all their tokens leave and free their blocks
         (the driver finishes them)."""
         done = []
+        window = step.booked > 1               # every row got a token from each step it ran
         for r, n in step.chunks:
-            r.num_computed_tokens += n * step.repeat
-            if len(r.token_times) >= r.max_new_tokens:
+            had = len(r.token_times)
+            if window:                         # all its KV but the newest token's (rows may leave early)
+                r.num_computed_tokens = r.prompt_len + had - 1
+            else:
+                r.num_computed_tokens += n
+            if had >= r.max_new_tokens:
                 done.append(r)
         if step.cache is not None:
             self.pool.commit(step)             # blocks this step completed become cache entries
-        return_unused(step, self.pool)
+        if step.booked > step.repeat:
+            return_unused(step, self.pool)
         for r in done:
             self.running.remove(r)
             self.pool.release(r)

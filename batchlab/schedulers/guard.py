@@ -30,6 +30,8 @@ class Guarded(Scheduler):
     running = property(lambda self: self.inner.running, lambda self, v: None)
     multi_step = property(lambda self: self.inner.multi_step,
                           lambda self, v: setattr(self.inner, "multi_step", v))
+    finish_in_window = property(lambda self: self.inner.finish_in_window,
+                                lambda self, v: setattr(self.inner, "finish_in_window", v))
 
     def __getattr__(self, name: str):
         # NOTE: only for what this class does not define: read-only facts a caller may look at
@@ -84,7 +86,8 @@ class Guarded(Scheduler):
         if not isinstance(done, list) or any(r not in ran or r.output_len < r.max_new_tokens for r in done):
             self._break("finish_step() handed back a request that was not in the step or is not finished")
             return []
-        return done if self._held_check(done) else []
+        self._held_check(done)                 # may stop the policy: what it still holds fails
+        return done                            # these did finish: the driver hands them back
 
     def _held_check(self, done: list[Request]) -> bool:
         """Forget what was handed back; the rest must still be waiting or running."""

@@ -22,15 +22,20 @@ class BlockPool:
         self.free = num_blocks
         self.held: dict[Request, int] = {}       # blocks held by each running request
 
+    @property
+    def spare(self) -> int:
+        """Free blocks a booking can take without evicting anything: here, every free block."""
+        return self.free
+
     def blocks_for(self, r: Request, tokens: int) -> int:
         """Blocks `r` must hold once `tokens` of it are computed."""
         if self.reserve:
             tokens = r.prompt_len + r.max_new_tokens
-        return cdiv(tokens, self.block_size)
+        return -(-tokens // self.block_size)   # cdiv, inlined: called for every admission attempt
 
     def can_ever_fit(self, r: Request) -> bool:
         """Could `r` finish alone in an empty cache?"""
-        return cdiv(r.prompt_len + r.max_new_tokens, self.block_size) <= self.num_blocks
+        return -(-(r.prompt_len + r.max_new_tokens) // self.block_size) <= self.num_blocks
 
     def grow(self, r: Request, tokens: int) -> bool:
         """Book what `r` needs for `tokens` computed tokens; False (and nothing booked) if the

@@ -51,6 +51,13 @@ class PrefixBlockPool(BlockPool):
         self._evicted: list[int] = []
 
     # -- queries ---------------------------------------------------------------------------------
+    @property
+    def spare(self) -> int:
+        """Free blocks holding no cached prefix. NOTE: a decode window books only these: booking
+        ahead must not evict a prefix that stepping one at a time would still have cached when
+        the window is cut short (blocks come back, evicted keys do not)."""
+        return len(self.empty)
+
     def keys(self, r: Request, remember: bool = True) -> list[int]:
         """r's prompt block keys, memoized while r is waiting or running here (`release` forgets)."""
         k = self._keys.get(r)

@@ -1,4 +1,6 @@
 """The one step-time function: scalars and arrays agree bit for bit, and it is the fit's model."""
+import math
+
 import numpy as np
 import pytest
 
@@ -32,3 +34,29 @@ def test_step_time_is_the_sum_the_fit_estimates(step):
 @pytest.mark.parametrize("step", [(300, 0, 12), (0, 64, 0), (5000, 128, 40)])
 def test_added_time_is_step_time_less_the_fixed_part(step):
     assert COST.fixed_s + COST.added_s(*step) == pytest.approx(COST.step_time(*step), rel=1e-12)
+
+
+@pytest.mark.parametrize("cost", [COST, StepCost(2e-4, 0.0, 0.0, 4e-5, 5e-4, kv_bytes_per_token=1, kv_budget_bytes=1)])
+def test_decode_ends_are_the_running_sums_of_step_time_bit_for_bit(cost):
+    """The simulator's decode windows stamp these; stepping one at a time must give the same floats."""
+    for start, context, rows, steps in [(0.0, 0, 1, 1), (12.345678, 4097, 7, 40), (3600.1, 123457, 64, 300)]:
+        t, expected = start, []
+        for i in range(steps):
+            t += cost.step_time(context + rows * i, 0, rows)
+            expected.append(t)
+        assert cost.decode_ends(start, context, rows, steps) == expected
+    assert cost.decode_ends(1.0, 10, 3, 0) == []
+
+
+def test_decode_ends_stop_after_the_first_step_reaching_until():
+    ends = COST.decode_ends(5.0, 100, 4, 50)
+    assert COST.decode_ends(5.0, 100, 4, 50, until=ends[9]) == ends[:10]
+    assert COST.decode_ends(5.0, 100, 4, 50, until=ends[9] - 1e-9) == ends[:10]
+    assert COST.decode_ends(5.0, 100, 4, 50, until=ends[-1] + 1) == ends
+
+
+def test_decode_ends_keep_the_zero_terms_when_they_are_not_zero():
+    """An infinite prefill coefficient makes step_time's prefill terms NaN even in a decode step."""
+    cost = StepCost(1e-3, 0.0, 1e-6, float("inf"), 1e-4, kv_bytes_per_token=1, kv_budget_bytes=1)
+    assert all(math.isnan(t) for t in cost.decode_ends(0.0, 10, 2, 3))
+    assert math.isnan(cost.step_time(10, 0, 2))

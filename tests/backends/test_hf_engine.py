@@ -47,10 +47,11 @@ def reference(lm, r: Request) -> list[int]:
     return out[0, ids.shape[1]:].tolist()
 
 
-def step_by_hand(engine, scheduler, requests, arrive_at, windows=False):
+def step_by_hand(engine, scheduler, requests, arrive_at, windows=False, past_finishes=False):
     """The driver's loop with arrivals at given step numbers instead of times (deterministic)."""
     clock, k, steps = RealClock(), 0, []
     scheduler.multi_step = windows
+    scheduler.finish_in_window = past_finishes
 
     async def main():
         nonlocal k
@@ -120,8 +121,10 @@ def test_preempted_requests_recompute_and_still_match_generate_through_the_drive
     assert engine.cache.slot_of == {}
 
 
-def test_decode_windows_run_several_passes_per_call_and_still_match_generate(lm):
-    """The scheduler may offer k identical decode steps; the engine runs them in one worker call."""
+@pytest.mark.parametrize("past_finishes", [False, True])
+def test_decode_windows_run_several_passes_per_call_and_still_match_generate(lm, past_finishes):
+    """The scheduler may offer k identical decode steps; the engine runs them in one worker call
+    (a window offered past a request's last token stops there: every row runs every pass)."""
     reqs = make(MIX, seed=4)
     engine = StepEngine(lm[0], lm[1])
     sched = ContinuousScheduler(ContinuousConfig(block_size=4), num_kv_blocks=1000)
@@ -132,7 +135,7 @@ def test_decode_windows_run_several_passes_per_call_and_still_match_generate(lm)
         offered.append(step.repeat)
         await real_step(step, clock)
     engine.step = spy
-    steps = step_by_hand(engine, sched, reqs, [a for *_, a in MIX], windows=True)
+    steps = step_by_hand(engine, sched, reqs, [a for *_, a in MIX], windows=True, past_finishes=past_finishes)
     assert max(offered) > 1 and len(offered) < len(steps)     # fewer calls than passes
     assert len(engine.step_log) == len(steps)                 # one record per pass
     assert [r.output_token_ids for r in reqs] == [reference(lm, r) for r in reqs]

@@ -9,8 +9,8 @@ from batchlab.run.point import run_point
 
 
 def stamps(res):
-    return [(r.request_id, r.status.value, r.scheduled_time, tuple(r.token_times), r.num_preemptions)
-            for r in res.requests]
+    return [(r.request_id, r.status.value, r.scheduled_time, tuple(r.token_times), r.num_preemptions,
+             sorted(r.breakdown.items())) for r in res.requests]
 
 
 @pytest.mark.parametrize("overrides", [
@@ -18,6 +18,10 @@ def stamps(res):
     ["continuous.num_kv_blocks=300", "continuous.block_size=16"],  # preemption and recompute
     ["continuous.num_kv_blocks=300", "continuous.preemption=reserve"],
     ["continuous.max_num_seqs=8", "continuous.chunk_size=64"],
+    # chunked recompute after preemptions, admission held back by the token budget
+    ["continuous.max_num_batched_tokens=300", "continuous.chunk_size=100", "continuous.num_kv_blocks=400"],
+    ["continuous.prefix_caching=true", "continuous.num_kv_blocks=500",
+     "traffic.prefix={groups: 4, tokens: 512, zipf: 1.0}"],
 ])
 def test_decode_windows_are_bit_identical_to_single_steps(overrides):
     cfg = load_config(None, ["traffic.duration_s=40", "traffic.warmup_s=0", "traffic.rates=[30]",
@@ -25,12 +29,19 @@ def test_decode_windows_are_bit_identical_to_single_steps(overrides):
                              "traffic.output_len={dist: uniform, low: 4, high: 300}", *overrides])
     fast = SimulatedBackend(load_cost("llama2-7b-a100"))
     slow = SimulatedBackend(load_cost("llama2-7b-a100"))
-    slow.multi_step = False
+    slow.runs_decode_windows = False           # the driver then never lets the scheduler offer windows
+    calls, step = [], fast.step
+
+    async def counted(s, clock):
+        calls.append(s)
+        await step(s, clock)
+    fast.step = counted
     a = run_point(cfg, "continuous", 30.0, 0, fast)
     b = run_point(cfg, "continuous", 30.0, 0, slow)
-    assert stamps(a) == stamps(b)
+    assert stamps(a) == stamps(b)              # every stamp and every phase, bit for bit
     assert fast.steps == slow.steps and fast.busy_s == pytest.approx(slow.busy_s)
     assert all(r.status.value == "finished" for r in a.requests)
+    assert len(calls) < fast.steps             # windows did run
 
 
 def test_padded_batch_costs_like_the_longest_row():
@@ -65,3 +76,20 @@ def test_simulated_oom_fails_naive_but_dynamic_backs_off():
     assert all(r.is_done for r in naive.requests)   # failed or finished: none lost
     dyn = run_point(cfg, "dynamic", 20.0, 0, SimulatedBackend(tight, enforce_memory=True))
     assert all(r.status.value == "finished" for r in dyn.requests)
+
+
+@pytest.mark.parametrize("blocks", [1000, 2000])
+def test_decode_windows_never_evict_a_cached_prefix_that_single_steps_keep(blocks):
+    """Multi-turn chat over a full prefix cache: a window cut short by an arrival hands back the
+    blocks it booked ahead, but not the prefixes it would have evicted to get them."""
+    cfg = load_config(None, [
+        "traffic.duration_s=120", "traffic.warmup_s=10", "traffic.rates=[1]",
+        "traffic.prompt_len={dist: uniform, low: 32, high: 256}", "traffic.output_len={dist: uniform, low: 32, high: 256}",
+        "traffic.prefix={groups: 4, tokens: 512, zipf: 1.0}",
+        "traffic.sessions={turns: 6, think_s: 5.0, think: exponential,"
+        " message_len: {dist: lognormal, median: 64, sigma: 0.6, low: 8, high: 512}}",
+        "continuous.prefix_caching=true", f"continuous.num_kv_blocks={blocks}"])
+    fast = SimulatedBackend(load_cost("llama2-7b-a100"))
+    slow = SimulatedBackend(load_cost("llama2-7b-a100"))
+    slow.runs_decode_windows = False
+    assert stamps(run_point(cfg, "continuous", 1.0, 0, fast)) == stamps(run_point(cfg, "continuous", 1.0, 0, slow))
