@@ -145,11 +145,34 @@ class ResultsDir:
                 self.write_text(config, recorded_config(tree, scan.points, experiment_digest(exp), where))
         return dropped
 
-    def put_in_order(self) -> None:
-        """Rewrite both files in canonical order if a rerun point landed after a later one."""
+    def put_in_order(self, written: dict[Key, dict] | None = None) -> None:
+        """Rewrite both files in canonical order if points landed out of it (a rerun point, or
+        points that finished in another order on Ray). `written`: the summary rows this run
+        appended; the summary header is rebuilt as appending them in canonical order would have
+        built it (a point with a column the others lack widens it), so the bytes match a run
+        that wrote them in order."""
         scan = self.scan()
-        if not scan.in_order:
-            self._rewrite(scan.header, [scan.points[k] for k in sorted(scan.points, key=canonical)])
+        if scan.header is None:
+            return
+        header = self._canonical_header(scan, written or {})
+        if scan.in_order and header == scan.header:
+            return
+        points = [scan.points[k] for k in sorted(scan.points, key=canonical)]
+        if header == scan.header:
+            self._rewrite(header, points)
+            return
+        self.write_text(self.requests_csv, csv_text([REQUEST_COLUMNS]) + "".join(r.raw for p in points for r in p.rows))
+        by_name = [dict(zip(scan.header, p.summary.fields)) for p in points]
+        self.write_text(self.summary_csv, csv_text([header, *([row.get(c, "") for c in header] for row in by_name)]))
+
+    @staticmethod
+    def _canonical_header(scan: Scan, written: dict[Key, dict]) -> list[str]:
+        """The header of points appended in canonical order: the first point's columns, then each
+        column a later point adds. A point recorded earlier counts as having every column."""
+        header: list[str] = []
+        for key in sorted(scan.points, key=canonical):
+            header += [c for c in (written[key] if key in written else scan.header) if c not in header]
+        return header
 
     def append_point(self, req_rows: list[dict], summary_row: dict) -> dict[str, Any]:
         """Append one point: request rows first, then the summary row that vouches for them.
