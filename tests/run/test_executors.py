@@ -17,9 +17,9 @@ from batchlab.errors import ConfigError, RunFailed
 from batchlab.run.executors import LocalExecutor, Need, RayExecutor, server_resource
 from batchlab.run.results import ResultsDir
 from batchlab.run.sweep import execute, plan_sweep, point_need, point_task, run_sweep
+from tests.conftest import SERVER
 from tests.run.test_sweep import assert_same_files
 
-SERVER = "server:127.0.0.1:8000"
 # a prefix cache gives continuous's summary rows columns the others lack: the header must not
 # depend on which point came back first
 SMALL = ["traffic.rates=[5, 20]", "traffic.duration_s=20", "traffic.warmup_s=2", "report=false",
@@ -27,16 +27,6 @@ SMALL = ["traffic.rates=[5, 20]", "traffic.duration_s=20", "traffic.warmup_s=2",
          "traffic.prefix={groups: 4, tokens: 64}"]
 RAY = ["executor.kind=ray"]
 
-
-
-@pytest.fixture(scope="session")
-def ray_local():
-    ray = pytest.importorskip("ray", reason="the ray extra (pip install 'batchlab[ray]')")
-    # NOTE: the hooks below run inside Ray workers; pickled by value, a worker need not import tests/
-    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, resources={SERVER: 1}, logging_level="WARNING")
-    yield ray
-    ray.shutdown()
 
 
 def dies_once(marker_dir: str, victim: tuple):
