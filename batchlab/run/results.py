@@ -19,6 +19,7 @@ import os
 import sys
 import tempfile
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,19 @@ from batchlab.run.schema import KEY, LEDGER, REQUEST_COLUMNS, Key, canonical, ce
 
 if sys.platform != "win32":
     import fcntl
+
+
+@dataclass(frozen=True)
+class RenderedRows:
+    """A point's request rows as the exact CSV text requests.csv gets. NOTE: rendered where the
+    point ran (a Ray worker), so the one writing process only appends text, and one string, not
+    thousands of dicts, travels back."""
+    text: str
+    count: int
+
+
+def render_rows(req_rows: list[dict]) -> RenderedRows:
+    return RenderedRows(csv_text([r[c] for c in REQUEST_COLUMNS] for r in req_rows), len(req_rows))
 
 
 class ResultsDir:
@@ -174,11 +188,12 @@ class ResultsDir:
             header += [c for c in (written[key] if key in written else scan.header) if c not in header]
         return header
 
-    def append_point(self, req_rows: list[dict], summary_row: dict) -> dict[str, Any]:
+    def append_point(self, req_rows: list[dict] | RenderedRows, summary_row: dict) -> dict[str, Any]:
         """Append one point: request rows first, then the summary row that vouches for them.
         Returns the summary row with its ledger (count and digest of the request rows)."""
-        text = csv_text([r[c] for c in REQUEST_COLUMNS] for r in req_rows)
-        ledger = {"num_rows": len(req_rows), "rows_digest": rows_digest(text)}
+        rendered = req_rows if isinstance(req_rows, RenderedRows) else render_rows(req_rows)
+        text = rendered.text
+        ledger = {"num_rows": rendered.count, "rows_digest": rows_digest(text)}
         row = {k: cell(v) for k, v in summary_row.items() if k not in LEDGER} | ledger
         head = "" if nonempty(self.requests_csv) else csv_text([REQUEST_COLUMNS])
         append_synced(self.requests_csv, head + text)

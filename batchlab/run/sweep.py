@@ -30,7 +30,7 @@ from batchlab.errors import ConfigError, RunFailed
 from batchlab.run.executors import Executor, LocalExecutor, Need, RayExecutor, make_executor, server_resource
 from batchlab.run.experiment import differences, experiment, experiment_digest, recorded_config
 from batchlab.run.point import PointResult, run_point
-from batchlab.run.results import ResultsDir, check_location
+from batchlab.run.results import RenderedRows, ResultsDir, check_location, render_rows
 from batchlab.run.schema import STRATEGY_RANK, Key, canonical, point_hash, request_rows, resolved_paths, summary_row
 
 LINK_NAME = "latest"
@@ -217,7 +217,7 @@ def _run_points(plan: SweepPlan, todo: list[Key], done: set[Key], written: dict[
         if progress and not local:
             progress(f"{i + 1} of {len(todo)} points back from {executor.kind}")
         if on_point:
-            on_point(PointDone(written[key], len(out.requests), out.failed, out.error))
+            on_point(PointDone(written[key], out.requests.count, out.failed, out.error))
     if nodes and not local:
         _write_setup(plan, None, executor, need, nodes)     # the placement, with every node that ran a point
     return failures
@@ -227,7 +227,7 @@ def _run_points(plan: SweepPlan, todo: list[Key], done: set[Key], written: dict[
 class PointRows:
     """One finished point as the writing process receives it: a pure function of (config, point)."""
     key: Key
-    requests: list[dict]                # request rows (REQUEST_COLUMNS)
+    requests: RenderedRows              # request rows, as requests.csv's text
     summary: dict[str, Any]             # the summary row, before the ledger columns
     failed: int                         # requests that failed
     error: str                          # their most common error ('' if none)
@@ -245,7 +245,7 @@ def compute_point(cfg: RunConfig, key: Key, backend: Backend) -> PointRows:
     errors = Counter(r.error or "unknown error" for r in res.requests if r.status is Status.FAILED)
     top = " ".join(errors.most_common(1)[0][0].split())[:200] if errors else ""   # one line, whatever the error
     summary = summary_row(cfg, strategy, rate, repeat, model, res.summary, res.meta)
-    return PointRows(key, rows, summary, sum(errors.values()), top, describe)
+    return PointRows(key, render_rows(rows), summary, sum(errors.values()), top, describe)
 
 
 _WORKER_BACKEND: dict[str, Backend] = {}
