@@ -215,11 +215,6 @@ def prefix_cache(d: dict) -> str:
     return "\n".join(lines)
 
 
-RENDER = {"sim_speed": sim_speed, "hf_dynamic_vs_naive": hf_dynamic_vs_naive, "engine_vs_hf_cb": engine_vs_hf_cb,
-          "validate_sim": validate_sim, "serving": serving,
-          "prefix_cache": prefix_cache, "ray_sweep": ray_sweep}
-
-
 def ray_sweep(d: dict) -> str:
     r, wi = d["ratio_per_repeat"], d["ratio_with_init_per_repeat"]
     local, ray = statistics.median(d["local_s"]), statistics.median(d["ray_s"])
@@ -230,6 +225,11 @@ def ray_sweep(d: dict) -> str:
             f"**{local:.1f} s** locally and **{ray:.1f} s** on Ray, **{statistics.median(r):.2f}×** (median; paired per "
             f"repeat {min(r):.2f}–{max(r):.2f}×). Counting the {d['ray_init_s']:.1f} s that starting Ray takes once per "
             f"command: {statistics.median(wi):.2f}×. requests.csv and summary.csv (less `wall_s`) were {same}.")
+
+
+RENDER = {"sim_speed": sim_speed, "hf_dynamic_vs_naive": hf_dynamic_vs_naive, "engine_vs_hf_cb": engine_vs_hf_cb,
+          "validate_sim": validate_sim, "serving": serving,
+          "prefix_cache": prefix_cache, "ray_sweep": ray_sweep}
 
 
 def render(readme: str, results: Path) -> str:

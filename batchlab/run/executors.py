@@ -86,20 +86,18 @@ class RayExecutor(Executor):
     def __init__(self, cfg: ExecutorConfig, resources: dict[str, float] | None = None):
         self.ray = import_ray()
         self.max_retries = cfg.max_retries
-        self.started = False
+        self.address = cfg.address or os.environ.get("RAY_ADDRESS")
+        self.started = False            # True: this object started or joined Ray, and shuts it down
         if not self.ray.is_initialized():
-            self._connect(cfg, resources or {})
-        self.local = self.started
-        self.address = cfg.address or os.environ.get("RAY_ADDRESS") or "local"
+            self._connect(resources or {}, cfg.num_cpus)
         self._check_resources(resources or {})
 
-    def _connect(self, cfg: ExecutorConfig, resources: dict[str, float]) -> None:
-        address = cfg.address or os.environ.get("RAY_ADDRESS")
-        starts_here = address in (None, "local")
+    def _connect(self, resources: dict[str, float], num_cpus: int | None) -> None:
+        address = self.address
         kwargs: dict[str, Any] = {"address": address, "include_dashboard": False, "log_to_driver": False,
                                   "logging_level": logging.WARNING, "configure_logging": True}
-        if starts_here:       # NOTE: CPUs and custom resources can only be declared by the Ray that starts here
-            kwargs |= {"num_cpus": cfg.num_cpus, "resources": resources or None}
+        if address in (None, "local"):   # NOTE: CPUs and custom resources can only be declared by a Ray that starts here
+            kwargs |= {"num_cpus": num_cpus, "resources": resources or None}
         try:
             self.ray.init(**kwargs)
         except (ConnectionError, RuntimeError, ValueError) as e:
@@ -112,8 +110,9 @@ class RayExecutor(Executor):
         missing = [k for k in resources if have.get(k, 0) < 1]
         if missing:
             spec = ", ".join(f'"{k}": 1' for k in missing)
-            raise ConfigError(f"the Ray cluster at {self.address} has no resource {', '.join(missing)}: points against one "
-                              f"server run one at a time through it; start one node with --resources '{{{spec}}}'")
+            where = f" at {self.address}" if self.address else ""
+            raise ConfigError(f"the Ray cluster{where} has no resource {', '.join(missing)}: points against one server run "
+                              f"one at a time through it; start one node with --resources '{{{spec}}}'")
 
     @property
     def parallelism(self) -> int:
@@ -128,9 +127,13 @@ class RayExecutor(Executor):
 
     def where(self) -> str:
         cpus = self.parallelism
-        if self.local:
-            return f"ray (a local Ray started by batchlab, {cpus} CPUs)"
-        return f"ray (cluster at {self.address}, {cpus} CPUs in {sum(1 for n in self.ray.nodes() if n.get('Alive'))} node(s))"
+        retries = f"a task whose worker dies is retried up to {self.max_retries} time(s)"
+        nodes = sum(1 for n in self.ray.nodes() if n.get("Alive"))
+        if not self.started:
+            return f"ray (the Ray this process had joined, {cpus} CPUs in {nodes} node(s); {retries})"
+        if self.address in (None, "local"):
+            return f"ray (a local Ray started by batchlab, {cpus} CPUs; {retries})"
+        return f"ray (cluster at {self.address}, {cpus} CPUs in {nodes} node(s); {retries})"
 
     def map(self, fn, calls, need=Need()):
         ray = self.ray

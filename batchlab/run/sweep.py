@@ -298,9 +298,7 @@ def _write_setup(plan: SweepPlan, describe: dict[str, Any] | None, executor: Exe
     """setup.json: the backend's facts, the machine, and how points were placed (one line)."""
     if describe is not None:
         plan.setup = {**describe, **run_environment()}
-    placed = f"{executor.where()}: each point holds {need.text()}"
-    if executor.kind == "ray":
-        placed += f", a worker that dies mid-point is retried up to {executor.max_retries} time(s)"
+    placed = executor.where() + (f"; each point holds {need.text()}" if executor.kind == "ray" else "")
     if nodes:
         placed += f"; points ran on {', '.join(sorted(nodes))}"
     plan.setup["placement"] = placed
