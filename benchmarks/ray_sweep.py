@@ -34,6 +34,12 @@ def summary_records(path: Path) -> list[list[str]]:
     return [r[:at] + r[at + 1:] for r in records]
 
 
+def point_seconds(path: Path) -> float:
+    """Seconds the points themselves ran (summary.csv's wall_s, summed): with each worker on a core
+    of its own this matches the local sum; more means the workers shared cores with other work."""
+    return sum(float(r["wall_s"]) for r in csv.DictReader(path.open(newline="")))
+
+
 def timed_sweep(overrides: list[str], out: Path) -> float:
     cfg = load_user_config(None, overrides)
     t = time.perf_counter()
@@ -55,7 +61,7 @@ def main() -> None:
     t = time.perf_counter()
     ray.init(num_cpus=args.cpus, include_dashboard=False, log_to_driver=False, logging_level="WARNING")
     init_s = time.perf_counter() - t
-    local_s, ray_s, identical = [], [], []
+    local_s, ray_s, identical, point_s, loads = [], [], [], {"local": [], "ray": []}, []
     with tempfile.TemporaryDirectory() as tmp:
         for rep in range(args.repeats):
             order = ["local", "ray"] if rep % 2 == 0 else ["ray", "local"]
@@ -68,10 +74,14 @@ def main() -> None:
             if not same:
                 sys.exit(f"repeat {rep}: the Ray sweep's CSVs differ from the local one's")
             identical.append(same)
+            for kind, path in (("local", a), ("ray", b)):
+                point_s[kind].append(point_seconds(path / "summary.csv"))
+            loads.append(os.getloadavg()[0])
             local_s.append(times["local"])
             ray_s.append(times["ray"])
             print(f"repeat {rep}: local {times['local']:.1f} s, ray {times['ray']:.1f} s, "
-                  f"{times['local'] / times['ray']:.2f}x, CSVs identical", flush=True)
+                  f"{times['local'] / times['ray']:.2f}x, CSVs identical; points ran {point_s['local'][-1]:.1f} s locally, "
+                  f"{point_s['ray'][-1]:.1f} s on Ray; load {loads[-1]:.1f}", flush=True)
     ray.shutdown()
     ratios = [a / b for a, b in zip(local_s, ray_s)]
     with_init = [a / (b + init_s) for a, b in zip(local_s, ray_s)]
@@ -79,6 +89,7 @@ def main() -> None:
            "strategies": 3, "rates": RATES, "repeats_per_sweep": 2, "duration_s": args.duration, "ray_cpus": args.cpus,
            "local_s": local_s, "ray_s": ray_s, "ratio_per_repeat": ratios, "ray_init_s": init_s,
            "ratio_with_init_per_repeat": with_init, "csvs_identical": all(identical),
+           "point_wall_s_sum": point_s, "load_1min_after_each_repeat": loads,
            "ray_version": ray.__version__, "cpus": os.cpu_count(),
            "load_avg_1_5_15": {"before": load_before, "after": os.getloadavg()}}
     print(f"median: local {statistics.median(local_s):.1f} s, ray {statistics.median(ray_s):.1f} s, "
