@@ -1,6 +1,6 @@
 # Two commands do all set-up on a fresh machine:
 #   make run    -> virtual env with the base install, then the default simulator sweep
-#   make test   -> virtual env with every extra (torch CPU, transformers, server), then the lint
+#   make test   -> virtual env with every extra (torch CPU, transformers, server, Ray), then the lint
 #                  (ruff), the architecture contracts (import-linter) and the tests
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
@@ -17,7 +17,7 @@ $(VENV)/.base: pyproject.toml | $(PY)
 	touch $@
 
 $(VENV)/.all: pyproject.toml | $(PY)
-	$(PIP) install -e '.[hf,serve,test]'
+	$(PIP) install -e '.[hf,serve,ray,test]'
 	touch $@ $(VENV)/.base
 
 run: $(VENV)/.base

@@ -24,6 +24,7 @@ LAZY_COMMANDS = {
     "profile": "batchlab.calibrate.profile:profile_cmd",
     "validate": "batchlab.calibrate.validate:validate_cmd",
     "tune": "batchlab.tune.command:tune_cmd",
+    "capacity": "batchlab.tune.capacity_cmd:capacity_cmd",
 }
 
 
@@ -61,12 +62,15 @@ def main() -> None:
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
               help="Override a config key, e.g. --set traffic.rates=[5,10] (repeatable).")
 @click.option("--quiet", is_flag=True, help="No progress display.")
+@click.option("--executor", type=click.Choice(["local", "ray"]), default=None,
+              help="Where points run (the config's executor.kind; default local): ray runs each point as a Ray task, "
+                   "on $RAY_ADDRESS or executor.address if set, else on a Ray started here.")
 @user_errors
-def run(config: str | None, out: str | None, overrides: tuple[str, ...], quiet: bool) -> None:
+def run(config: str | None, out: str | None, overrides: tuple[str, ...], quiet: bool, executor: str | None) -> None:
     """Run a sweep (default: the simulator, naive/dynamic/continuous at 5, 20, 50 req/s)."""
     from batchlab.report.console import run_with_progress
 
-    cfg = load_user_config(config, overrides)
+    cfg = load_user_config(config, overrides + ((f"executor.kind={executor}",) if executor else ()))
     out_dir = Path(out or cfg.out)
     run_with_progress(cfg, out_dir, quiet=quiet)
 

@@ -17,6 +17,11 @@ class ConfigError(ValueError):
     """A user mistake in a config file, an override, a flag or an input file; shown as is."""
 
 
+class RunFailed(RuntimeError):
+    """Work that could not be finished although the input was fine (a Ray worker that kept dying);
+    what did finish is saved. Shown as one line, exit status 1."""
+
+
 def user_errors(fn):
     """Turn user mistakes into one clear line and exit status 2."""
     @functools.wraps(fn)
@@ -26,6 +31,9 @@ def user_errors(fn):
         except (ConfigError, FileNotFoundError) as e:
             click.echo(f"error: {e}", err=True)
             sys.exit(2)
+        except RunFailed as e:
+            click.echo(f"error: {e}", err=True)
+            sys.exit(1)
         except OSError as e:
             # NOTE: not the user's input (that is checked before anything is written) but the machine:
             # a disk that filled up, a directory removed under a running sweep. One line, exit 1.

@@ -273,9 +273,32 @@ def policies(d: dict) -> str:
     return "\n".join(lines)
 
 
+def ray_sweep(d: dict) -> str:
+    r, wi = d["ratio_per_repeat"], d["ratio_with_init_per_repeat"]
+    local, ray = statistics.median(d["local_s"]), statistics.median(d["ray_s"])
+    same = "byte-identical in every repeat" if d["csvs_identical"] else "NOT identical"
+    return (f"`{d['command']}` ({d['points']} simulated points: {d['strategies']} strategies × {len(d['rates'])} rates × "
+            f"{d['repeats_per_sweep']} repeats, {d['duration_s']:g} s of traffic each; `local` against a local Ray "
+            f"{d['ray_version']} with {d['ray_cpus']} CPUs, run back to back {len(r)} times; {_load(d)}): the sweep took "
+            f"**{local:.1f} s** locally and **{ray:.1f} s** on Ray, **{statistics.median(r):.2f}×** (median; paired per "
+            f"repeat {min(r):.2f}–{max(r):.2f}×). Counting the {d['ray_init_s']:.1f} s that starting Ray takes once per "
+            f"command: {statistics.median(wi):.2f}×. requests.csv and summary.csv (less `wall_s`) were {same}."
+            + _point_time(d))
+
+
+def _point_time(d: dict) -> str:
+    """How long the points themselves ran on each side: the sign of workers sharing cores."""
+    if "point_wall_s_sum" not in d:
+        return ""
+    p = d["point_wall_s_sum"]
+    loads = ", ".join(f"{x:.1f}" for x in d["load_1min_after_each_repeat"])
+    return (f" The points themselves ran {statistics.median(p['local']):.1f} s in all locally and "
+            f"{statistics.median(p['ray']):.1f} s on Ray (sums of `wall_s`, medians; 1-minute load after each repeat: {loads}).")
+
+
 RENDER = {"sim_speed": sim_speed, "hf_dynamic_vs_naive": hf_dynamic_vs_naive, "engine_vs_hf_cb": engine_vs_hf_cb,
           "validate_sim": validate_sim, "serving": serving,
-          "prefix_cache": prefix_cache, "policies": policies}
+          "prefix_cache": prefix_cache, "policies": policies, "ray_sweep": ray_sweep}
 
 
 def render(readme: str, results: Path) -> str:

@@ -20,7 +20,8 @@ from batchlab.backends.cost import StepCost
 from batchlab.backends.simulated import SimulatedBackend
 from batchlab.core.config import RunConfig, load_config
 from batchlab.core.traffic import build_trace
-from batchlab.errors import ConfigError, user_errors
+from batchlab.errors import ConfigError, RunFailed, user_errors
+from batchlab.run.executors import Executor, LocalExecutor, make_executor
 from batchlab.run.point import run_point
 from batchlab.run.schema import summary_row
 from batchlab.run.sweep import run_sweep
@@ -59,18 +60,28 @@ def sim_cost(cfg: RunConfig, cost: StepCost) -> StepCost:
     return cost
 
 
-def simulate_points(cfg: RunConfig, real: pd.DataFrame, profiles) -> pd.DataFrame:
-    """Replay every real point's trace on the calibrated simulator; one summary row per point."""
-    rows = []
+def simulate_points(cfg: RunConfig, real: pd.DataFrame, profiles, executor: Executor | None = None) -> pd.DataFrame:
+    """Replay every real point's trace on the calibrated simulator (side by side on the
+    executor); one summary row per point, in the real summary's order."""
+    calls = []
     for _, point in real.iterrows():
-        strategy, rate, repeat = point["strategy"], float(point["rate"]), int(point["repeat"])
+        strategy = point["strategy"]
         path, cost = profile_for(strategy, profiles)
-        sim_cfg = cfg.model_copy(update={"backend": cfg.backend.model_copy(
-            update={"kind": "sim", "profile": path, "replicas": 1})})
-        trace = build_trace(cfg.traffic, rate, repeat)
-        res = run_point(sim_cfg, strategy, rate, repeat, SimulatedBackend(sim_cost(cfg, cost)), trace)
-        rows.append(summary_row(sim_cfg, strategy, rate, repeat, cost.name, res.summary, {"profile": path, **res.meta}))
+        calls.append((cfg, strategy, float(point["rate"]), int(point["repeat"]), path, cost))
+    rows: list[dict | None] = [None] * len(calls)
+    for fin in (executor or LocalExecutor()).map(sim_point, calls):
+        if fin.error is not None:
+            raise RunFailed(f"validate: a simulated replay was lost: {fin.error}")
+        rows[fin.index] = fin.value
     return pd.DataFrame(rows)
+
+
+def sim_point(cfg: RunConfig, strategy: str, rate: float, repeat: int, path: str, cost: StepCost) -> dict:
+    """One real point's trace on the simulator calibrated by `cost`: its summary row (a pure function)."""
+    sim_cfg = cfg.model_copy(update={"backend": cfg.backend.model_copy(update={"kind": "sim", "profile": path, "replicas": 1})})
+    trace = build_trace(cfg.traffic, rate, repeat)
+    res = run_point(sim_cfg, strategy, rate, repeat, SimulatedBackend(sim_cost(cfg, cost)), trace)
+    return summary_row(sim_cfg, strategy, rate, repeat, cost.name, res.summary, {"profile": path, **res.meta})
 
 
 def compare(real: pd.DataFrame, sim: pd.DataFrame) -> pd.DataFrame:
@@ -88,9 +99,13 @@ def validate(cfg: RunConfig, profile_paths: list[str], out: Path, progress=None)
     profiles = load_profiles(profile_paths)
     for s in cfg.strategies:
         profile_for(s, profiles)                 # fail before the (long) real run, not after
-    real_dir = run_sweep(cfg, out / "real", progress=progress)
-    real = pd.read_csv(real_dir / "summary.csv")
-    sim = simulate_points(cfg, real, profiles)
+    executor = make_executor(cfg.executor)     # NOTE: first, so a Ray started here serves both halves
+    try:
+        real_dir = run_sweep(cfg, out / "real", progress=progress)
+        real = pd.read_csv(real_dir / "summary.csv")
+        sim = simulate_points(cfg, real, profiles, executor)
+    finally:
+        executor.close()
     sim.to_csv(out / "sim_summary.csv", index=False)
     table = compare(real, sim)
     table.to_csv(out / "validation.csv", index=False)
@@ -118,13 +133,15 @@ def report_lines(table: pd.DataFrame) -> list[str]:
               help="Profile JSON from `batchlab profile` (one per path: --strategy dynamic and continuous).")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Override a config key (repeatable).")
 @click.option("--out", default="results/validate", show_default=True, help="Output directory.")
+@click.option("--executor", type=click.Choice(["local", "ray"]), default=None,
+              help="Where points run (default: the config's executor.kind): ray runs real and simulated points as Ray tasks.")
 @user_errors
-def validate_cmd(config, profiles, overrides, out):
+def validate_cmd(config, profiles, overrides, out, executor):
     """Run CONFIG on its real backend and on the simulator calibrated by PROFILE; report the errors."""
     for p in profiles:
         if not Path(p).is_file():
             raise ConfigError(f"--profile: file not found: {p}")
-    cfg = load_config(config, list(overrides))
+    cfg = load_config(config, list(overrides) + ([f"executor.kind={executor}"] if executor else []))
     if cfg.backend.kind in ("openai", "hf-cb"):
         raise ConfigError(f"backend.kind '{cfg.backend.kind}' batches for itself; validate 'hf' (or 'sim') backends")
     out_dir = Path(out)

@@ -386,6 +386,24 @@ class VTCConfig(_Model):
     decode_weight: Annotated[float, Field(gt=0, le=1000)] = 2.0    # the paper's w_q per output token
 
 
+class ExecutorConfig(_Model):
+    """Where a sweep's points run (run/executors.py). `local`: one after another in this process.
+    `ray`: each point is a Ray task; the process that started the sweep writes every result.
+    NOTE: where points run never changes what they mean, so this section is left out of
+    experiment identities, point hashes and config.yaml; setup.json records the placement."""
+    kind: Literal["local", "ray"] = "local"
+    address: str | None = None              # ray: a cluster's address, or "auto" (None: $RAY_ADDRESS, else a local Ray here)
+    num_cpus: Annotated[int, Field(gt=0, le=1 << 16)] | None = None   # ray, started here: CPUs it may use (None: all)
+    max_retries: Annotated[int, Field(ge=0, le=100)] = 2   # ray: reruns of a point whose worker died
+
+    @field_validator("address")
+    @classmethod
+    def _address(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"auto|local|(ray://)?[A-Za-z0-9_.\-\[\]:]+(:\d{1,5})?", v):
+            raise ValueError("expected auto, HOST:PORT or ray://HOST:PORT")
+        return v
+
+
 # "server": the backend batches for itself (an OpenAI-compatible server, transformers' own
 # continuous batching); batchlab only sends the trace and measures. Policies run on the continuous
 # machinery; a third-party one is named by import path (`pkg.module:Class`) or by its entry point
@@ -411,6 +429,7 @@ class RunConfig(_Model):
     slo: SLOConfig = SLOConfig()
     out: str = "results/latest"
     report: bool = True                     # write report.md and plots at the end of `run`
+    executor: ExecutorConfig = ExecutorConfig()   # where points run; not part of what they mean
 
     # Dotted keys the user gave (config file and --set, not the packaged defaults): only those
     # can earn a "does not apply" warning. None: not built by load_config; every set field counts.
@@ -454,7 +473,7 @@ class RunConfig(_Model):
 
     def tree(self) -> dict[str, Any]:
         """The whole config as JSON-ready data (what identities and config.yaml record)."""
-        tree = self.model_dump(mode="json")
+        tree = self.model_dump(mode="json", exclude={"executor"})
         for (section, key), default in QUIET_DEFAULTS.items():
             if tree[section].get(key) == default:
                 del tree[section][key]

@@ -1,13 +1,11 @@
 """What each strategy sustains: the one rule for "sustains" and "knee", used by every sentence,
 table and plot that names one.
 
-A tested rate is sustained when both hold (medians over repeats):
-- the SLO: at least ATTAINMENT of the measured requests meet every threshold (a failed request
-  meets none), and
-- the throughput: requests completed per second (first arrival to last completion, summary.csv's
-  requests_per_s) reach SERVED × the rate offered (arrivals per second over the arrival window).
-NOTE: the second condition catches a growing queue that a short point hides: its p99 can still
-look fine while the backlog is served after the traffic stops (docs: DESIGN.md, measured with
+A tested rate is sustained when core/sustain.py's rule holds on the medians over repeats: at least
+ATTAINMENT of the measured requests meet every threshold (a failed request meets none), and
+requests completed per second (first arrival to last completion, summary.csv's requests_per_s)
+reach SERVED × the rate offered (arrivals per second over the arrival window). The rule lives in
+core so the tuner and the capacity search ask the same question (docs: DESIGN.md, measured with
 vLLM's comparison). Without an SLO only the throughput condition applies.
 A strategy's capacity is the highest sustained tested rate; `limit` says what broke at the next
 rate up (which SLO metric, or the throughput), so a knee is never unexplained.
@@ -19,9 +17,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from batchlab.report.stats import ATTAINMENT
+from batchlab.core.sustain import ATTAINMENT, SERVED, sustains
 
-SERVED = 0.95            # completed / offered requests per second that counts as keeping up
 MIN_DURATION_S = 30.0    # shorter points get a caveat in the verdict: a slow-growing queue hides
 SLO_METRICS = {"ttft_s": "TTFT", "tpot_s": "TPOT", "e2e_s": "E2E"}
 
@@ -57,9 +54,7 @@ def sustained(summary: pd.DataFrame, requests: pd.DataFrame | None, slo: dict) -
     served = s["requests_per_s"].astype(float).fillna(0.0) / offered_rates(summary, requests)
     points = pd.DataFrame({"served": served, "attainment": s["slo_attainment"].astype(float).fillna(0.0)})
     per_rate = points.groupby(level=["strategy", "rate"], sort=False).median()
-    ok = per_rate["served"] >= SERVED
-    if any(slo.get(k) for k in SLO_METRICS):
-        ok &= per_rate["attainment"] >= ATTAINMENT
+    ok = sustains(per_rate["attainment"], per_rate["served"], any(slo.get(k) for k in SLO_METRICS))
     return per_rate.assign(sustained=ok).reset_index()
 
 

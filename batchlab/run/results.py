@@ -19,6 +19,7 @@ import os
 import sys
 import tempfile
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,11 +27,24 @@ import yaml
 
 from batchlab.errors import ConfigError
 from batchlab.run.experiment import experiment_digest, recorded_config
-from batchlab.run.ledger import Point, Scan, append_synced, csv_text, fsync_dir, nonempty, read_records, rows_digest, scan_files
+from batchlab.run.ledger import Point, Scan, append_synced, csv_text, fsync_dir, nonempty, parse_key, read_records, rows_digest, scan_files
 from batchlab.run.schema import KEY, LEDGER, REQUEST_COLUMNS, Key, canonical, cell
 
 if sys.platform != "win32":
     import fcntl
+
+
+@dataclass(frozen=True)
+class RenderedRows:
+    """A point's request rows as the exact CSV text requests.csv gets. NOTE: rendered where the
+    point ran (a Ray worker), so the one writing process only appends text, and one string, not
+    thousands of dicts, travels back."""
+    text: str
+    count: int
+
+
+def render_rows(req_rows: list[dict]) -> RenderedRows:
+    return RenderedRows(csv_text([r[c] for c in REQUEST_COLUMNS] for r in req_rows), len(req_rows))
 
 
 class ResultsDir:
@@ -43,6 +57,7 @@ class ResultsDir:
         self.summary_csv = self.path / "summary.csv"
         self.experiment_json = self.path / "experiment.json"
         self.lock = self.path / ".lock"
+        self.appended: dict[Key, tuple[int, int]] = {}    # points this object appended: byte offset and length in requests.csv
 
     def has_results(self) -> bool:
         return any(p.is_file() and p.stat().st_size for p in (self.requests_csv, self.summary_csv))
@@ -145,20 +160,84 @@ class ResultsDir:
                 self.write_text(config, recorded_config(tree, scan.points, experiment_digest(exp), where))
         return dropped
 
-    def put_in_order(self) -> None:
-        """Rewrite both files in canonical order if a rerun point landed after a later one."""
+    def put_in_order(self, written: dict[Key, dict] | None = None) -> None:
+        """Rewrite both files in canonical order if points landed out of it (a rerun point, or
+        points that finished in another order on Ray). `written`: the summary rows this run
+        appended; the summary header is rebuilt as appending them in canonical order would have
+        built it (a point with a column the others lack widens it), so the bytes match a run
+        that wrote them in order."""
+        if self._reorder_own_points(written or {}):
+            return
         scan = self.scan()
-        if not scan.in_order:
-            self._rewrite(scan.header, [scan.points[k] for k in sorted(scan.points, key=canonical)])
+        if scan.header is None:
+            return
+        header = self._canonical_header(scan.header, list(scan.points), written or {})
+        if scan.in_order and header == scan.header:
+            return
+        points = [scan.points[k] for k in sorted(scan.points, key=canonical)]
+        if header == scan.header:
+            self._rewrite(header, points)
+            return
+        self.write_text(self.requests_csv, csv_text([REQUEST_COLUMNS]) + "".join(r.raw for p in points for r in p.rows))
+        self._write_summary(scan.header, header, [p.summary.fields for p in points])
 
-    def append_point(self, req_rows: list[dict], summary_row: dict) -> dict[str, Any]:
+    def _reorder_own_points(self, written: dict[Key, dict]) -> bool:
+        """The fast path when every point in the files was appended by this object: move each
+        point's request rows by the byte span recorded when it was appended, without parsing
+        requests.csv again (on a large sweep that parse is most of what the writing process does).
+        Returns False, changing nothing, when the files hold anything else."""
+        header, records, intact = read_records(self.summary_csv)
+        if header is None or not intact or not set(KEY) <= set(header):
+            return False
+        at = tuple(header.index(c) for c in KEY)
+        keys = [parse_key(r.fields, at) for r in records]
+        if len(set(keys)) != len(keys) or set(keys) != set(self.appended) or \
+                self.requests_csv.stat().st_size != len(csv_text([REQUEST_COLUMNS]).encode()) + sum(n for _, n in self.appended.values()):
+            return False
+        order = sorted(keys, key=canonical)
+        canon = self._canonical_header(header, order, written)
+        if order == keys and canon == header:
+            return True
+        with self.requests_csv.open("rb") as f:
+            parts = []
+            for key in order:
+                start, length = self.appended[key]
+                f.seek(start)
+                parts.append(f.read(length))
+        self.write_text(self.requests_csv, csv_text([REQUEST_COLUMNS]) + b"".join(parts).decode("utf-8"))
+        by_key = dict(zip(keys, records))
+        self._write_summary(header, canon, [by_key[k].fields for k in order])
+        offset = len(csv_text([REQUEST_COLUMNS]).encode())
+        for key, part in zip(order, parts):
+            self.appended[key] = (offset, len(part))
+            offset += len(part)
+        return True
+
+    def _write_summary(self, old: list[str], header: list[str], records: list[list[str]]) -> None:
+        rows = [dict(zip(old, fields)) for fields in records]
+        self.write_text(self.summary_csv, csv_text([header, *([row.get(c, "") for c in header] for row in rows)]))
+
+    @staticmethod
+    def _canonical_header(header: list[str], keys: list[Key], written: dict[Key, dict]) -> list[str]:
+        """The header of points appended in canonical order: the first point's columns, then each
+        column a later point adds. A point not written by this run counts as having every column."""
+        out: list[str] = []
+        for key in sorted(keys, key=canonical):
+            out += [c for c in (written[key] if key in written else header) if c not in out]
+        return out
+
+    def append_point(self, req_rows: list[dict] | RenderedRows, summary_row: dict) -> dict[str, Any]:
         """Append one point: request rows first, then the summary row that vouches for them.
         Returns the summary row with its ledger (count and digest of the request rows)."""
-        text = csv_text([r[c] for c in REQUEST_COLUMNS] for r in req_rows)
-        ledger = {"num_rows": len(req_rows), "rows_digest": rows_digest(text)}
+        rendered = req_rows if isinstance(req_rows, RenderedRows) else render_rows(req_rows)
+        text = rendered.text
+        ledger = {"num_rows": rendered.count, "rows_digest": rows_digest(text)}
         row = {k: cell(v) for k, v in summary_row.items() if k not in LEDGER} | ledger
         head = "" if nonempty(self.requests_csv) else csv_text([REQUEST_COLUMNS])
+        start = (self.requests_csv.stat().st_size if self.requests_csv.exists() else 0) + len(head.encode())
         append_synced(self.requests_csv, head + text)
+        key = (summary_row["strategy"], float(summary_row["rate"]), int(summary_row["repeat"]))
+        self.appended[key] = (start, len(text.encode()))
         header, _, _ = read_records(self.summary_csv)
         if header is None:
             header = list(row)

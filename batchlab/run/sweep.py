@@ -26,11 +26,12 @@ from batchlab.core.applies import config_warnings
 from batchlab.core.config import RunConfig
 from batchlab.core.request import Status
 from batchlab.core.traffic import build_trace, read_trace, trace_rate
-from batchlab.errors import ConfigError
+from batchlab.errors import ConfigError, RunFailed
+from batchlab.run.executors import Executor, LocalExecutor, Need, RayExecutor, make_executor, server_resource
 from batchlab.run.experiment import differences, experiment, experiment_digest, recorded_config
 from batchlab.run.point import PointResult, run_point
-from batchlab.run.results import ResultsDir, check_location
-from batchlab.run.schema import Key, canonical, point_hash, request_rows, strategy_rank, summary_row
+from batchlab.run.results import RenderedRows, ResultsDir, check_location, render_rows
+from batchlab.run.schema import Key, canonical, point_hash, request_rows, resolved_paths, strategy_rank, summary_row
 from batchlab.schedulers import scheduler_class
 
 LINK_NAME = "latest"
@@ -90,8 +91,11 @@ class SweepPlan:
     experiment: dict[str, Any]          # its identity (run/results.py `experiment`)
     total: int                          # points in this command's sweep
     todo: list[Key]                     # of them, not yet recorded
-    backend: Backend | None = None      # made only when there is something to run
+    backend: Backend | None = None      # made only when there is something to run here (local executor)
+    executor: Executor | None = None    # where points run; connected only when there is something to run
     warnings: list[str] = field(default_factory=list)
+    setup: dict[str, Any] = field(default_factory=dict)    # setup.json as written
+    setup_written: bool = False
 
     @property
     def path(self) -> Path:
@@ -129,13 +133,25 @@ def plan_sweep(cfg: RunConfig, out: str | Path) -> SweepPlan:
     # run) only needs the key warnings.
     plan.warnings += preflight(cfg) if todo else config_warnings(cfg)
     if todo:
-        plan.backend = make_backend(cfg)
+        plan.executor = make_executor(cfg.executor, _declared_resources(cfg))
+        if plan.executor.kind == "local":       # on Ray, each worker makes its own
+            plan.backend = make_backend(cfg)
     return plan
 
 
+def _declared_resources(cfg: RunConfig) -> dict[str, float]:
+    """Custom resources a Ray started here declares: one unit per server points are sent to."""
+    if cfg.executor.kind == "ray" and cfg.backend.kind == "openai" and cfg.backend.base_url:
+        return {server_resource(cfg.backend.base_url): 1.0}
+    return {}
+
+
 def execute(plan: SweepPlan, on_point: Callable[[PointDone], None] | None = None,
-            progress: Callable[[str], None] | None = None) -> Path:
-    """Write: claim the directory, repair what a crash left, run the missing points."""
+            progress: Callable[[str], None] | None = None, task: Callable[[RunConfig, Key], PointRows] | None = None) -> Path:
+    """Write: claim the directory, repair what a crash left, run the missing points (on the plan's
+    executor) and append each one as it finishes. `task` replaces the Ray task's function (tests
+    use it to kill a worker mid-point). Raises RunFailed after the others are written if a point's
+    worker died more often than executor.max_retries allows."""
     results = plan.results
     try:
         with results.writing():
@@ -143,27 +159,25 @@ def execute(plan: SweepPlan, on_point: Callable[[PointDone], None] | None = None
             scan = results.scan()
             results.repair(scan)
             done = set(scan.points)
+            before = sorted(done, key=canonical)
             _write_config(plan, done)
             if plan.link is not None:
                 _point_link(plan.link, results.path)
             todo = [k for k in plan.todo if k not in done]
-            if todo:
-                describe = plan.backend.describe()
-                setup = {**describe, **run_environment()}
-                results.write_text(results.path / "setup.json", json.dumps(setup, indent=2, default=str) + "\n")
-            in_order = True
-            for key in todo:
-                report = _run_one(plan, key, str(describe.get("model", "")), progress)
-                in_order = in_order and all(canonical(k) < canonical(key) for k in done)
-                done.add(key)
-                _write_config(plan, done)
-                if on_point:
-                    on_point(report)
-            if not in_order:                    # a rerun point landed after later ones
-                results.put_in_order()
+            written: dict[Key, dict] = {}
+            failures = _run_points(plan, todo, done, written, on_point, progress, task) if todo else []
+            keys = before + list(written)
+            if keys != sorted(keys, key=canonical):     # NOTE: whatever order points finished in, the files end canonical
+                results.put_in_order(written)
+            if failures:
+                raise RunFailed(f"{len(failures)} point(s) not run: " + "; ".join(failures[:3])
+                                + ("; ..." if len(failures) > 3 else "") + ". The other points are saved; rerun the "
+                                "same command to run the missing ones")
     finally:
         if plan.backend is not None:
             asyncio.run(plan.backend.close())
+        if plan.executor is not None:
+            plan.executor.close()
     return results.path
 
 
@@ -173,17 +187,126 @@ def run_sweep(cfg: RunConfig, out: str | Path, on_point: Callable[[PointDone], N
     return execute(plan_sweep(cfg, out), on_point, progress)
 
 
-def _run_one(plan: SweepPlan, key: Key, model: str, progress: Callable[[str], None] | None) -> PointDone:
+def _run_points(plan: SweepPlan, todo: list[Key], done: set[Key], written: dict[Key, dict],
+                on_point: Callable[[PointDone], None] | None, progress: Callable[[str], None] | None,
+                task: Callable[[RunConfig, Key], PointRows] | None) -> list[str]:
+    """Run `todo` on the plan's executor; write each point the moment it is back. Returns one line
+    per point that could not be run."""
+    executor = plan.executor or LocalExecutor()
+    need = point_need(plan.cfg, executor)
+    local = executor.kind == "local"
+    if local:       # NOTE: the plan's backend (one model load) serves every point, in this process, in order
+        calls = [(plan.cfg, key, plan.backend) for key in todo]
+        fn: Callable = _announced(compute_point, progress)
+        _write_setup(plan, plan.backend.describe(), executor, need, set())
+    else:
+        cfg = absolute_inputs(plan.cfg)
+        calls, fn = [(cfg, key) for key in todo], task or point_task
+        if progress:
+            progress(f"{len(todo)} points sent to {executor.where()}")
+    failures, nodes = [], set()
+    for i, fin in enumerate(executor.map(fn, calls, need)):
+        key = todo[fin.index]
+        if fin.error is not None:
+            failures.append(f"{key[0]} @ {key[1]:g} req/s (repeat {key[2]}): {fin.error}")
+            continue
+        out: PointRows = fin.value
+        nodes.add(fin.node)
+        if not local and not plan.setup_written:
+            _write_setup(plan, out.setup, executor, need, nodes)
+        written[key] = plan.results.append_point(out.requests, out.summary)
+        done.add(key)
+        _write_config(plan, done)
+        if progress and not local:
+            progress(f"{i + 1} of {len(todo)} points back from {executor.kind}")
+        if on_point:
+            on_point(PointDone(written[key], out.requests.count, out.failed, out.error))
+    if nodes and not local:
+        _write_setup(plan, None, executor, need, nodes)     # the placement, with every node that ran a point
+    return failures
+
+
+@dataclass(frozen=True)
+class PointRows:
+    """One finished point as the writing process receives it: a pure function of (config, point)."""
+    key: Key
+    requests: RenderedRows              # request rows, as requests.csv's text
+    summary: dict[str, Any]             # the summary row, before the ledger columns
+    failed: int                         # requests that failed
+    error: str                          # their most common error ('' if none)
+    setup: dict[str, Any]               # the backend's facts (describe()) where it ran
+
+
+def compute_point(cfg: RunConfig, key: Key, backend: Backend) -> PointRows:
+    """Run one point on `backend` and turn it into rows; writes nothing."""
     strategy, rate, repeat = key
-    trace = build_trace(plan.cfg.traffic, rate, repeat)
-    if progress:
-        progress(f"{strategy} @ {rate:g} req/s (repeat {repeat}): {len(trace)} requests")
-    res: PointResult = run_point(plan.cfg, strategy, rate, repeat, plan.backend, trace)
-    rows = request_rows(plan.cfg, strategy, rate, repeat, res.requests, model)
-    row = plan.results.append_point(rows, summary_row(plan.cfg, strategy, rate, repeat, model, res.summary, res.meta))
+    describe = backend.describe()
+    model = str(describe.get("model", ""))
+    trace = build_trace(cfg.traffic, rate, repeat)
+    res: PointResult = run_point(cfg, strategy, rate, repeat, backend, trace)
+    rows = request_rows(cfg, strategy, rate, repeat, res.requests, model)
     errors = Counter(r.error or "unknown error" for r in res.requests if r.status is Status.FAILED)
     top = " ".join(errors.most_common(1)[0][0].split())[:200] if errors else ""   # one line, whatever the error
-    return PointDone(row, len(rows), sum(errors.values()), top)
+    summary = summary_row(cfg, strategy, rate, repeat, model, res.summary, res.meta)
+    return PointRows(key, render_rows(rows), summary, sum(errors.values()), top, describe)
+
+
+_WORKER_BACKEND: dict[str, Backend] = {}
+
+
+def point_task(cfg: RunConfig, key: Key) -> PointRows:
+    """A point as a Ray task. The worker process builds the backend once per config and keeps it
+    for the next point it is given (a model is loaded once per worker, not once per point)."""
+    ident = cfg.model_dump_json()
+    if ident not in _WORKER_BACKEND:
+        for old in _WORKER_BACKEND.values():
+            asyncio.run(old.close())
+        _WORKER_BACKEND.clear()
+        _WORKER_BACKEND[ident] = make_backend(cfg)
+    return compute_point(cfg, key, _WORKER_BACKEND[ident])
+
+
+def point_need(cfg: RunConfig, executor: Executor) -> Need:
+    """What a point holds while it runs, so two never share what they measure: one CPU for the
+    simulator; a GPU, or as many CPUs as it runs torch threads, for a model; and a server's own
+    resource for points against an OpenAI-compatible server (one at a time per server)."""
+    kind = cfg.backend.kind
+    if kind == "sim" or not isinstance(executor, RayExecutor):
+        return Need(1)
+    if kind == "openai":
+        return Need(1, resources=((server_resource(cfg.backend.base_url or ""), 1.0),))
+    device = cfg.backend.device
+    if device.startswith("cuda") or (device == "auto" and executor.gpus() > 0):
+        return Need(1, num_gpus=1)
+    return Need(cfg.backend.threads or executor.node_cpus())
+
+
+def absolute_inputs(cfg: RunConfig) -> RunConfig:
+    """The config with input files named by absolute paths: a Ray worker may start elsewhere
+    (on a cluster the files must be at the same path on every node)."""
+    tree = resolved_paths(cfg.model_dump(mode="json"))
+    return RunConfig.model_validate(tree)
+
+
+def _announced(fn: Callable, progress: Callable[[str], None] | None) -> Callable:
+    def run(cfg: RunConfig, key: Key, backend: Backend) -> PointRows:
+        if progress:
+            strategy, rate, repeat = key
+            progress(f"{strategy} @ {rate:g} req/s (repeat {repeat})")
+        return fn(cfg, key, backend)
+    return run
+
+
+def _write_setup(plan: SweepPlan, describe: dict[str, Any] | None, executor: Executor, need: Need, nodes: set[str]) -> None:
+    """setup.json: the backend's facts, the machine, and how points were placed (one line)."""
+    if describe is not None:
+        plan.setup = {**describe, **run_environment()}
+    placed = executor.where() + (f"; each point holds {need.text()}" if executor.kind == "ray" else "")
+    if nodes:
+        placed += f"; points ran on {', '.join(sorted(nodes))}"
+    plan.setup["placement"] = placed
+    plan.setup_written = True
+    plan.results.write_text(plan.path / "setup.json", json.dumps(plan.setup, indent=2, default=str) + "\n")
 
 
 def _choose_directory(cfg: RunConfig, out: Path, exp: dict[str, Any]) -> tuple[ResultsDir, Path | None]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from batchlab.backends.cost import StepCost
+from batchlab.run.executors import Executor, LocalExecutor
 from batchlab.tune.closed_form import ClosedForm, closed_form, replicas_for
 from batchlab.tune.simulate import SimPoint, cap_grid, check_replicas, default_max_wait_ms, pick_cap, simulate, sweep_caps
 from batchlab.tune.target import Target
@@ -30,12 +31,14 @@ class TuneResult:
     max_wait_ms: float | None        # dynamic only
 
 
-def tune(cost: StepCost, target: Target) -> TuneResult:
-    """Closed form, saturated sweep over caps, choice, then the replica check at the target traffic."""
+def tune(cost: StepCost, target: Target, executor: Executor | None = None) -> TuneResult:
+    """Closed form, saturated sweep over caps, choice, then the replica check at the target traffic.
+    `executor` runs the simulated checks (run/executors.py; default: one after another here)."""
+    executor = executor or LocalExecutor()
     cf = closed_form(cost, target)
-    sweep = sweep_caps(cost, target, cf, cap_grid(cf, cf.cap if cf.limited_by == "memory" else target.max_cap))
-    cap, why = pick_cap(cost, target, cf, sweep)
-    runs, n = check_replicas(cost, target, cap, replicas_for(cf, cap))
+    sweep = sweep_caps(cost, target, cf, cap_grid(cf, cf.cap if cf.limited_by == "memory" else target.max_cap), executor)
+    cap, why = pick_cap(cost, target, cf, sweep, executor)
+    runs, n = check_replicas(cost, target, cap, replicas_for(cf, cap), executor=executor)
     closed_check = next((p for p in runs if p.cap == cf.cap and p.replicas == cf.replicas), None)
     if closed_check is None:
         closed_check = simulate(cost, target, cf.cap, cf.replicas, target.qps, target.slos,

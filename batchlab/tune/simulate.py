@@ -3,7 +3,11 @@
 One replica at saturation for every cap on a grid gives throughput and p95 TPOT per cap; the cap
 is the largest whose TPOT-like SLOs hold (bisected between grid points), or, with no such SLO, the
 start of the throughput plateau. That cap then runs at the target traffic behind a router, the
-replica count stepped until every SLO holds and the replicas keep up with what arrives.
+replica count stepped until every SLO holds and the replicas keep up with what arrives ("keep
+up": core/sustain.py's threshold, the report's, on the work served over the measured window; a
+TPOT-only SLO never sees a queue, so this is the check that does). Every simulated setting is a
+pure function (`simulate`), so an executor runs the grid, each bisection round's probes and each
+round of replica counts side by side (run/executors.py).
 """
 from __future__ import annotations
 
@@ -15,7 +19,9 @@ from pydantic import ValidationError
 
 from batchlab.backends.cost import StepCost
 from batchlab.core.config import RunConfig, format_error
+from batchlab.core.sustain import served_share, sustains
 from batchlab.errors import ConfigError
+from batchlab.run.executors import Executor, LocalExecutor
 from batchlab.tune.closed_form import ClosedForm, step_model
 from batchlab.tune.target import BATCH_BOUND, Target, mean_length
 
@@ -32,7 +38,9 @@ class SimPoint:
 
     @property
     def keeps_up(self) -> bool:
-        return self.served_ratio >= 0.95
+        """The report's throughput condition (core/sustain.py); the SLO half is `slo_ok`, whose
+        percentile limits are the tuner's own way of stating an SLO."""
+        return bool(sustains(float("nan"), self.served_ratio, with_slo=False))
 
     @property
     def holds(self) -> bool:
@@ -81,14 +89,12 @@ def settled(cost: StepCost, target: Target, cap: int) -> Target:
 
 
 def served(requests, target: Target) -> tuple[float, float]:
-    """Token stamps inside [warm-up, end of arrivals]: over tokens asked for by arrivals in it
-    (~1 when the replicas keep up, < 1 when a queue builds), and per second.
-    NOTE: not the summary's throughput, whose window includes the drain after the last arrival."""
+    """Over the measured window [warm-up, end of arrivals]: served over offered tokens
+    (core/sustain.py), and tokens served per second (what the replicas sustain)."""
     lo, hi = target.warmup_s, target.warmup_s + target.duration_s
+    share = served_share(requests, lo, hi)
     offered = sum(r.max_new_tokens for r in requests if lo <= r.arrival_time < hi)
-    served = sum(int(np.count_nonzero((np.asarray(r.token_times) >= lo) & (np.asarray(r.token_times) < hi)))
-                 for r in requests)
-    return (served / offered if offered else float("nan")), served / target.duration_s
+    return share, share * offered / target.duration_s if offered else 0.0
 
 
 def default_max_wait_ms(cap: int, target: Target, replicas: int) -> float:
@@ -109,18 +115,34 @@ def cap_grid(cf: ClosedForm, limit: int) -> list[int]:
     return sorted(grid)
 
 
-def sweep_caps(cost: StepCost, target: Target, cf: ClosedForm, grid: list[int]) -> list[SimPoint]:
-    """One replica at saturation for every cap: what it sustains, and its TPOT with a full batch."""
-    batch_slos = {k: v for k, v in target.slos.items() if k.split("_")[0] in BATCH_BOUND}
-    out = []
-    for cap in grid:
-        capacity_req_s = cap / (cf.step(cap) / 1e3) / mean_length(target.output_len)
-        rate = min(target.qps, 1.25 * capacity_req_s)
-        out.append(simulate(cost, target, cap, 1, rate, batch_slos, max_wait_ms=0.0))
+def run_all(executor: Executor, calls: list[tuple]) -> list[SimPoint]:
+    """simulate(*call) for every call, side by side on the executor; results in the calls' order."""
+    out: list[SimPoint | None] = [None] * len(calls)
+    for fin in executor.map(simulate, calls):
+        if fin.error is not None:
+            raise RuntimeError(f"tune: a simulated check was lost: {fin.error}")
+        out[fin.index] = fin.value
     return out
 
 
-def pick_cap(cost: StepCost, target: Target, cf: ClosedForm, sweep: list[SimPoint]) -> tuple[int, str]:
+def saturation_rate(cf: ClosedForm, target: Target, cap: int) -> float:
+    """The target traffic, or 1.25x what one replica at this cap can serve if that is less."""
+    return min(target.qps, 1.25 * cap / (cf.step(cap) / 1e3) / mean_length(target.output_len))
+
+
+def batch_slos(target: Target) -> dict[str, float]:
+    return {k: v for k, v in target.slos.items() if k.split("_")[0] in BATCH_BOUND}
+
+
+def sweep_caps(cost: StepCost, target: Target, cf: ClosedForm, grid: list[int],
+               executor: Executor | None = None) -> list[SimPoint]:
+    """One replica at saturation for every cap: what it sustains, and its TPOT with a full batch."""
+    calls = [(cost, target, cap, 1, saturation_rate(cf, target, cap), batch_slos(target), 0.0) for cap in grid]
+    return run_all(executor or LocalExecutor(), calls)
+
+
+def pick_cap(cost: StepCost, target: Target, cf: ClosedForm, sweep: list[SimPoint],
+             executor: Executor | None = None) -> tuple[int, str]:
     """Largest cap whose full batch holds the TPOT-like SLOs at saturation (grid, then bisection);
     with no such SLO, the smallest cap within 5 % of the best simulated throughput (the plateau)."""
     if not any(k.split("_")[0] in BATCH_BOUND for k in target.slos):
@@ -134,39 +156,51 @@ def pick_cap(cost: StepCost, target: Target, cf: ClosedForm, sweep: list[SimPoin
     hi = min(failing) if failing else None
     if hi is None:
         return lo, "largest cap simulated"
-    return bisect_cap(cost, target, cf, lo, hi), "largest cap whose simulated SLO holds"
+    return bisect_cap(cost, target, cf, lo, hi, executor or LocalExecutor()), "largest cap whose simulated SLO holds"
 
 
-def bisect_cap(cost: StepCost, target: Target, cf: ClosedForm, lo: int, hi: int) -> int:
-    """Between a grid cap that holds (lo) and the next that fails (hi): the largest that holds."""
-    batch_slos = {k: v for k, v in target.slos.items() if k.split("_")[0] in BATCH_BOUND}
+def bisect_cap(cost: StepCost, target: Target, cf: ClosedForm, lo: int, hi: int, executor: Executor) -> int:
+    """Between a grid cap that holds (lo) and the next that fails (hi): the largest that holds.
+    Each round probes as many caps as the executor runs at once, evenly inside (lo, hi): plain
+    bisection on one core, fewer rounds on a cluster; the same answer while holding is monotone."""
     while hi - lo > 1:
-        mid = (lo + hi) // 2
-        rate = min(target.qps, 1.25 * mid / (cf.step(mid) / 1e3) / mean_length(target.output_len))
-        if all(simulate(cost, target, mid, 1, rate, batch_slos).slo_ok.values()):
-            lo = mid
-        else:
-            hi = mid
+        k = min(executor.parallelism, hi - lo - 1)
+        mids = sorted({lo + (hi - lo) * (i + 1) // (k + 1) for i in range(k)} - {lo, hi})
+        probes = run_all(executor, [(cost, target, m, 1, saturation_rate(cf, target, m), batch_slos(target))
+                                    for m in mids])
+        held = [m for m, p in zip(mids, probes) if all(p.slo_ok.values())]
+        failed = [m for m, p in zip(mids, probes) if not all(p.slo_ok.values()) and m > max(held, default=lo)]
+        lo, hi = max(held, default=lo), min(failed, default=hi)
     return lo
 
 
 # ---------------------------------------------------------------- the replicas: the target traffic
-def check_replicas(cost: StepCost, target: Target, cap: int, start: int, max_extra: int = 8) -> tuple[list[SimPoint], int | None]:
+def check_replicas(cost: StepCost, target: Target, cap: int, start: int, max_extra: int = 8,
+                   executor: Executor | None = None) -> tuple[list[SimPoint], int | None]:
     """Simulate the cap at the target traffic from `start` replicas: up until every SLO holds and
-    the replicas keep up, then down while one fewer still does. Returns the runs and the count."""
+    the replicas keep up, then down while one fewer still does. Returns the runs and the count.
+    Each round simulates as many counts as the executor runs at once (one at a time locally)."""
+    executor = executor or LocalExecutor()
+    width = executor.parallelism
     runs: dict[int, SimPoint] = {}
 
-    def run(n: int) -> SimPoint:
-        if n not in runs:
-            runs[n] = simulate(cost, target, cap, n, target.qps, target.slos, default_max_wait_ms(cap, target, n))
-        return runs[n]
+    def run(ns: list[int]) -> None:
+        todo = [n for n in ns if n not in runs and n >= 1]
+        calls = [(cost, target, cap, n, target.qps, target.slos, default_max_wait_ms(cap, target, n)) for n in todo]
+        runs.update(zip(todo, run_all(executor, calls)))
 
-    n = start
-    while not run(n).holds and n < start + max_extra:
-        n += 1
-    if not run(n).holds:
+    n, top = start, start + max_extra
+    run([start])
+    while not runs[n].holds and n < top:
+        run(list(range(n + 1, min(n + width, top) + 1)))
+        n = next((m for m in range(n + 1, top + 1) if m in runs and runs[m].holds), max(m for m in runs if m <= top))
+    if not runs[n].holds:
         return sorted(runs.values(), key=lambda p: p.replicas), None
-    while n > 1 and run(n - 1).holds:
-        n -= 1
-    run(n - 1) if n > 1 else None      # show the count that fails, for the report
+    while n > 1 and not (n - 1 in runs and not runs[n - 1].holds):
+        run(list(range(n - 1, max(0, n - width - 1), -1)))
+        below = [m for m in range(n - 1, 0, -1) if m in runs]
+        fewer = [m for m in below if runs[m].holds and all(runs[x].holds for x in below if x > m)]
+        if not fewer:
+            break
+        n = min(fewer)
     return sorted(runs.values(), key=lambda p: p.replicas), n

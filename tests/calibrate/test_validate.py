@@ -61,3 +61,13 @@ def test_cli_missing_profile_is_one_line_exit_2(tmp_path):
     cfg.write_text("backend: {kind: sim}\n")
     res = CliRunner().invoke(validate_cmd, [str(cfg), "--profile", str(tmp_path / "none.json")])
     assert res.exit_code == 2 and "not found" in res.output and len(res.output.strip().splitlines()) == 1
+
+
+def test_validation_on_ray_gives_the_local_table(tmp_path, ray_local):
+    base = ["backend.preset=toy", "traffic.rates=[5,20]", "traffic.duration_s=8", "traffic.warmup_s=1",
+            "traffic.prompt_len=32", "traffic.output_len=16"]
+    profile = toy_profile(tmp_path, scale=1.3)
+    here = validate(load_config(None, base), [profile], tmp_path / "here")
+    there = validate(load_config(None, base + ["executor.kind=ray"]), [profile], tmp_path / "there")
+    cols = [c for c in here.columns if not c.startswith("wall")]
+    assert here[cols].equals(there[cols])

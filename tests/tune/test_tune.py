@@ -102,3 +102,13 @@ def test_cli_writes_json_and_plot(tmp_path):
     data = json.loads((tmp_path / "tune.json").read_text())
     assert data["closed_form"]["cap"] == 87 and data["closed_form"]["replicas"] == 6
     assert (tmp_path / "tune.png").stat().st_size > 10_000
+
+
+def test_tune_on_ray_finds_what_tune_here_finds(ray_local):
+    from batchlab.core.config import ExecutorConfig
+    from batchlab.run.executors import RayExecutor
+    here = tune(linear_cost(25, 0.4), seed_target())
+    there = tune(linear_cost(25, 0.4), seed_target(), RayExecutor(ExecutorConfig(kind="ray")))
+    assert (there.cap, there.replicas, there.cap_reason) == (here.cap, here.replicas, here.cap_reason)
+    assert [p.summary for p in there.sweep] == [p.summary for p in here.sweep]
+    assert {p.replicas for p in here.replica_runs} <= {p.replicas for p in there.replica_runs}

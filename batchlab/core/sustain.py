@@ -1,0 +1,41 @@
+"""The one rule for "this setting holds its traffic": the report's knee, the tuner's checks and
+the capacity search all ask it here (report/, tune/ and calibrate/ are siblings and may not import
+each other, so the rule lives below them).
+
+A point sustains its rate when both hold:
+- the SLO: at least ATTAINMENT of its measured requests meet every threshold (only when an SLO is set);
+- the throughput: the work completed reaches SERVED x the work offered (the report: requests per
+  second over the measured arrival rate; the searches: `served_share` over the measured window).
+NOTE: the second condition is what catches a growing queue: its latency percentiles can still look
+fine (TPOT does not see queueing at all) while a backlog builds that is served after traffic stops.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+
+from batchlab.core.request import Request
+
+ATTAINMENT = 0.90        # a point "meets the SLO" when this share of its requests meets it
+SERVED = 0.95            # completed / offered requests per second that counts as keeping up
+
+
+def served_share(requests: Iterable[Request], lo: float, hi: float) -> float:
+    """Output tokens stamped inside [lo, hi) over the output tokens asked for by requests that
+    arrived inside it: ~1 when the backend keeps up, < 1 while a queue builds (NaN if none arrived).
+    NOTE: a window measure, for searches that choose their own points: summary.csv's requests_per_s
+    (the report's measure) runs from the first arrival to the last completion, so it also counts
+    the drain after traffic stops and reads low when an E2E is a large share of the point."""
+    requests = list(requests)
+    offered = sum(r.max_new_tokens for r in requests if lo <= r.arrival_time < hi)
+    served = sum(int(np.count_nonzero((np.asarray(r.token_times) >= lo) & (np.asarray(r.token_times) < hi)))
+                 for r in requests)
+    return served / offered if offered else float("nan")
+
+
+def sustains(attainment, served, with_slo):
+    """Whether a point (or, element-wise, a Series of points) holds its traffic: `served` is
+    completed over offered requests per second, `attainment` the share meeting every SLO threshold."""
+    ok = served >= SERVED
+    return ok & (attainment >= ATTAINMENT) if with_slo else ok

@@ -1,0 +1,178 @@
+"""The capacity search: the highest rate each strategy sustains, by bisection over simulated points.
+
+Like vLLM's `bench sweep serve_sla`, but on the simulator and with the report's rule
+(core/sustain.py): a rate holds when, in the medians over the config's repeats, at least
+ATTAINMENT of the measured requests meet every threshold of the config's `slo` section and the
+work served over the measured window reaches SERVED of the work offered (a queue that keeps
+growing fails the second half even where the SLO only bounds TPOT). A search keeps a bracket:
+`lo`, the highest rate seen to hold, and `hi`, the lowest above it seen to fail. Each round probes
+`width` rates evenly inside it, for every strategy at once, as one batch of pure functions on the
+executor (one probe per round locally: plain bisection; k per round on a cluster: a (k+1)-section),
+until hi / lo - 1 is within the tolerance.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+
+from batchlab.core.config import RunConfig
+from batchlab.core.sustain import served_share, sustains
+from batchlab.errors import ConfigError
+from batchlab.run.executors import Executor, LocalExecutor
+
+
+@dataclass(frozen=True)
+class Probe:
+    """One rate of one strategy: medians over repeats, and the verdict."""
+    strategy: str
+    rate: float                      # offered req/s (sessions/s with traffic.sessions)
+    attainment: float                # share of measured requests meeting every SLO threshold
+    served: float                    # work served over work offered in the measured window
+    holds: bool
+    ttft_p99: float                  # seconds, for the table
+    tpot_p50: float
+    round: int                       # the search round that probed it (0: the opening ladder)
+
+
+@dataclass
+class Search:
+    """One strategy's bracket and every probe it took."""
+    strategy: str
+    probes: list[Probe] = field(default_factory=list)
+
+    @property
+    def lo(self) -> float | None:
+        """The highest rate that held below every rate that failed (None: not even the lowest)."""
+        hi = self.hi
+        held = [p.rate for p in self.probes if p.holds and (hi is None or p.rate < hi)]
+        return max(held) if held else None
+
+    @property
+    def hi(self) -> float | None:
+        """The lowest rate that failed (None: every rate probed held)."""
+        failed = [p.rate for p in self.probes if not p.holds]
+        return min(failed) if failed else None
+
+    def settled(self, tolerance: float) -> bool:
+        lo, hi = self.lo, self.hi
+        return lo is None or hi is None or hi / lo - 1 <= tolerance
+
+
+@dataclass(frozen=True)
+class CapacityPlan:
+    cfg: RunConfig
+    strategies: list[str]
+    low: float                       # the opening ladder's ends, req/s
+    high: float
+    tolerance: float                 # stop when hi / lo - 1 is within this
+    width: int                       # rates probed per strategy per round
+
+
+def check_plan(cfg: RunConfig, strategies: list[str], low: float, high: float, tolerance: float, width: int) -> CapacityPlan:
+    """Refuse what cannot be searched, before anything runs (one line each)."""
+    if cfg.backend.kind != "sim":
+        raise ConfigError(f"capacity: searches the simulator (backend.kind sim), not '{cfg.backend.kind}': every probe is a "
+                          "point; on a real backend run a sweep over rates (batchlab run) instead")
+    if cfg.traffic.arrival == "trace":
+        raise ConfigError("capacity: a replayed trace sets its own rate; use a synthetic arrival (poisson, gamma, constant)")
+    if not 0 < low < high:
+        raise ConfigError(f"capacity: need 0 < --low < --high (got {low:g}, {high:g})")
+    if not 0 < tolerance < 1:
+        raise ConfigError(f"capacity: --tolerance must be between 0 and 1 (got {tolerance:g})")
+    if width < 1:
+        raise ConfigError(f"capacity: --probes must be at least 1 (got {width})")
+    unknown = [s for s in strategies if s not in cfg.strategies]
+    if unknown:
+        raise ConfigError(f"capacity: --strategy {', '.join(unknown)} is not in the config's strategies ({', '.join(cfg.strategies)})")
+    from batchlab.core.config import load_config
+    load_config(None, [], base=cfg.model_dump(mode="json") | {"traffic": cfg.traffic.model_dump(mode="json") | {"rates": [high]}})
+    return CapacityPlan(cfg, strategies or list(cfg.strategies), low, high, tolerance, width)
+
+
+def probe_point(cfg: RunConfig, strategy: str, rate: float, repeat: int) -> dict[str, float]:
+    """One simulated point at `rate`: the numbers the rule reads. A pure function (a Ray task)."""
+    from batchlab.backends import make_backend
+    from batchlab.run.point import run_point
+    res = run_point(cfg, strategy, rate, repeat, make_backend(cfg))
+    lo = cfg.traffic.warmup_s
+    s = res.summary
+    return {"attainment": s.get("slo_attainment", float("nan")), "ttft_p99": s.get("ttft_p99", float("nan")),
+            "tpot_p50": s.get("tpot_p50", float("nan")), "served": served_share(res.requests, lo, lo + cfg.traffic.duration_s)}
+
+
+def search(plan: CapacityPlan, executor: Executor | None = None, on_round=None) -> list[Search]:
+    """Every strategy's search, round by round; each round's probes go out together."""
+    executor = executor or LocalExecutor()
+    found = {s: Search(s) for s in plan.strategies}
+    rnd = 0
+    rates = {s: ladder(plan.low, plan.high, max(2, plan.width)) for s in plan.strategies}
+    while rates:
+        _probe(plan, executor, rates, found, rnd)
+        if on_round:
+            on_round(rnd, list(found.values()))
+        rnd += 1
+        rates = {s: _new(f, inside(f.lo, f.hi, plan.width)) for s, f in found.items() if not f.settled(plan.tolerance)}
+        rates = {s: rs for s, rs in rates.items() if rs}     # NOTE: nothing new between lo and hi: as fine as rates go
+    return list(found.values())
+
+
+def _new(f: Search, rates: list[float]) -> list[float]:
+    seen = {p.rate for p in f.probes}
+    return sorted({r for r in rates if r not in seen})
+
+
+def _probe(plan: CapacityPlan, executor: Executor, rates: dict[str, list[float]], found: dict[str, Search], rnd: int) -> None:
+    reps = range(plan.cfg.traffic.repeats)
+    calls = [(plan.cfg, s, r, k) for s, rs in rates.items() for r in rs for k in reps]
+    got: dict[tuple[str, float], list[dict]] = {}
+    for fin in executor.map(probe_point, calls):
+        if fin.error is not None:
+            s, r, _ = calls[fin.index][1:]
+            raise ConfigError(f"capacity: the probe of {s} at {r:g} req/s was lost: {fin.error}")
+        _, s, r, _ = calls[fin.index]
+        got.setdefault((s, r), []).append(fin.value)
+    with_slo = any(v is not None for v in plan.cfg.slo.model_dump().values())
+    for (s, r), runs in sorted(got.items()):
+        med = {k: statistics.median(x[k] for x in runs) for k in runs[0]}
+        held = bool(sustains(med["attainment"], med["served"], with_slo))
+        found[s].probes.append(Probe(s, r, med["attainment"], med["served"], held, med["ttft_p99"], med["tpot_p50"], rnd))
+
+
+def ladder(low: float, high: float, n: int) -> list[float]:
+    """n rates from low to high, evenly on a log scale (the opening round)."""
+    return [_round(low * (high / low) ** (i / (n - 1))) for i in range(n)]
+
+
+def inside(lo: float, hi: float, k: int) -> list[float]:
+    """k rates evenly inside (lo, hi): k = 1 is bisection."""
+    return [_round(lo + (hi - lo) * (i + 1) / (k + 1)) for i in range(k)]
+
+
+def _round(rate: float) -> float:
+    """Four significant figures: a probe's rate reads as typed (a finer bracket stops, see `search`)."""
+    return float(f"{rate:.4g}")
+
+
+def summary_lines(results: list[Search], plan: CapacityPlan, unit: str = "req/s") -> list[str]:
+    lines = []
+    for f in results:
+        n, rounds = len(f.probes), 1 + max(p.round for p in f.probes)
+        if f.lo is None:
+            lines.append(f"{f.strategy}: sustains none of the rates tried (fails at {plan.low:g} {unit}, the lowest); lower --low")
+        elif f.hi is None:
+            lines.append(f"{f.strategy}: sustains {f.lo:g} {unit}, the highest tried; raise --high to find its limit")
+        else:
+            why = _why(next(p for p in f.probes if p.rate == f.hi))
+            lines.append(f"{f.strategy}: sustains {f.lo:g} {unit}; fails at {f.hi:g} ({why}); {rounds} rounds, {n} probes")
+    return lines
+
+
+def _why(p: Probe) -> str:
+    from batchlab.core.sustain import ATTAINMENT, SERVED
+    out = []
+    if not math.isnan(p.attainment) and p.attainment < ATTAINMENT:
+        out.append(f"SLO met by {100 * p.attainment:.0f} % of requests")
+    if not p.served >= SERVED:
+        out.append(f"served {100 * p.served:.0f} % of the offered work: the queue grows")
+    return "; ".join(out) or "rule not met"
