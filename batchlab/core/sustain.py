@@ -8,6 +8,10 @@ A point sustains its rate when both hold:
   second over the measured arrival rate; the searches: `served_share` over the measured window).
 NOTE: the second condition is what catches a growing queue: its latency percentiles can still look
 fine (TPOT does not see queueing at all) while a backlog builds that is served after traffic stops.
+It still lets through a queue that grows by less than 1 - SERVED of what arrives, so the searches,
+which simulate their settings, also ask `stable`: is the offered rate below the rate the setting
+completes requests at when its queue never empties (`saturated_rate`, a burst in the same
+simulator)? Below it a queue drains; above it, it grows without bound, however slowly.
 """
 from __future__ import annotations
 
@@ -32,6 +36,23 @@ def served_share(requests: Iterable[Request], lo: float, hi: float) -> float:
     served = sum(int(np.count_nonzero((np.asarray(r.token_times) >= lo) & (np.asarray(r.token_times) < hi)))
                  for r in requests)
     return served / offered if offered else float("nan")
+
+
+def saturated_rate(requests: Iterable[Request]) -> float:
+    """Requests completed per second by a burst that arrived at once, in its steady middle:
+    between its 20th and 80th percentile completions (the start fills the batch, the end drains
+    it). NaN with fewer than 10 finished."""
+    done = sorted(r.token_times[-1] for r in requests if r.status.value == "finished" and r.token_times)
+    n = len(done)
+    if n < 10:
+        return float("nan")
+    a, b = n // 5, 4 * n // 5
+    return (b - a) / (done[b] - done[a]) if done[b] > done[a] else float("inf")
+
+
+def stable(rate: float, saturated: float) -> bool:
+    """The queue does not grow: `rate` is below `saturated` (no verdict, so True, when NaN)."""
+    return bool(saturated != saturated or rate < saturated)
 
 
 def sustains(attainment, served, with_slo):

@@ -17,9 +17,10 @@ import statistics
 from dataclasses import dataclass, field
 
 from batchlab.core.config import RunConfig
-from batchlab.core.sustain import served_share, sustains
+from batchlab.core.sustain import served_share, stable, sustains
 from batchlab.errors import ConfigError
 from batchlab.run.executors import Executor, LocalExecutor
+from batchlab.tune.burst import saturated
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,7 @@ class Search:
     """One strategy's bracket and every probe it took."""
     strategy: str
     probes: list[Probe] = field(default_factory=list)
+    saturated_req_s: float = float("nan")    # completed per second with a queue that never empties
 
     @property
     def lo(self) -> float | None:
@@ -101,10 +103,20 @@ def probe_point(cfg: RunConfig, strategy: str, rate: float, repeat: int) -> dict
             "tpot_p50": s.get("tpot_p50", float("nan")), "served": served_share(res.requests, lo, lo + cfg.traffic.duration_s)}
 
 
+def saturation_point(cfg: RunConfig, strategy: str) -> float:
+    """What `strategy` completes per second with a queue that never empties. A pure function."""
+    return saturated(cfg, strategy)
+
+
 def search(plan: CapacityPlan, executor: Executor | None = None, on_round=None) -> list[Search]:
-    """Every strategy's search, round by round; each round's probes go out together."""
+    """Every strategy's search, round by round; each round's probes go out together. First, each
+    strategy's saturated rate: no rate at or above it holds, however the window's numbers read."""
     executor = executor or LocalExecutor()
     found = {s: Search(s) for s in plan.strategies}
+    for fin in executor.map(saturation_point, [(plan.cfg, s) for s in plan.strategies]):
+        if fin.error is not None:
+            raise ConfigError(f"capacity: the saturation run of {plan.strategies[fin.index]} was lost: {fin.error}")
+        found[plan.strategies[fin.index]].saturated_req_s = fin.value
     rnd = 0
     rates = {s: ladder(plan.low, plan.high, max(2, plan.width)) for s in plan.strategies}
     while rates:
@@ -135,7 +147,7 @@ def _probe(plan: CapacityPlan, executor: Executor, rates: dict[str, list[float]]
     with_slo = any(v is not None for v in plan.cfg.slo.model_dump().values())
     for (s, r), runs in sorted(got.items()):
         med = {k: statistics.median(x[k] for x in runs) for k in runs[0]}
-        held = bool(sustains(med["attainment"], med["served"], with_slo))
+        held = bool(sustains(med["attainment"], med["served"], with_slo)) and stable(r, found[s].saturated_req_s)
         found[s].probes.append(Probe(s, r, med["attainment"], med["served"], held, med["ttft_p99"], med["tpot_p50"], rnd))
 
 
@@ -163,16 +175,18 @@ def summary_lines(results: list[Search], plan: CapacityPlan, unit: str = "req/s"
         elif f.hi is None:
             lines.append(f"{f.strategy}: sustains {f.lo:g} {unit}, the highest tried; raise --high to find its limit")
         else:
-            why = _why(next(p for p in f.probes if p.rate == f.hi))
+            why = _why(next(p for p in f.probes if p.rate == f.hi), f.saturated_req_s)
             lines.append(f"{f.strategy}: sustains {f.lo:g} {unit}; fails at {f.hi:g} ({why}); {rounds} rounds, {n} probes")
     return lines
 
 
-def _why(p: Probe) -> str:
+def _why(p: Probe, saturated_req_s: float = float("nan")) -> str:
     from batchlab.core.sustain import ATTAINMENT, SERVED
     out = []
+    if not stable(p.rate, saturated_req_s):
+        out.append(f"at or above the {saturated_req_s:.4g} req/s it completes saturated: the queue grows")
     if not math.isnan(p.attainment) and p.attainment < ATTAINMENT:
         out.append(f"SLO met by {100 * p.attainment:.0f} % of requests")
-    if not p.served >= SERVED:
+    if not p.served >= SERVED and not out:
         out.append(f"served {100 * p.served:.0f} % of the offered work: the queue grows")
     return "; ".join(out) or "rule not met"

@@ -52,7 +52,8 @@ def capacity_cmd(config, overrides, strategies, low, high, tolerance, probes, ex
     out_dir.mkdir(parents=True, exist_ok=True)
     record = {"config": cfg.tree(), "low": plan.low, "high": plan.high, "tolerance": tolerance, "probes_per_round": plan.width,
               "executor": runner.where(), "rule": "core/sustain.py",
-              "strategies": {f.strategy: {"sustains": f.lo, "fails_at": f.hi, "probes": [asdict(p) for p in f.probes]}
+              "strategies": {f.strategy: {"sustains": f.lo, "fails_at": f.hi, "saturated_req_s": f.saturated_req_s,
+                                          "probes": [asdict(p) for p in f.probes]}
                              for f in found}}
     (out_dir / "capacity.json").write_text(json.dumps(record, indent=2) + "\n")
     for line in summary_lines(found, plan, unit):

@@ -4,8 +4,9 @@ One replica at saturation for every cap on a grid gives throughput and p95 TPOT 
 is the largest whose TPOT-like SLOs hold (bisected between grid points), or, with no such SLO, the
 start of the throughput plateau. That cap then runs at the target traffic behind a router, the
 replica count stepped until every SLO holds and the replicas keep up with what arrives ("keep
-up": core/sustain.py's threshold, the report's, on the work served over the measured window; a
-TPOT-only SLO never sees a queue, so this is the check that does). Every simulated setting is a
+up": core/sustain.py's threshold, the report's, on the work served over the measured window, and
+a queue that does not grow: the traffic below what the replicas complete saturated, from a burst
+of the same requests; a TPOT-only SLO never sees a queue, so these are the checks that do). Every simulated setting is a
 pure function (`simulate`), so an executor runs the grid, each bisection round's probes and each
 round of replica counts side by side (run/executors.py).
 """
@@ -19,9 +20,10 @@ from pydantic import ValidationError
 
 from batchlab.backends.cost import StepCost
 from batchlab.core.config import RunConfig, format_error
-from batchlab.core.sustain import served_share, sustains
+from batchlab.core.sustain import served_share, stable, sustains
 from batchlab.errors import ConfigError
 from batchlab.run.executors import Executor, LocalExecutor
+from batchlab.tune.burst import saturated
 from batchlab.tune.closed_form import ClosedForm, step_model
 from batchlab.tune.target import BATCH_BOUND, Target, mean_length
 
@@ -35,12 +37,14 @@ class SimPoint:
     served_ratio: float              # tokens served / tokens offered inside the measured window
     served_tok_s: float              # tokens served per second inside that window (sustained throughput)
     slo_ok: dict[str, bool] = field(default_factory=dict)
+    saturated_req_s: float = float("nan")   # what it completes with a queue that never empties (NaN: not measured)
 
     @property
     def keeps_up(self) -> bool:
-        """The report's throughput condition (core/sustain.py); the SLO half is `slo_ok`, whose
+        """The report's throughput condition, and a queue that does not grow: the rate is below
+        what the setting serves saturated (core/sustain.py); the SLO half is `slo_ok`, whose
         percentile limits are the tuner's own way of stating an SLO."""
-        return bool(sustains(float("nan"), self.served_ratio, with_slo=False))
+        return bool(sustains(float("nan"), self.served_ratio, with_slo=False)) and stable(self.rate, self.saturated_req_s)
 
     @property
     def holds(self) -> bool:
@@ -69,7 +73,8 @@ def sim_config(target: Target, cap: int, replicas: int, rate: float, max_wait_ms
 
 
 def simulate(cost: StepCost, target: Target, cap: int, replicas: int, rate: float,
-             slos: dict[str, float], max_wait_ms: float = 0.0) -> SimPoint:
+             slos: dict[str, float], max_wait_ms: float = 0.0, stability: bool = False) -> SimPoint:
+    """One setting at `rate`; with `stability`, also its saturated rate (a second, burst run)."""
     from batchlab.backends.simulated import SimulatedBackend
     from batchlab.run.point import run_point
     target = settled(cost, target, cap)
@@ -77,7 +82,8 @@ def simulate(cost: StepCost, target: Target, cap: int, replicas: int, rate: floa
     res = run_point(cfg, target.strategy, rate, 0, SimulatedBackend(cost))
     s = res.summary
     ok = {k: bool(s.get(k, float("nan")) <= v) for k, v in slos.items()}
-    return SimPoint(cap, replicas, rate, s, *served(res.requests, target), slo_ok=ok)
+    mu = saturated(cfg, target.strategy, SimulatedBackend(cost)) if stability else float("nan")
+    return SimPoint(cap, replicas, rate, s, *served(res.requests, target), slo_ok=ok, saturated_req_s=mu)
 
 
 def settled(cost: StepCost, target: Target, cap: int) -> Target:
@@ -186,7 +192,7 @@ def check_replicas(cost: StepCost, target: Target, cap: int, start: int, max_ext
 
     def run(ns: list[int]) -> None:
         todo = [n for n in ns if n not in runs and n >= 1]
-        calls = [(cost, target, cap, n, target.qps, target.slos, default_max_wait_ms(cap, target, n)) for n in todo]
+        calls = [(cost, target, cap, n, target.qps, target.slos, default_max_wait_ms(cap, target, n), True) for n in todo]
         runs.update(zip(todo, run_all(executor, calls)))
 
     n, top = start, start + max_extra
