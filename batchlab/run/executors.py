@@ -126,6 +126,12 @@ class RayExecutor(Executor):
         return max((int(n["Resources"].get("CPU", 0)) for n in self.ray.nodes() if n.get("Alive")), default=1) or 1
 
     def where(self) -> str:
+        """Where the tasks run; read once while connected (it is also asked after close())."""
+        if getattr(self, "_where", None) is None:
+            self._where = self._describe()
+        return self._where
+
+    def _describe(self) -> str:
         cpus = self.parallelism
         retries = f"a task whose worker dies is retried up to {self.max_retries} time(s)"
         nodes = sum(1 for n in self.ray.nodes() if n.get("Alive"))

@@ -39,6 +39,7 @@ def capacity_cmd(config, overrides, strategies, low, high, tolerance, probes, ex
     rates = sorted(cfg.traffic.rates)
     plan = check_plan(cfg, list(strategies), low or rates[0], high or rates[-1], tolerance, probes or 1)
     runner = make_executor(cfg.executor)        # connects (or starts Ray) before anything is written
+    where = runner.where()                      # NOTE: while connected: after close() Ray is gone
     try:
         if probes is None:
             width = max(1, runner.parallelism // (len(plan.strategies) * cfg.traffic.repeats))
@@ -51,14 +52,14 @@ def capacity_cmd(config, overrides, strategies, low, high, tolerance, probes, ex
     out_dir = Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
     record = {"config": cfg.tree(), "low": plan.low, "high": plan.high, "tolerance": tolerance, "probes_per_round": plan.width,
-              "executor": runner.where(), "rule": "core/sustain.py",
+              "executor": where, "rule": "core/sustain.py",
               "strategies": {f.strategy: {"sustains": f.lo, "fails_at": f.hi, "saturated_req_s": f.saturated_req_s,
                                           "probes": [asdict(p) for p in f.probes]}
                              for f in found}}
     (out_dir / "capacity.json").write_text(json.dumps(record, indent=2) + "\n")
     for line in summary_lines(found, plan, unit):
         click.echo(line)
-    click.echo(f"wrote {out_dir / 'capacity.json'} (probes ran on {runner.where()})")
+    click.echo(f"wrote {out_dir / 'capacity.json'} (probes ran on {where})")
 
 
 def _bracket(f, unit: str) -> str:

@@ -27,7 +27,10 @@ def _slo_text(slos: dict[str, float]) -> str:
 
 def _point_text(p: SimPoint, slos: dict[str, float]) -> str:
     got = ", ".join(f"{k} {_ms(p.summary[k])}" + (" ok" if p.slo_ok.get(k) else " BREACH") for k in slos)
-    return (f"{p.replicas} replica(s): {got}; served {100 * p.served_ratio:.0f}% of offered tokens"
+    sat = "" if p.saturated_req_s != p.saturated_req_s else (
+        f"; {p.rate:g} req/s {'below' if p.rate < p.saturated_req_s else 'AT OR ABOVE'} the "
+        f"{p.saturated_req_s:.4g} req/s served saturated")
+    return (f"{p.replicas} replica(s): {got}; served {100 * p.served_ratio:.0f}% of offered tokens{sat}"
             f" -> {'holds' if p.holds else 'fails'}")
 
 
