@@ -1,4 +1,5 @@
-"""The simulator against queueing results from the seed, on long runs (virtual time: seconds)."""
+"""The simulator against queueing results from the seed and from queueing theory (M/D/1, M/G/1 by
+Pollaczek–Khinchine), on long runs (virtual time: seconds)."""
 import numpy as np
 import pytest
 
@@ -72,3 +73,40 @@ def test_littles_law_flags_stamps_moved_after_the_run_on_a_long_run():
 def test_with_two_replicas_the_summed_count_still_holds():
     s = long_run("dynamic", "backend.replicas=2")[1].summary
     assert s["little_source"] == "driver" and abs(s["little_gap"]) < 0.02
+
+
+def step_cost(d: float) -> StepCost:
+    """Every step costs d seconds, whatever it holds: service time = d x output tokens."""
+    return StepCost(overhead_s=d, weight_s=0.0, kv_s_per_token=0.0, prefill_s_per_token=0.0,
+                    decode_s_per_row=0.0, kv_bytes_per_token=1, kv_budget_bytes=10**9)
+
+
+def mean_queue_wait(rate, d, *overrides, duration=4000):
+    cfg = load_config(None, ["traffic.prompt_len=1", f"traffic.duration_s={duration}", "traffic.warmup_s=50",
+                             "traffic.seed=3", "naive.batch_size=1", *overrides])
+    res = run_point(cfg, "naive", rate, 0, SimulatedBackend(step_cost(d)))
+    m = measured(res.requests, 50)
+    return float(np.mean([r.scheduled_time - r.arrival_time for r in m]))
+
+
+@pytest.mark.parametrize("rho", [0.5, 0.8])
+def test_md1_mean_wait_is_pollaczek_khinchine(rho):
+    """Batch cap 1 and one 20 ms step per request: M/D/1, mean wait rho D / (2 (1 - rho))."""
+    d = 0.02
+    lam = rho / d
+    expected = rho * d / (2 * (1 - rho))
+    assert abs(mean_queue_wait(lam, d, "traffic.output_len=1") / expected - 1) < 0.05
+
+
+def test_mg1_wait_needs_the_service_time_of_each_request():
+    """Half the requests take 1 step, half 10 (output tokens): M/G/1, whose mean wait
+    lambda E[S^2] / (2 (1 - rho)) is 1.67x what the same mean service would give if every request
+    took it (M/D/1): a simulator charging by request count, not by the tokens each one decodes,
+    would land on the wrong one."""
+    d, rho = 0.01, 0.5
+    es, es2 = 5.5 * d, 50.5 * d * d
+    lam = rho / es
+    mg1, md1 = lam * es2 / (2 * (1 - rho)), rho * es / (2 * (1 - rho))
+    got = mean_queue_wait(lam, d, "traffic.classes=[{name: short, weight: 1, output_len: 1}, "
+                                  "{name: long, weight: 1, output_len: 10}]")
+    assert abs(got / mg1 - 1) < 0.06 and abs(got / md1 - 1) > 0.3
