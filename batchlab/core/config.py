@@ -410,8 +410,8 @@ class ExecutorConfig(_Model):
 # in the `batchlab.schedulers` group (schedulers/plugins.py).
 BUILTIN_STRATEGIES = ("naive", "dynamic", "continuous", "priority", "sjf", "vtc", "server")
 POLICIES = ("priority", "sjf", "vtc")
-Strategy = Annotated[str, Field(min_length=1, max_length=200,
-                                pattern=r"^[A-Za-z_][A-Za-z0-9_.-]*(:[A-Za-z_][A-Za-z0-9_]*)?$")]
+STRATEGY_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.-]*(:[A-Za-z_][A-Za-z0-9_]*)?$"   # a name, or pkg.module:Class
+Strategy = Annotated[str, Field(min_length=1, max_length=200, pattern=STRATEGY_PATTERN)]
 SERVER_KINDS = ("openai", "hf-cb")
 
 

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from batchlab.core.breakdown import PHASES
-from batchlab.core.config import BUILTIN_STRATEGIES, RunConfig
+from batchlab.core.config import BUILTIN_STRATEGIES, STRATEGY_PATTERN, RunConfig
 from batchlab.core.metrics import per_request, prompt_tokens
 from batchlab.core.request import Request
 
@@ -31,7 +31,7 @@ KEY = ("strategy", "rate", "repeat")
 LEDGER = ("num_rows", "rows_digest")      # the last two columns of a summary row: its request rows' count and digest
 Key = tuple[str, float, int]
 _BUILTIN_RANK = {s: i for i, s in enumerate(BUILTIN_STRATEGIES)}
-STRATEGY_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*(:[A-Za-z_][A-Za-z0-9_]*)?$")
+STRATEGY_NAME = re.compile(STRATEGY_PATTERN)
 
 
 def strategy_rank(strategy: str) -> tuple[int, str]:

@@ -13,6 +13,7 @@ with them computed (schedulers/prefix_cache.py); each Step then carries the cach
 from __future__ import annotations
 
 import sys
+from typing import ClassVar
 
 from batchlab.core.config import ContinuousConfig, RunConfig
 from batchlab.core.request import Request, Status
@@ -28,6 +29,7 @@ UNCHUNKED = sys.maxsize     # no chunked prefill: a prompt is computed in one st
 
 class ContinuousScheduler(Scheduler):
     level = "iteration"
+    options_section: ClassVar[str | None] = None   # a built-in policy's own config section (passed as `options`)
 
     def __init__(self, cfg: ContinuousConfig, num_kv_blocks: int, policy: str = "recompute"):
         super().__init__()
@@ -46,8 +48,7 @@ class ContinuousScheduler(Scheduler):
         blocks = cfg.continuous.num_kv_blocks or num_kv_blocks
         if blocks is None:
             raise ConfigError("continuous.num_kv_blocks must be set for this backend")
-        own = getattr(cls, "options_section", None)
-        extra = {"options": getattr(cfg, own)} if own else {}
+        extra = {"options": getattr(cfg, cls.options_section)} if cls.options_section else {}
         return cls(cfg.continuous, blocks, cfg.continuous.preemption, **extra)
 
     @property

@@ -14,7 +14,6 @@ from batchlab.core.config import ContinuousConfig, PriorityConfig
 from batchlab.core.request import Request
 from batchlab.core.work import Idle, Step
 from batchlab.schedulers.continuous import ContinuousScheduler
-from batchlab.schedulers.kv_blocks import cdiv
 from batchlab.schedulers.queues import KeyedAdmission
 
 
@@ -49,8 +48,7 @@ def schedule_making_way(s: ContinuousScheduler, now: float, draining: bool,
     victims = []
     if s.waiting and s.running:
         best = s.next_waiting(now)
-        need = cdiv(best.prompt_len + (best.max_new_tokens if s.pool.reserve else len(best.token_times)),
-                    s.pool.block_size)
+        need = s.pool.blocks_for(best, best.num_tokens)
         while s.running:
             worst = s.victim()
             full = len(s.running) >= s.cfg.max_num_seqs or s.pool.free < need
