@@ -106,11 +106,11 @@ def _median(table: pd.DataFrame, by: list[str]) -> pd.DataFrame:
     return table.groupby(by, sort=False).agg({m: "median" for m in METRICS} | {"requests": "sum", "failed": "sum"})
 
 
-def class_lines(rows: pd.DataFrame | None, config: dict) -> list[str]:
-    """report.md's "Classes and tenants" section; nothing for traffic without classes."""
-    if not has_classes(rows):
+def class_lines(rows: pd.DataFrame | None, config: dict, table: pd.DataFrame | None) -> list[str]:
+    """report.md's "Classes and tenants" section from the rows and their `class_table`; nothing
+    for traffic without classes (table None)."""
+    if table is None or not has_classes(rows):
         return []
-    table = class_table(rows, config)
     pairs = rows[["class", "tenant"]].dropna().drop_duplicates()
     shared = pairs.groupby("tenant")["class"].nunique().max() > 1      # some tenant sends several classes
     by_tenant = class_table(rows, config, by="tenant") if shared else None
@@ -159,13 +159,13 @@ def policy_pairs(strategies: list[str]) -> list[tuple[str, str]]:
     return [(s, "continuous") for s in strategies if s not in BASELINES]
 
 
-def class_verdict(rows: pd.DataFrame | None, config: dict, strategies: list[str], rate: float) -> list[str]:
+def class_verdict(table: pd.DataFrame | None, strategies: list[str], rate: float) -> list[str]:
     """One sentence per policy against FCFS continuous at `rate`: the class whose p99 TTFT it
     cut most and what the class it hurt most paid, e.g. "priority cut p99 TTFT of class
     `interactive` by 85% (1.2 s -> 180 ms) at 20 req/s, at a cost of +12% for `batch`"."""
-    if not has_classes(rows):
+    if table is None or table.empty:
         return []
-    med = _median(class_table(rows, config), ["strategy", "rate", "class"])
+    med = _median(table, ["strategy", "rate", "class"])
     out = []
     for a, b in policy_pairs(strategies):
         try:
@@ -195,12 +195,12 @@ def _change(new: float, old: float) -> float | None:
     return new / old - 1
 
 
-def class_figure(rows: pd.DataFrame | None, config: dict, out: Path, rate: float) -> Path | None:
+def class_figure(table: pd.DataFrame | None, out: Path, rate: float) -> Path | None:
     """p99 TTFT per class, one bar per strategy, at `rate` (median over repeats)."""
-    if not has_classes(rows):
+    if table is None or table.empty:
         return None
     from batchlab.report.plots import STYLE, color, log_axis, plt, save
-    med = _median(class_table(rows, config), ["strategy", "rate", "class"]).reset_index()
+    med = _median(table, ["strategy", "rate", "class"]).reset_index()
     med = med[med["rate"] == float(rate)]
     if med.empty:
         return None

@@ -72,18 +72,20 @@ def _build(results_dir: Path, summary: pd.DataFrame, setup: dict, config: dict) 
         comparisons = {p: stats.compare(summary, requests, *p, seed=seed) for p in ranked_pairs(caps)}
         crossings = {p: stats.crossovers(summary, *p) for p in comparisons}
     rate = capacity.telling_rate(caps, capacity.ranked(caps)[0], list(summary["rate"].unique()))
-    figures, burst = _figures(results_dir, summary, requests, config, slo, rate, caps)
+    # NOTE: per-class figures are built once and read by the plot, the verdict and the section
+    by_class = classes.class_table(requests, config) if classes.has_classes(requests) else None
+    figures, burst = _figures(results_dir, summary, requests, config, slo, rate, caps, by_class)
     traffic = config.get("traffic") or {}
     with _quiet():
         lines = verdict_lines(summary, setup, comparisons, slo, stats.past_capacity(summary, _fittable(requests)), caps,
                               burst, traffic.get("rate_step"), _measured_s(traffic))
-        lines += classes.class_verdict(requests, config, list(dict.fromkeys(summary["strategy"])), rate)
+        lines += classes.class_verdict(by_class, list(dict.fromkeys(summary["strategy"])), rate)
     outcomes = point_outcomes(summary, requests)
     md = _title(config, lines) + _setup(setup, config) + _plots(figures, rate, outcomes)
     md += _tables(summary, outcomes) + _comparisons(comparisons) + _knees_crossovers(summary, crossings, caps, slo)
     md += _burst(burst, config)
     md += _breakdown(summary, requests, outcomes) + prefix_cache_lines(summary) + turn_lines(requests)
-    md += classes.class_lines(requests, config)
+    md += classes.class_lines(requests, config, by_class)
     md += _useful(requests) + _method()
     path = results_dir / "report.md"
     path.write_text("\n".join(md) + "\n")
@@ -110,7 +112,8 @@ def _horizon(config: dict) -> float:
     return float(t.get("warmup_s", 0)) + float(t.get("duration_s", 0))
 
 
-def _figures(out: Path, summary, requests, config, slo, rate, caps: dict[str, Capacity]) -> tuple[dict[str, Path], list]:
+def _figures(out: Path, summary, requests, config, slo, rate, caps: dict[str, Capacity],
+             by_class=None) -> tuple[dict[str, Path], list]:
     """Every plot, and the burst rows when the traffic has a burst (a rate step or gamma arrivals)."""
     knees = {s: c.rate for s, c in caps.items()} if slo else {}
     broke = {s: (c.broke_at, fmt.listing(list(c.limit))) for s, c in caps.items() if slo and c.broke_at is not None and c.limit}
@@ -122,6 +125,9 @@ def _figures(out: Path, summary, requests, config, slo, rate, caps: dict[str, Ca
     traffic = config.get("traffic") or {}
     warmup, window = float(traffic.get("warmup_s", 0)), _burst_window(config)
     figs |= _run_figures(out, summary, requests, config, slo, rate, warmup, window)
+    fig = classes.class_figure(by_class, out, rate)
+    if fig is not None:
+        figs["classes"] = fig
     if not window and traffic.get("arrival") != "gamma":
         return figs, []
     burst_rows = _burst_rows(requests, config, warmup, window, slo)
@@ -154,7 +160,6 @@ def _run_figures(out, summary, requests, config, slo, rate, warmup, window) -> d
     if _has_breakdown(requests):
         figs["breakdown"] = run_plots.plot_breakdown(requests, out)
     figs["useful_work"] = run_plots.plot_useful_work(requests, out, rate, {k: v for k, v in caps.items() if v})
-    figs["classes"] = classes.class_figure(requests, config, out, rate)
     return {k: v for k, v in figs.items() if v}
 
 

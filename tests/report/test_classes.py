@@ -36,7 +36,7 @@ def test_class_table_uses_each_class_slo_and_counts_failures_as_infinite():
 
 def test_class_verdict_names_the_class_helped_and_the_class_that_paid():
     df = pd.DataFrame(rows("continuous", [1.0] * 10, [2.0] * 10) + rows("priority", [0.1] * 10, [3.0] * 10))
-    (line,) = class_verdict(df, CONFIG, ["continuous", "priority"], 10.0)
+    (line,) = class_verdict(class_table(df, CONFIG), ["continuous", "priority"], 10.0)
     assert "priority cut p99 TTFT of class `chat` by 90%" in line and "+50% for `batch`" in line
 
 
