@@ -34,7 +34,7 @@ import numpy as np
 
 from batchlab.backends import make_backend
 from batchlab.core.config import load_config
-from batchlab.core.metrics import measured, percentile
+from batchlab.core.metrics import latencies, measured, per_request, percentile
 from batchlab.core.traffic import build_trace
 from batchlab.run.point import run_point
 
@@ -69,7 +69,7 @@ def capacity(cfg, backend, burst: int) -> float:
 
 def e2e_stats(requests, warmup: float) -> dict:
     m = measured(requests, warmup)
-    e2e = np.array([(r.token_times[-1] - r.arrival_time) if r.status.value == "finished" else np.inf for r in m])
+    e2e = np.array([latencies(r)["e2e"] for r in m])             # a failed request: inf
     out = {"requests": len(m), "failed": int(np.isinf(e2e).sum()), "e2e_mean_s": float(e2e.mean()),
            "e2e_p99_s": float(percentile(e2e, 99))}
     for k in sorted({r.klass for r in m}):
@@ -80,13 +80,13 @@ def e2e_stats(requests, warmup: float) -> dict:
 
 def ttft_p99(requests, warmup: float, tenant: str) -> float:
     m = [r for r in measured(requests, warmup) if r.tenant == tenant]
-    return float(percentile(np.array([(r.token_times[0] - r.arrival_time) if r.token_times else np.inf for r in m]), 99))
+    return float(percentile(np.array([latencies(r)["ttft"] for r in m]), 99))
 
 
 def light_tpot(requests, warmup: float) -> float:
     """p50 TPOT of the light tenant's finished requests: the step time its batch runs at."""
-    return float(np.median([(r.token_times[-1] - r.token_times[0]) / (len(r.token_times) - 1)
-                            for r in measured(requests, warmup) if r.tenant == "light" and len(r.token_times) > 1]))
+    tpots = (per_request(r)["tpot"] for r in measured(requests, warmup) if r.tenant == "light")
+    return float(np.median([t for t in tpots if t is not None]))
 
 
 def sjf_part(kind: str, repeats: int, duration: float, warmup: float, burst: int) -> dict:
