@@ -404,6 +404,24 @@ class ExecutorConfig(_Model):
         return v
 
 
+class ValidateConfig(_Model):
+    """`batchlab validate`'s held-out workloads (calibrate/validate.py). The config's own traffic is
+    the workload `base`; each entry here names another, given as `traffic` keys that replace the
+    base's (e.g. longer prompts, a bursty gamma trace). The profiles never see any of them: they are
+    fitted on closed bursts, so every cell validate judges is held out by construction."""
+    workloads: dict[Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,40}$")], dict[str, Any]] = Field(
+        default_factory=dict, max_length=16)
+    noise: bool = True                      # run the real backend twice on the same traces (the noise floor)
+    saturation: bool = True                 # a burst per strategy: throughput where the backend, not the trace, sets it
+
+    @field_validator("workloads")
+    @classmethod
+    def _not_base(cls, v: dict) -> dict:
+        if "base" in v:
+            raise ValueError("'base' is the config's own traffic; name the held-out workloads otherwise")
+        return v
+
+
 # "server": the backend batches for itself (an OpenAI-compatible server, transformers' own
 # continuous batching); batchlab only sends the trace and measures. Policies run on the continuous
 # machinery; a third-party one is named by import path (`pkg.module:Class`) or by its entry point
@@ -430,6 +448,7 @@ class RunConfig(_Model):
     out: str = "results/latest"
     report: bool = True                     # write report.md and plots at the end of `run`
     executor: ExecutorConfig = ExecutorConfig()   # where points run; not part of what they mean
+    validation: ValidateConfig = ValidateConfig()   # `batchlab validate` only: held-out workloads
 
     # Dotted keys the user gave (config file and --set, not the packaged defaults): only those
     # can earn a "does not apply" warning. None: not built by load_config; every set field counts.
@@ -445,6 +464,21 @@ class RunConfig(_Model):
         if len(set(self.strategies)) < len(self.strategies):
             raise ValueError(f"strategies: each strategy may be listed once (got {', '.join(self.strategies)})")
         return self
+
+    @model_validator(mode="after")
+    def _workloads_are_traffic(self):
+        for name, keys in self.validation.workloads.items():
+            try:
+                TrafficConfig.model_validate(self.traffic.model_dump() | keys)
+            except ValidationError as e:
+                raise ValueError(f"validation.workloads.{name}: traffic {format_error(e)}") from None
+        return self
+
+    def workload(self, name: str) -> "RunConfig":
+        """This config with workload `name`'s traffic (`base`: as it is), and no validation section."""
+        traffic = self.traffic if name == "base" else TrafficConfig.model_validate(
+            self.traffic.model_dump() | self.validation.workloads[name])
+        return self.model_copy(update={"traffic": traffic, "validation": ValidateConfig()})
 
     @model_validator(mode="after")
     def _sessions_need_a_driver(self):
@@ -473,7 +507,8 @@ class RunConfig(_Model):
 
     def tree(self) -> dict[str, Any]:
         """The whole config as JSON-ready data (what identities and config.yaml record)."""
-        tree = self.model_dump(mode="json", exclude={"executor"})
+        # NOTE: `validation` says how to check a simulator, not what a run means: never in an identity
+        tree = self.model_dump(mode="json", exclude={"executor", "validation"})
         for (section, key), default in QUIET_DEFAULTS.items():
             if tree[section].get(key) == default:
                 del tree[section][key]

@@ -50,6 +50,19 @@ def saturated_rate(requests: Iterable[Request]) -> float:
     return (b - a) / (done[b] - done[a]) if done[b] > done[a] else float("inf")
 
 
+def saturated_tokens(requests: Iterable[Request]) -> float:
+    """Output tokens per second of a burst in the same steady middle as `saturated_rate`: the
+    tokens of the requests that completed in it over its length."""
+    done = sorted((r.token_times[-1], r.output_len) for r in requests
+                  if r.status.value == "finished" and r.token_times)
+    n = len(done)
+    if n < 10:
+        return float("nan")
+    a, b = n // 5, 4 * n // 5
+    span = done[b][0] - done[a][0]
+    return sum(k for _, k in done[a + 1:b + 1]) / span if span > 0 else float("inf")
+
+
 def stable(rate: float, saturated: float) -> bool:
     """The queue does not grow: `rate` is below `saturated` (no verdict, so True, when NaN)."""
     return bool(saturated != saturated or rate < saturated)

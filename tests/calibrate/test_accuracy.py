@@ -1,0 +1,80 @@
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from batchlab.calibrate import accuracy
+
+
+def table(real, real_b, sim, spread=0.0, metric="e2e_p50"):
+    n = len(real)
+    sim = np.asarray(sim, dtype=float)
+    return pd.DataFrame({"kind": "latency", "workload": "base", "strategy": "continuous", "rate": np.arange(n),
+                         "repeat": 0, "metric": metric, "real": real, "real_b": real_b, "sim": sim,
+                         "sim_lo": sim * (1 - spread), "sim_hi": sim * (1 + spread)})
+
+
+def test_cells_line_up_every_side_by_key():
+    real = pd.DataFrame({"strategy": ["a", "b"], "rate": [1.0, 1.0], "repeat": [0, 0], "x": [1.0, 2.0]})
+    shifted = real.assign(x=real["x"] * 2)
+    t = accuracy.cells(real, shifted, {"sim": shifted[::-1], "sim_lo": real, "sim_hi": real},
+                       ["strategy", "rate", "repeat"], ("x",), "latency")
+    assert list(t["sim"]) == [2.0, 4.0]          # matched by key, not by row order
+    assert list(t["real_b"]) == [2.0, 4.0] and list(t["kind"]) == ["latency", "latency"]
+
+
+def test_errors_and_noise_are_relative_to_the_first_run():
+    t = accuracy.with_errors(table([1.0, 2.0], [1.1, 1.8], [1.2, 2.0]))
+    assert list(t["error"]) == pytest.approx([0.2, 0.0])
+    assert list(t["noise"]) == pytest.approx([0.1, -0.1])
+
+
+def test_the_interval_adds_the_model_and_run_spreads_in_quadrature():
+    # noise +-10 % on every cell: one run's sigma is 0.1 / sqrt(2); the model spread is 5 % of sim
+    t = accuracy.with_errors(table([1.0, 1.0], [1.1, 0.9], [1.0, 2.0], spread=0.05))
+    run = 0.1 / math.sqrt(2)
+    half = accuracy.Z90 * np.sqrt((0.05 * t["sim"]) ** 2 + (run * t["sim"]) ** 2)
+    assert list(t["hi"] - t["sim"]) == pytest.approx(list(half))
+    assert list(t["inside"]) == [True, False]
+
+
+def test_intervals_cover_about_90_percent_when_the_noise_is_what_they_assume():
+    # a perfect simulator (the true mean) against runs with 8 % normal noise: the pooled floor
+    # gives the interval its width, and it should hold ~90 % of first runs
+    rng = np.random.default_rng(0)
+    n = 4000
+    truth = rng.uniform(0.01, 1.0, n)
+    a, b = (truth * (1 + 0.08 * rng.standard_normal(n)) for _ in range(2))
+    t = accuracy.with_errors(table(a, b, truth))
+    assert 0.87 <= t["inside"].mean() <= 0.93
+
+
+def test_summary_medians_p90_and_coverage_per_metric():
+    t = accuracy.with_errors(pd.concat([table([1.0] * 10, [1.0] * 10, 1 + np.arange(10) / 100),
+                                        table([1.0] * 4, [1.0] * 4, [2.0] * 4, metric="ttft_p99")]))
+    s = accuracy.summary(t).set_index("metric")
+    assert s.loc["e2e_p50", "error_median"] == pytest.approx(0.045)
+    assert s.loc["e2e_p50", "error_p90"] == pytest.approx(0.081)
+    assert s.loc["e2e_p50", "met"] == "yes" and s.loc["ttft_p99", "met"] == ""
+    assert s.loc["ttft_p99", "coverage"] == 0.0 and s.loc["e2e_p50", "cells"] == 10
+
+
+@pytest.mark.parametrize(("err", "noise", "met"), [
+    ((0.05, 0.09), (0.01, 0.02), "yes"),                       # inside the targets
+    ((0.08, 0.09), (0.01, 0.02), "no"),                        # median over 6 % with a quiet machine
+    ((0.08, 0.09), (0.07, 0.08), "within 1.5x floor"),         # the machine itself differs by 7 %
+    ((0.12, 0.09), (0.07, 0.08), "no"),                        # more than 1.5x that floor
+    ((0.05, 0.20), (0.02, 0.15), "within 1.5x floor"),         # P90 over 10 %, but so is the floor's
+])
+def test_targets_fall_back_to_the_noise_floor_only_where_the_floor_is_larger(err, noise, met):
+    row = {"error_median": err[0], "error_p90": err[1], "noise_median": noise[0], "noise_p90": noise[1]}
+    assert accuracy.verdict("e2e_p50", row)["met"] == met
+
+
+def test_no_rerun_means_no_floor_and_a_model_only_interval():
+    t = accuracy.with_errors(table([1.0, 1.0], [np.nan, np.nan], [1.05, 1.2], spread=0.05))
+    assert t["noise"].isna().all()
+    assert list(t["inside"]) == [True, False]
+    s = accuracy.summary(t)
+    assert math.isnan(s.loc[0, "noise_median"]) and s.loc[0, "met"] == "no"    # no floor excuses nothing
