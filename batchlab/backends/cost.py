@@ -3,6 +3,10 @@
     t_step = overhead + weight_read + kv_read * context_tokens
              + prefill * prefill_tokens + decode * decode_rows
              + prefill_pass  (only in a step that computes prompt tokens)
+             + attn * attention_pairs      (prompt tokens x the tokens each attends to: quadratic in a prompt)
+             + admit * admitted_requests   (per request starting its prompt: slot, cache and bookkeeping set-up)
+             + warmup * warm               (request-level decode: a call's first steps run slower, fading
+                                            linearly to nothing after WARM_STEPS steps)
 
 One model for every strategy: continuous steps are charged by their contents, request-level
 batches step by step like Hugging Face `generate()` (every row padded, all decoding to the
@@ -17,16 +21,38 @@ import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import numpy as np
+
 from batchlab.errors import ConfigError
 
 # The fitted coefficients, in the order of `features()`. NOTE: overhead and weight read cannot be
 # told apart from step times, so a fit reports their sum as overhead_s (weight_s = 0).
-COEFFS = ("overhead_s", "kv_s_per_token", "prefill_s_per_token", "decode_s_per_row", "prefill_step_s")
+COEFFS = ("overhead_s", "kv_s_per_token", "prefill_s_per_token", "decode_s_per_row", "prefill_step_s",
+          "attn_s_per_pair", "admit_s", "warmup_s")
+# The terms added by issue 13 (each measured with and without on held-out traffic, see README):
+# zero in presets and in profiles fitted before them, so those simulate exactly as they did.
+LATER_TERMS = ("attn_s_per_pair", "admit_s", "warmup_s")
+WARM_STEPS = 32            # request-level decode steps over which a call's warm-up fades out
 
 
-def features(context_tokens: float, prefill_tokens: float, decode_rows: float) -> tuple[float, ...]:
+def features(context_tokens: float, prefill_tokens: float, decode_rows: float, attn_pairs: float = 0.0,
+             admitted: float = 0.0, warm: float = 0.0) -> tuple[float, ...]:
     """The step-time model's regressors for one step: t_step = sum(coefficient x feature)."""
-    return (1.0, float(context_tokens), float(prefill_tokens), float(decode_rows), float(prefill_tokens > 0))
+    return (1.0, float(context_tokens), float(prefill_tokens), float(decode_rows), float(prefill_tokens > 0),
+            float(attn_pairs), float(admitted), float(warm))
+
+
+def attention_pairs(chunk: int, computed: int) -> float:
+    """(query, key) pairs of a prompt chunk of `chunk` tokens after `computed` cached ones: each
+    attends to everything before it and itself."""
+    return chunk * (computed + (chunk + 1) / 2)
+
+
+def warm_weight(k):
+    """The warm-up feature of decode step k >= 1 of a request-level call (numpy arrays too): 1 at
+    the start, falling linearly to 0 at WARM_STEPS; 0 for the prefill step k = 0."""
+    w = np.clip(1.0 - np.asarray(k, dtype=float) / WARM_STEPS, 0.0, None) * (np.asarray(k) > 0)
+    return w if w.ndim else float(w)
 
 
 @dataclass(frozen=True)
@@ -41,14 +67,26 @@ class StepCost:
     name: str = "custom"
     description: str = ""
     prefill_step_s: float = 0.0   # per step with prompt tokens: a prefill pass's fixed setup (fitted by profiles)
+    attn_s_per_pair: float = 0.0  # per (prompt token, token it attends to): attention's quadratic part
+    admit_s: float = 0.0          # per request whose prompt starts in the step
+    warmup_s: float = 0.0         # request-level decode: extra time of a call's first step, fading (warm_weight)
 
-    def step_time(self, context_tokens, prefill_tokens, decode_rows):
+    def step_time(self, context_tokens, prefill_tokens, decode_rows, attn_pairs=0, admitted=0, warm=0):
         """Seconds of one forward pass, from what it contains. Scalars give one step; numpy arrays
         (of equal length, or scalars mixed in) give one time per step. The only place the model's
-        terms are added up: the simulator, the tuner's closed form and the fit all go through it."""
-        return (self.overhead_s + self.weight_s + self.kv_s_per_token * context_tokens
-                + self.prefill_s_per_token * prefill_tokens + self.decode_s_per_row * decode_rows
-                + self.prefill_step_s * (prefill_tokens > 0))
+        terms are added up: the simulator, the tuner's closed form and the fit all go through it.
+        NOTE: the later terms are added only when their coefficient is set, so a model without them
+        gives the sums it always gave, bit for bit (decode_ends relies on it)."""
+        t = (self.overhead_s + self.weight_s + self.kv_s_per_token * context_tokens
+             + self.prefill_s_per_token * prefill_tokens + self.decode_s_per_row * decode_rows
+             + self.prefill_step_s * (prefill_tokens > 0))
+        if self.attn_s_per_pair:
+            t = t + self.attn_s_per_pair * attn_pairs
+        if self.admit_s:
+            t = t + self.admit_s * admitted
+        if self.warmup_s:
+            t = t + self.warmup_s * warm
+        return t
 
     def decode_ends(self, start: float, context_tokens: int, rows: int, steps: int,
                     until: float = math.inf) -> list[float]:
@@ -91,7 +129,7 @@ class StepCost:
         """What a step's contents add to `fixed_s`: step_time minus the fixed terms, summed term by
         term (no cancellation), for closed forms that price one more sequence."""
         terms = features(context_tokens, prefill_tokens, decode_rows)
-        return sum(getattr(self, k) * f for k, f in zip(COEFFS[1:], terms[1:]))
+        return sum(getattr(self, k) * f for k, f in zip(COEFFS[1:], terms[1:]) if f)
 
     def to_json(self, path: str | Path, **extra) -> None:
         Path(path).write_text(json.dumps(asdict(self) | extra, indent=2))

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from batchlab.backends.base import Backend, OutOfMemory
-from batchlab.backends.cost import StepCost
+from batchlab.backends.cost import StepCost, attention_pairs, warm_weight
 from batchlab.backends.presets import DEFAULT_VOCAB_SIZE
 from batchlab.core.breakdown import charge_stall
 from batchlab.core.clock import Clock, VirtualClock
@@ -62,8 +62,10 @@ class SimulatedBackend(Backend):
         also computes the b x p padded prompt tokens, and every step decodes b rows."""
         b, p, o = len(prompt_lens), max(prompt_lens), max(output_lens)
         k = np.arange(o, dtype=np.int64)
-        prefill = np.where(k == 0, b * p, 0)
-        return self.cost.step_time(b * (p + k), prefill, b)
+        first = k == 0
+        prefill = np.where(first, b * p, 0)
+        return self.cost.step_time(b * (p + k), prefill, b, np.where(first, b * attention_pairs(p, 0), 0.0),
+                                   np.where(first, b, 0), warm_weight(k))
 
     async def run_batch(self, requests: list[Request], clock: Clock) -> None:
         p = max(r.prompt_len for r in requests)
@@ -118,7 +120,7 @@ class SimulatedBackend(Backend):
                     starting.append(r)         # first token after a (re)prefill: decoding from now
             if done >= total:
                 emit.append(r)
-        dt = self.cost.step_time(context, prefill, decode)
+        dt = self.cost.step_time(context, prefill, decode, *self._prompt_terms(prefilling))
         self._charge_stalls(prefill, prefilling)
         self.steps += 1
         self.busy_s += dt
@@ -149,7 +151,7 @@ class SimulatedBackend(Backend):
                 prefilling.append((r, n))
             if r.max_new_tokens - had < shortest:
                 shortest = r.max_new_tokens - had
-        first = start + self.cost.step_time(context, prefill, rows - len(prefilling))
+        first = start + self.cost.step_time(context, prefill, rows - len(prefilling), *self._prompt_terms(prefilling))
         if prefill:
             self._charge_stalls(prefill, prefilling)
         until = math.inf if step.until is None else step.until
@@ -162,6 +164,14 @@ class SimulatedBackend(Backend):
         self.steps += step.repeat
         self.busy_s += stamps[-1] - start
         return stamps, prefilling, shortest
+
+    def _prompt_terms(self, prefilling: list[tuple[Request, int]]) -> tuple[float, int]:
+        """Attention pairs of the step's prompt chunks and the requests starting their prompt, for
+        the model's attention and admission terms (skipped, as free, when the model has neither)."""
+        if not prefilling or not (self.cost.attn_s_per_pair or self.cost.admit_s):
+            return 0.0, 0
+        pairs = sum(attention_pairs(n, r.num_computed_tokens) for r, n in prefilling)
+        return pairs, sum(r.num_computed_tokens == 0 for r, _ in prefilling)
 
     def _past_finishes(self, chunks: list[tuple[Request, int]], start: float, repeat: int, until: float) -> list[float]:
         """Ends of steps 1 .. repeat-1 of a window that rows leave once they have all their tokens:

@@ -6,8 +6,8 @@ model is linear in its coefficients: t = fixed + kv*context + prefill*prefill_to
 We solve non-negative least squares on *relative* residuals (each row divided by its time), so a
 2 ms decode step counts as much as a 300 ms prefill. The constant term is one number to the data:
 overhead and weight read cannot be told apart from step times, so it is reported as `overhead_s`.
-NOTE: with only five coefficients, exact NNLS is "best feasible unconstrained fit over every
-subset of columns" (32 small solves) - no scipy needed.
+NOTE: with eight coefficients, exact NNLS is "best feasible unconstrained fit over every subset of
+columns" (255 small solves, well under a second for a profile's ~1,000 steps) - no scipy needed.
 """
 from __future__ import annotations
 
@@ -28,6 +28,13 @@ class StepSample:
     decode_rows: float           # rows producing a decode token
     seconds: float               # measured duration (median over repeats)
     kind: str = "decode"         # decode | prefill (for reports)
+    attn_pairs: float = 0.0      # prompt attention pairs (cost.attention_pairs), summed over rows
+    admitted: float = 0.0        # requests whose prompt starts in the step
+    warm: float = 0.0            # request-level decode: cost.warm_weight of the step's index in its call
+
+    def features(self) -> tuple[float, ...]:
+        return features(self.context_tokens, self.prefill_tokens, self.decode_rows, self.attn_pairs,
+                        self.admitted, self.warm)
 
 
 @dataclass(frozen=True)
@@ -41,8 +48,8 @@ class Fit:
     def predict(self, samples: Iterable[StepSample]) -> np.ndarray:
         """The fitted model's step times, through the simulator's own step-time function."""
         cost = self.to_cost(StepCost(0, 0, 0, 0, 0, kv_bytes_per_token=1, kv_budget_bytes=1))
-        return np.array([cost.step_time(s.context_tokens, s.prefill_tokens, s.decode_rows) for s in samples],
-                        dtype=np.float64)
+        return np.array([cost.step_time(s.context_tokens, s.prefill_tokens, s.decode_rows, s.attn_pairs,
+                                        s.admitted, s.warm) for s in samples], dtype=np.float64)
 
     def to_cost(self, base: StepCost) -> StepCost:
         """`base` with the fitted timing coefficients (memory fields are kept)."""
@@ -54,8 +61,7 @@ class Fit:
 
 
 def design_matrix(samples: list[StepSample]) -> np.ndarray:
-    return np.array([features(s.context_tokens, s.prefill_tokens, s.decode_rows) for s in samples],
-                    dtype=np.float64).reshape(len(samples), len(COEFFS))
+    return np.array([s.features() for s in samples], dtype=np.float64).reshape(len(samples), len(COEFFS))
 
 
 def nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -77,14 +83,19 @@ def nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return best
 
 
-def fit_step_times(samples: list[StepSample]) -> Fit:
-    """Non-negative, relative-error least squares of the step-time model to `samples`."""
+def fit_step_times(samples: list[StepSample], without: Iterable[str] = ()) -> Fit:
+    """Non-negative, relative-error least squares of the step-time model to `samples`; the terms
+    named in `without` are held at zero (to measure what each one earns)."""
+    unknown = set(without) - set(COEFFS[1:])
+    if unknown:
+        raise ValueError(f"unknown step-time term(s) {', '.join(sorted(unknown))}; terms: {', '.join(COEFFS[1:])}")
     if len(samples) < len(COEFFS):
         raise ValueError(f"need at least {len(COEFFS)} step samples to fit, got {len(samples)}")
     y = np.array([s.seconds for s in samples], dtype=np.float64)
     if np.any(y <= 0):
         raise ValueError("step times must be > 0")
     x = design_matrix(samples)
+    x[:, [COEFFS.index(t) for t in without]] = 0.0     # a zero column: nnls leaves its coefficient at 0
     w = 1.0 / y                      # relative residuals
     coef = nnls(x * w[:, None], np.ones_like(y))
     rel = (x @ coef - y) / y

@@ -11,8 +11,9 @@ as JSON with the fit's error: `backend.kind: sim` + `backend.profile: FILE` then
 from __future__ import annotations
 
 import asyncio
+import json
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ import numpy as np
 
 from batchlab.backends import make_backend
 from batchlab.backends.base import Backend
-from batchlab.backends.cost import StepCost
+from batchlab.backends.cost import COEFFS, StepCost, attention_pairs, warm_weight
 from batchlab.backends.presets import load_cost
 from batchlab.calibrate.fit import Fit, StepSample, fit_step_times
 from batchlab.core.clock import Clock, RealClock, VirtualClock
@@ -77,11 +78,14 @@ async def time_burst(backend: Backend, level: str, reqs: list[Request], clock: C
     return np.diff(np.asarray([t0] + stamps))
 
 
-def step_features(level: str, rows: int, prompt: int, k: int) -> tuple[int, int, int]:
-    """(context, prefill tokens, decode rows) of step k, as the simulator charges it."""
+def step_features(level: str, rows: int, prompt: int, k: int) -> dict[str, float]:
+    """What step k of a burst contains, as the simulator charges it (StepSample's fields)."""
     if k == 0:
-        return rows * prompt, rows * prompt, rows if level == "request" else 0
-    return rows * (prompt + k), 0, rows
+        return {"context_tokens": rows * prompt, "prefill_tokens": rows * prompt,
+                "decode_rows": rows if level == "request" else 0,
+                "attn_pairs": rows * attention_pairs(prompt, 0), "admitted": rows}
+    return {"context_tokens": rows * (prompt + k), "prefill_tokens": 0, "decode_rows": rows,
+            "warm": warm_weight(k) if level == "request" else 0.0}
 
 
 async def measure(backend: Backend, level: str, grid: Grid, clock: Clock, progress=None) -> list[StepSample]:
@@ -101,8 +105,8 @@ async def measure(backend: Backend, level: str, grid: Grid, clock: Clock, progre
     for (rows, prompt, new), ds in runs.items():
         med = np.median(np.stack(ds), axis=0)
         for k, seconds in enumerate(med):
-            samples.append(StepSample(*step_features(level, rows, prompt, k), float(seconds),
-                                      "prefill" if k == 0 else "decode"))
+            samples.append(StepSample(**step_features(level, rows, prompt, k), seconds=float(seconds),
+                                      kind="prefill" if k == 0 else "decode"))
         if progress:
             tail = f", decode {1e3 * np.median(med[1:]):.2f} ms" if len(med) > 1 else ""
             progress(f"{rows} x {prompt} tokens: prefill {1e3 * med[0]:.1f} ms{tail}")
@@ -138,6 +142,28 @@ def save(profile: Profile, path: Path, setup: dict[str, Any], grid: Grid, vocab_
                          setup=setup, samples=rows, **vocab)
 
 
+def refit(src: Path, dst: Path, without: tuple[str, ...] = ()) -> Fit:
+    """Fit a saved profile's own samples again, with the terms in `without` held at zero, and save
+    the result beside it: what each term earns is the held-out error with and without it."""
+    data = json.loads(src.read_text())
+    fields = set(StepSample.__dataclass_fields__)
+    try:
+        samples = [StepSample(**{k: v for k, v in row.items() if k in fields}) for row in data["samples"]]
+        fit = fit_step_times(samples, without)
+    except (KeyError, TypeError) as e:
+        raise ConfigError(f"--refit {src}: not a measured profile (no step samples): {e}") from None
+    except ValueError as e:
+        raise ConfigError(f"--refit {src}: {e}") from None
+    cost = fit.to_cost(StepCost.from_json(src))
+    gone = f", without {', '.join(without)}" if without else ""
+    cost = replace(cost, description=f"{data.get('description', cost.name)} refitted{gone}")
+    rows = [asdict(s) | {"fit_seconds": float(p)} for s, p in zip(samples, fit.predict(samples))]
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    keep = {k: v for k, v in data.items() if k not in asdict(cost) and k not in fit.summary()}
+    cost.to_json(dst, **(keep | fit.summary() | {"samples": rows, "refit_from": str(src), "without": list(without)}))
+    return fit
+
+
 def _ints(text: str, flag: str) -> tuple[int, ...]:
     try:
         vals = tuple(int(x) for x in text.split(",") if x.strip())
@@ -162,16 +188,37 @@ def _ints(text: str, flag: str) -> tuple[int, ...]:
 @click.option("--warmup", type=int, default=1, show_default=True, help="Unmeasured passes over the grid.")
 @click.option("--gap-ms", type=float, default=0.0, show_default=True,
               help="Idle time before each burst: requests of live traffic often arrive at an idle backend.")
+@click.option("--refit", "refit_src", default=None, type=click.Path(dir_okay=False),
+              help="Fit this profile's saved samples again (no measuring), e.g. with --without.")
+@click.option("--without", default="", help=f"With --refit: step-time terms held at zero, comma-separated ({', '.join(COEFFS[1:])}).")
 @click.option("--out", "out", required=True, type=click.Path(dir_okay=False), help="Profile JSON to write.")
-def profile_cmd(config, overrides, preset, strategy, batch_sizes, contexts, prompts, new_tokens, repeats, warmup, gap_ms, out):
+def profile_cmd(config, overrides, preset, strategy, batch_sizes, contexts, prompts, new_tokens, repeats, warmup, gap_ms,
+                refit_src, without, out):
     """Measure a backend's step times, fit the simulator's model, save it as a profile JSON."""
     user_errors(_profile_main)(config, overrides, preset, strategy, batch_sizes, contexts, prompts,
-                               new_tokens, repeats, warmup, gap_ms, out)
+                               new_tokens, repeats, warmup, gap_ms, refit_src, without, out)
 
 
 def _profile_main(config, overrides, preset, strategy, batch_sizes, contexts, prompts, new_tokens, repeats, warmup,
-                  gap_ms, out):
+                  gap_ms, refit_src, without, out):
     path = Path(out)
+    if without and refit_src is None:
+        raise ConfigError("--without goes with --refit (a measured profile fits every term)")
+    if refit_src is not None:
+        if config or overrides or preset:
+            raise ConfigError("--refit fits a saved profile's samples; do not give a config, --set or --preset with it")
+        src = Path(refit_src)
+        if not src.is_file():
+            raise ConfigError(f"--refit: file not found: {src}")
+        terms = tuple(t.strip() for t in without.split(",") if t.strip())
+        bad = [t for t in terms if t not in COEFFS[1:]]
+        if bad:
+            raise ConfigError(f"--without {', '.join(bad)}: unknown term; terms: {', '.join(COEFFS[1:])}")
+        f = refit(src, path, terms)
+        click.echo(f"refitted {src} ({f.num_samples} steps{', without ' + ', '.join(terms) if terms else ''}): "
+                   f"error rms {100 * f.rms_rel_error:.1f}%, max {100 * f.max_rel_error:.1f}%")
+        click.echo(f"wrote {path}")
+        return
     if preset is not None:
         if config or overrides:
             raise ConfigError("--preset writes a preset as it is; do not give a config or --set with it")
@@ -196,7 +243,9 @@ def _profile_main(config, overrides, preset, strategy, batch_sizes, contexts, pr
     c, f = prof.cost, prof.fit
     click.echo(f"fit ({prof.level}-level, {f.num_samples} steps): overhead {1e3 * c.overhead_s:.3f} ms/step, "
                f"kv {1e6 * c.kv_s_per_token:.3f} us/context token, prefill {1e6 * c.prefill_s_per_token:.2f} us/token, "
-               f"decode {1e3 * c.decode_s_per_row:.3f} ms/row, prefill pass {1e3 * c.prefill_step_s:.3f} ms; "
+               f"decode {1e3 * c.decode_s_per_row:.3f} ms/row, prefill pass {1e3 * c.prefill_step_s:.3f} ms, "
+               f"attention {1e9 * c.attn_s_per_pair:.3f} ns/pair, admission {1e3 * c.admit_s:.3f} ms/request, "
+               f"warm-up {1e3 * c.warmup_s:.3f} ms; "
                f"error rms {100 * f.rms_rel_error:.1f}%, "
                f"max {100 * f.max_rel_error:.1f}%")
     click.echo(f"wrote {path}")

@@ -1,29 +1,36 @@
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
-from batchlab.backends.cost import StepCost
+from batchlab.backends.cost import StepCost, attention_pairs, warm_weight
 from batchlab.backends.presets import load_cost
 from batchlab.calibrate.fit import COEFFS, StepSample, fit_step_times, nnls
 
 TRUE = {"overhead_s": 3e-3, "kv_s_per_token": 2e-7, "prefill_s_per_token": 5e-5, "decode_s_per_row": 4e-4,
-        "prefill_step_s": 2e-3}
+        "prefill_step_s": 2e-3, "attn_s_per_pair": 2e-9, "admit_s": 3e-4, "warmup_s": 1e-3}
+OLD = dict(TRUE, attn_s_per_pair=0.0, admit_s=0.0, warmup_s=0.0)      # the model before issue 13
 
 
 def synthetic(coef, noise=0.0, seed=0):
-    """Decode steps over a grid of batch x context, and prefill steps over prompt lengths."""
+    """Decode steps over a grid of batch x context x step index in the call, and prefill steps over
+    prompt lengths at two batch sizes (request-level: prefill rows also decode)."""
     rng = np.random.default_rng(seed)
     rows = []
     for b in (1, 2, 4, 8, 16, 32):
         for ctx in (16, 64, 256, 1024):
-            rows.append((b * ctx, 0, b, "decode"))
+            for k in (1, 8, 40):
+                rows.append(dict(context_tokens=b * ctx, prefill_tokens=0, decode_rows=b, warm=warm_weight(k)))
     for b in (1, 4):
         for p in (16, 128, 512):
-            rows.append((b * p, b * p, b, "prefill"))
+            rows.append(dict(context_tokens=b * p, prefill_tokens=b * p, decode_rows=b,
+                             attn_pairs=b * attention_pairs(p, 0), admitted=b, kind="prefill"))
     out = []
-    for c, p, d, kind in rows:
-        t = (coef["overhead_s"] + coef["kv_s_per_token"] * c + coef["prefill_s_per_token"] * p
-             + coef["decode_s_per_row"] * d + coef["prefill_step_s"] * (p > 0))
-        out.append(StepSample(c, p, d, t * (1 + noise * rng.standard_normal()), kind))
+    for row in rows:
+        t = StepCost(**{k: coef.get(k, 0.0) for k in TRUE}, weight_s=0.0, kv_bytes_per_token=1,
+                     kv_budget_bytes=1).step_time(row["context_tokens"], row["prefill_tokens"], row["decode_rows"],
+                                                  row.get("attn_pairs", 0), row.get("admitted", 0), row.get("warm", 0))
+        out.append(StepSample(**row, seconds=t * (1 + noise * rng.standard_normal())))
     return out
 
 
@@ -32,6 +39,19 @@ def test_recovers_known_parameters_exactly_without_noise():
     for k in COEFFS:
         assert fit.coefficients[k] == pytest.approx(TRUE[k], rel=1e-6)
     assert fit.rms_rel_error < 1e-9
+
+
+def test_a_term_held_at_zero_is_fitted_without_it():
+    # data from the old five-term model: the later terms come out zero, with or without them
+    full, without = fit_step_times(synthetic(OLD)), fit_step_times(synthetic(OLD), without=("admit_s", "warmup_s"))
+    for k in COEFFS:
+        assert full.coefficients[k] == pytest.approx(OLD[k], rel=1e-6, abs=1e-15)
+        assert without.coefficients[k] == pytest.approx(OLD[k], rel=1e-6, abs=1e-15)
+    # data with a warm-up: held at zero, the fit cannot explain it, and the error says so
+    held = fit_step_times(synthetic(TRUE), without=("warmup_s",))
+    assert held.coefficients["warmup_s"] == 0.0 and held.rms_rel_error > 0.01
+    with pytest.raises(ValueError, match="unknown step-time term"):
+        fit_step_times(synthetic(TRUE), without=("nonsense",))
 
 
 def test_recovers_parameters_within_noise():
@@ -46,8 +66,7 @@ def test_recovers_parameters_within_noise():
 def test_coefficients_are_never_negative():
     # Data that an unconstrained fit would explain with a negative per-row cost.
     coef = dict(TRUE, decode_s_per_row=0.0)
-    samples = [StepSample(s.context_tokens, s.prefill_tokens, s.decode_rows, s.seconds * (1 - 0.01 * s.decode_rows / 32))
-               for s in synthetic(coef)]
+    samples = [replace(s, seconds=s.seconds * (1 - 0.01 * s.decode_rows / 32)) for s in synthetic(coef)]
     fit = fit_step_times(samples)
     assert all(v >= 0 for v in fit.coefficients.values())
     assert fit.coefficients["decode_s_per_row"] == 0.0

@@ -24,9 +24,55 @@ def test_profiling_the_simulator_recovers_its_preset(strategy):
 
 
 def test_step_features_follow_each_path():
-    assert step_features("request", 4, 10, 0) == (40, 40, 4)       # generate(): prefill + first token
-    assert step_features("iteration", 4, 10, 0) == (40, 40, 0)     # engine: a prefill chunk
-    assert step_features("request", 4, 10, 3) == (52, 0, 4)        # decode at context 13 per row
+    pick = lambda f: (f["context_tokens"], f["prefill_tokens"], f["decode_rows"])   # noqa: E731
+    assert pick(step_features("request", 4, 10, 0)) == (40, 40, 4)       # generate(): prefill + first token
+    assert pick(step_features("iteration", 4, 10, 0)) == (40, 40, 0)     # engine: a prefill chunk
+    assert pick(step_features("request", 4, 10, 3)) == (52, 0, 4)        # decode at context 13 per row
+    # a prompt of 10 attends to 1 + 2 + ... + 10 = 55 pairs per row; every row is admitted
+    assert step_features("iteration", 4, 10, 0)["attn_pairs"] == 220 and step_features("iteration", 4, 10, 0)["admitted"] == 4
+    # the warm-up fades over a generate() call; the engine has no call to warm up in
+    assert step_features("request", 4, 10, 1)["warm"] > step_features("request", 4, 10, 8)["warm"] > 0
+    assert step_features("iteration", 4, 10, 1)["warm"] == 0.0
+
+
+def test_profiling_recovers_the_later_terms_from_the_simulator(tmp_path):
+    # a simulator with every term of the model: profiling its request-level path finds them again
+    from dataclasses import replace
+    truth = replace(load_cost("toy"), attn_s_per_pair=1e-8, admit_s=2e-4, warmup_s=5e-4)
+    grid = Grid(batch_sizes=(1, 4, 16), contexts=(16, 128), prompts=(16, 64, 256), new_tokens=40, repeats=1, warmup=0)
+    prof = profile_backend(SimulatedBackend(truth), "dynamic", grid)
+    for k in ("attn_s_per_pair", "admit_s", "warmup_s", "decode_s_per_row", "prefill_s_per_token"):
+        assert getattr(prof.cost, k) == pytest.approx(getattr(truth, k), rel=1e-5), k
+
+
+def test_refit_holds_named_terms_at_zero_and_keeps_the_rest(tmp_path):
+    from dataclasses import replace
+    truth = replace(load_cost("toy"), warmup_s=5e-4)
+    src = tmp_path / "p.json"
+    res = CliRunner().invoke(profile_cmd, ["--set", "backend.preset=toy", "--strategy", "dynamic", "--batch-sizes", "1,8",
+                                           "--contexts", "16,64", "--prompts", "32,128", "--new-tokens", "40",
+                                           "--repeats", "1", "--out", str(src)])
+    assert res.exit_code == 0, res.output
+    data = json.loads(src.read_text())       # a measured profile of the toy preset has no warm-up to find
+    assert data["warmup_s"] == 0.0
+    samples = data["samples"]
+    for row in samples:                       # give its steps a warm-up, as generate() has on a CPU
+        row["seconds"] += truth.warmup_s * row["warm"]
+    src.write_text(json.dumps(data))
+    dst = tmp_path / "without.json"
+    res = CliRunner().invoke(profile_cmd, ["--refit", str(src), "--without", "warmup_s", "--out", str(dst)])
+    assert res.exit_code == 0, res.output
+    held = json.loads(dst.read_text())
+    assert held["warmup_s"] == 0.0 and held["without"] == ["warmup_s"] and held["fit_rms_rel_error"] > 1e-3
+    res = CliRunner().invoke(profile_cmd, ["--refit", str(src), "--out", str(tmp_path / "with.json")])
+    again = json.loads((tmp_path / "with.json").read_text())
+    assert again["warmup_s"] == pytest.approx(5e-4, rel=1e-4) and again["fit_rms_rel_error"] < 1e-6
+    assert again["level"] == "request" and again["vocab_size"] == data["vocab_size"]
+    for args, needle in ((["--refit", str(src), "--without", "bogus", "--out", str(dst)], "unknown term"),
+                         (["--without", "warmup_s", "--out", str(dst)], "goes with --refit"),
+                         (["--refit", str(tmp_path / "none.json"), "--out", str(dst)], "not found")):
+        res = CliRunner().invoke(profile_cmd, args)
+        assert res.exit_code == 2 and needle in res.output and len(res.output.strip().splitlines()) == 1
 
 
 def test_preset_is_written_as_a_profile(tmp_path):
