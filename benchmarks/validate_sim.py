@@ -54,6 +54,41 @@ def sh(cmd: list[str], env: dict[str, str]) -> None:
     print(f"  (1-min load average: {before:.1f} before, {os.getloadavg()[0]:.1f} after, on {os.cpu_count()} cores)")
 
 
+# What each later term of the step model earns: the same real runs, the profiles refitted with the
+# term held at zero; "five-term model" is the model before issue 13.
+VARIANTS = {"without attention": "attn_s_per_pair", "without admission": "admit_s", "without warm-up": "warmup_s",
+            "five-term model": "attn_s_per_pair,admit_s,warmup_s"}
+
+
+def ablate(bl: list[str], config: Path, out: Path, strategies: list[str], env: dict[str, str]) -> dict:
+    """Per variant, per metric: median and P90 |error| over the same held-out cells. The real runs
+    are copied, so `validate` resumes them (nothing real runs again) and only the replays change."""
+    import shutil
+    result = {}
+    for name, without in VARIANTS.items():
+        tag = without.replace(",", "+")
+        vdir = out / "ablation" / tag
+        if vdir.exists():
+            shutil.rmtree(vdir)
+        for w in (out / "validate").iterdir():
+            if w.is_dir():
+                for part in ("real", "rerun"):
+                    if (w / part).is_dir():
+                        shutil.copytree(w / part, vdir / w.name / part)
+                if (w / "saturation.csv").is_file():
+                    shutil.copy(w / "saturation.csv", vdir / w.name / "saturation.csv")
+        profiles = []
+        for strategy in dict.fromkeys("continuous" if s == "continuous" else "dynamic" for s in strategies):
+            dst = vdir / f"profile_{strategy}.json"
+            sh(bl + ["profile", "--refit", str(out / f"profile_{strategy}.json"), "--without", without, "--out", str(dst)], env)
+            profiles += ["--profile", str(dst)]
+        sh(bl + ["validate", str(config), *profiles, "--out", str(vdir)], env)
+        metrics = json.loads((vdir / "accuracy.json").read_text())["metrics"]
+        result[name] = {m["metric"]: {"error_median": m["error_median"], "error_p90": m["error_p90"],
+                                      "coverage": m["coverage"]} for m in metrics}
+    return result
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="results/validate_sim")
@@ -68,6 +103,8 @@ def main() -> int:
                     help="profile burst length: the traffic's mean output (generate() speeds up over its first steps)")
     ap.add_argument("--gap-ms", type=float, default=200.0, help="profile: idle time before each burst (live requests often find the backend idle)")
     ap.add_argument("--skip-profile", action="store_true", help="reuse the profiles already in --out")
+    ap.add_argument("--no-ablation", action="store_true",
+                    help="skip refitting without each later term (replays of the same real runs: seconds)")
     ap.add_argument("--json", default=None, help="Write the errors (and how they were made) to this file.")
     args = ap.parse_args()
     load_before = os.getloadavg()
@@ -90,6 +127,7 @@ def main() -> int:
                      "--contexts", "16,48,96,192", "--prompts", "16,32,64,128,320", "--new-tokens", str(args.new_tokens),
                      "--repeats", str(args.repeats), "--gap-ms", str(args.gap_ms), "--out", str(path)], env)
     sh(bl + ["validate", str(config), *profiles, "--out", str(out / "validate")], env)
+    ablation = {} if args.no_ablation else ablate(bl, config, out, strategies, env)
     acc = json.loads((out / "validate" / "accuracy.json").read_text())
     cells = pd.read_csv(out / "validate" / "validation.csv")
     if args.json:
@@ -97,6 +135,7 @@ def main() -> int:
                     "rates": args.rates, "duration_s": args.duration, "traffic_repeats": args.traffic_repeats,
                     "threads": args.threads, "workloads": acc["workloads"], "profiles": acc["profiles"],
                     "metrics": acc["metrics"], "coverage": float(cells["inside"].mean()), "cells": len(cells),
+                    "ablation": ablation,
                     "cell_rows": cells.drop(columns=["kind"]).to_dict(orient="records"),
                     "load_avg_1_5_15": {"before": load_before, "after": os.getloadavg()}, "cpus": os.cpu_count()}
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)

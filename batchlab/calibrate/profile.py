@@ -148,7 +148,8 @@ def refit(src: Path, dst: Path, without: tuple[str, ...] = ()) -> Fit:
     data = json.loads(src.read_text())
     fields = set(StepSample.__dataclass_fields__)
     try:
-        samples = [StepSample(**{k: v for k, v in row.items() if k in fields}) for row in data["samples"]]
+        rows = older_samples(data["samples"], data.get("level", "iteration"))
+        samples = [StepSample(**{k: v for k, v in row.items() if k in fields}) for row in rows]
         fit = fit_step_times(samples, without)
     except (KeyError, TypeError) as e:
         raise ConfigError(f"--refit {src}: not a measured profile (no step samples): {e}") from None
@@ -162,6 +163,24 @@ def refit(src: Path, dst: Path, without: tuple[str, ...] = ()) -> Fit:
     keep = {k: v for k, v in data.items() if k not in asdict(cost) and k not in fit.summary()}
     cost.to_json(dst, **(keep | fit.summary() | {"samples": rows, "refit_from": str(src), "without": list(without)}))
     return fit
+
+
+def older_samples(rows: list[dict], level: str) -> list[dict]:
+    """Samples saved before the attention, admission and warm-up features existed, with those
+    features derived from the burst structure `measure` writes: each burst is its prefill step
+    (k = 0) followed by its decode steps in order, so rows, prompt and k can be read back."""
+    if not rows or "admitted" in rows[0]:
+        return rows
+    out, rows_in_burst, prompt, k = [], 0, 0, 0
+    for i, row in enumerate(rows):
+        if row["kind"] == "prefill":
+            nxt = rows[i + 1] if i + 1 < len(rows) and rows[i + 1]["kind"] == "decode" else None
+            rows_in_burst = int(row["decode_rows"] or (nxt["decode_rows"] if nxt else 1))
+            prompt, k = int(round(row["prefill_tokens"] / rows_in_burst)), 0
+        else:
+            k += 1
+        out.append(row | step_features(level, rows_in_burst, prompt, k) | {"seconds": row["seconds"]})
+    return out
 
 
 def _ints(text: str, flag: str) -> tuple[int, ...]:

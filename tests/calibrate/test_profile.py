@@ -6,6 +6,7 @@ from click.testing import CliRunner
 from batchlab.backends.cost import StepCost
 from batchlab.backends.presets import load_cost
 from batchlab.backends.simulated import SimulatedBackend
+from batchlab.calibrate.fit import StepSample
 from batchlab.calibrate.profile import Grid, profile_backend, profile_cmd, step_features
 
 SMALL = Grid(batch_sizes=(1, 4, 16), contexts=(16, 128), prompts=(16, 256), new_tokens=6, repeats=1, warmup=1)
@@ -119,3 +120,13 @@ def test_profiles_the_tiny_hf_model_on_both_paths(strategy, tiny_model_dir):
     assert len(prof.samples) == 2 * 3 + 2 and all(s.seconds > 0 for s in prof.samples)
     assert prof.cost.kv_budget_bytes == 1 << 26 and prof.cost.kv_bytes_per_token > 0
     assert all(v >= 0 for v in prof.fit.coefficients.values())
+
+
+def test_samples_saved_before_the_later_features_get_them_back_from_the_burst_layout():
+    from batchlab.calibrate.profile import older_samples
+    grid = Grid(batch_sizes=(1, 4), contexts=(16, 64), prompts=(16, 256), new_tokens=6, repeats=1, warmup=0)
+    for strategy, level in (("dynamic", "request"), ("continuous", "iteration")):
+        prof = profile_backend(SimulatedBackend(load_cost("toy")), strategy, grid)
+        old = [{k: getattr(s, k) for k in ("context_tokens", "prefill_tokens", "decode_rows", "seconds", "kind")}
+               for s in prof.samples]
+        assert [StepSample(**row) for row in older_samples(old, level)] == prof.samples
