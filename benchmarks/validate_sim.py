@@ -126,6 +126,8 @@ def main() -> int:
             sh(bl + ["profile", str(config), "--strategy", strategy, "--batch-sizes", "1,2,4,8,16,32",
                      "--contexts", "16,48,96,192", "--prompts", "16,32,64,128,320", "--new-tokens", str(args.new_tokens),
                      "--repeats", str(args.repeats), "--gap-ms", str(args.gap_ms), "--out", str(path)], env)
+        else:   # a kept profile may predate the later terms: fit its samples with the whole model
+            sh(bl + ["profile", "--refit", str(path), "--out", str(path)], env)
     sh(bl + ["validate", str(config), *profiles, "--out", str(out / "validate")], env)
     ablation = {} if args.no_ablation else ablate(bl, config, out, strategies, env)
     acc = json.loads((out / "validate" / "accuracy.json").read_text())

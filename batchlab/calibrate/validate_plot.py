@@ -15,6 +15,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
+from matplotlib.ticker import FuncFormatter, NullFormatter  # noqa: E402
 
 TITLES = {"e2e_p50": "p50 E2E (ms)", "ttft_p50": "p50 TTFT (ms)", "tpot_p50": "p50 TPOT (ms)",
           "ttft_p99": "p99 TTFT (ms)", "throughput_tok_s": "saturated throughput (tok/s)"}
@@ -43,7 +44,7 @@ def plot_validation(cells: pd.DataFrame, summary: pd.DataFrame, path: Path) -> P
         band = s["noise_p90"] if s["noise_p90"] == s["noise_p90"] else 0.0
         if band > 0:
             ax.fill_between(line, line * (1 - band), line * (1 + band), color="0.88", zorder=0,
-                            label=f"noise floor (P90 {100 * band:.0f}%)")
+                            label="real rerun's spread (P90 of this metric)")
         ax.plot(line, line, color="0.3", lw=1, zorder=1, label="sim = real")
         for (strategy, workload), h in ok.groupby(["strategy", "workload"], sort=False):
             err = np.vstack([scale * (h["sim"] - h["lo"]).clip(lower=0), scale * (h["hi"] - h["sim"]).clip(lower=0)])
@@ -55,6 +56,9 @@ def plot_validation(cells: pd.DataFrame, summary: pd.DataFrame, path: Path) -> P
         ax.set_title(f"{TITLES.get(metric, metric)}\nmedian |error| {100 * s['error_median']:.1f}%, "
                      f"in interval {100 * s['coverage']:.0f}%", fontsize=10)
         ax.grid(True, which="both", alpha=0.25)
+        for axis in (ax.xaxis, ax.yaxis):      # plain numbers; minor ticks unlabelled (they collide)
+            axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+            axis.set_minor_formatter(NullFormatter())
     for ax in list(axes.flat)[len(metrics):]:
         ax.set_visible(False)
     handles, labels = axes.flat[0].get_legend_handles_labels()
