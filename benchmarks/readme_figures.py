@@ -110,6 +110,14 @@ def validate_sim(d: dict) -> str:
                   "| all eight terms | " + " | ".join(pct(full[k]["error_median"]) for k in keys) + " |"]
         for name, per in d["ablation"].items():
             lines.append(f"| {name} | " + " | ".join(pct(per[k]["error_median"]) for k in keys) + " |")
+        if d.get("uncorrected"):
+            u = d["uncorrected"]
+            lines.append("| all eight terms, no drift correction | "
+                         + " | ".join(pct(u[k]["error_median"]) if k in u else "–" for k in keys) + " |")
+    if d.get("drift"):
+        lines += ["", "Drift: the reference burst (8 requests, 48 + 24 tokens) ran at " + "; ".join(
+            f"`{w}` " + ", ".join(f"{v:.2f}× ({lvl})" for lvl, v in f.items()) for w, f in d["drift"].items())
+            + " the time the profiles predict for it; each workload's replays are scaled by its factor."]
     return "\n".join(lines)
 
 

@@ -137,7 +137,7 @@ def main() -> int:
                     "rates": args.rates, "duration_s": args.duration, "traffic_repeats": args.traffic_repeats,
                     "threads": args.threads, "workloads": acc["workloads"], "profiles": acc["profiles"],
                     "metrics": acc["metrics"], "coverage": float(cells["inside"].mean()), "cells": len(cells),
-                    "ablation": ablation,
+                    "ablation": ablation, "drift": acc["drift"], "uncorrected": acc["uncorrected"],
                     "cell_rows": cells.drop(columns=["kind"]).to_dict(orient="records"),
                     "load_avg_1_5_15": {"before": load_before, "after": os.getloadavg()}, "cpus": os.cpu_count()}
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)

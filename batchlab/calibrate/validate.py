@@ -28,6 +28,7 @@ from batchlab.backends import make_backend
 from batchlab.backends.cost import COEFFS, StepCost
 from batchlab.backends.simulated import SimulatedBackend
 from batchlab.calibrate import accuracy
+from batchlab.core.clock import RealClock, VirtualClock
 from batchlab.core.config import RunConfig, load_config
 from batchlab.core.sustain import saturated_tokens
 from batchlab.core.traffic import build_trace
@@ -35,7 +36,7 @@ from batchlab.errors import ConfigError, RunFailed, user_errors
 from batchlab.run.executors import Executor, LocalExecutor, make_executor
 from batchlab.run.point import run_point
 from batchlab.run.schema import summary_row
-from batchlab.run.sweep import run_sweep
+from batchlab.run.sweep import points, run_sweep
 from batchlab.schedulers import level_of
 
 KEY = ["strategy", "rate", "repeat"]
@@ -93,15 +94,17 @@ SIDES = {"sim": 0.0, "sim_lo": -1.0, "sim_hi": 1.0}
 
 
 def simulate_points(cfg: RunConfig, real: pd.DataFrame, profiles: dict[str, Profile],
-                    executor: Executor | None = None) -> dict[str, pd.DataFrame]:
+                    executor: Executor | None = None, drift: dict[str, float] | None = None) -> dict[str, pd.DataFrame]:
     """Replay every real point's trace on the calibrated simulator, once per side (side by side
-    on the executor); per side, one summary row per point, in the real summary's order."""
+    on the executor); per side, one summary row per point, in the real summary's order.
+    `drift`: level -> the machine's speed now over the profile's (step costs are multiplied by it)."""
     calls = []
     for side, k in SIDES.items():
         for _, point in real.iterrows():
             prof = profile_for(point["strategy"], profiles)
+            f = (drift or {}).get(level_of(point["strategy"]), 1.0)
             calls.append((cfg, point["strategy"], float(point["rate"]), int(point["repeat"]), prof.path,
-                          sim_cost(cfg, prof.cost, 1 + k * prof.sigma)))
+                          sim_cost(cfg, prof.cost, f * (1 + k * prof.sigma))))
     rows: list[dict | None] = [None] * len(calls)
     for fin in (executor or LocalExecutor()).map(sim_point, calls):
         if fin.error is not None:
@@ -127,75 +130,171 @@ def burst_trace(cfg: RunConfig, strategy: str):
     return rate, [replace(t, arrival=0.0) for t in build_trace(cfg.traffic, rate, 0)[:n]]
 
 
-def saturation(cfg: RunConfig, profiles: dict[str, Profile], path: Path, noise: bool, progress=None) -> pd.DataFrame:
+def saturation(cfg: RunConfig, profiles: dict[str, Profile], path: Path, noise: bool, real: "LentBackend",
+               drift: dict[str, float], progress=None) -> pd.DataFrame:
     """Per strategy, the steady-middle output tokens/s of a burst: real (twice with `noise`) and
     simulated on every side. Real rows are appended to `path` as they come and a rerun keeps them;
     simulated ones are recomputed (milliseconds), so a new profile never meets an old replay."""
     done = pd.read_csv(path) if path.is_file() else pd.DataFrame(columns=["strategy", "side", "throughput_tok_s"])
     have = set(zip(done["strategy"], done["side"]))
     rows = [done]
-    backend = None
-    try:
-        for strategy in cfg.strategies:
-            rate, trace = burst_trace(cfg, strategy)
-            prof = profile_for(strategy, profiles)
-            for side in (["real", "real_b"] if noise else ["real"]) + list(SIDES):
-                if side in SIDES:
-                    b = SimulatedBackend(sim_cost(cfg, prof.cost, 1 + SIDES[side] * prof.sigma))
-                elif (strategy, side) in have:
-                    continue
-                else:
-                    backend = b = backend or make_backend(cfg)
-                    if progress:
-                        progress(f"saturation burst: {strategy}, {len(trace)} requests at once ({side})")
-                res = run_point(cfg, strategy, rate, 0, b, trace)
-                row = pd.DataFrame([{"strategy": strategy, "side": side, "throughput_tok_s": saturated_tokens(res.requests)}])
-                if side not in SIDES:
-                    row.to_csv(path, mode="a", header=not path.is_file(), index=False)
-                rows.append(row)
-    finally:
-        if backend is not None:
-            asyncio.run(backend.close())
+    for strategy in cfg.strategies:
+        rate, trace = burst_trace(cfg, strategy)
+        prof = profile_for(strategy, profiles)
+        f = drift.get(level_of(strategy), 1.0)
+        for side in (["real", "real_b"] if noise else ["real"]) + list(SIDES):
+            if side in SIDES:
+                b = SimulatedBackend(sim_cost(cfg, prof.cost, f * (1 + SIDES[side] * prof.sigma)))
+            elif (strategy, side) in have:
+                continue
+            else:
+                b = real.get()
+                if progress:
+                    progress(f"saturation burst: {strategy}, {len(trace)} requests at once ({side})")
+            res = run_point(cfg, strategy, rate, 0, b, trace)
+            row = pd.DataFrame([{"strategy": strategy, "side": side, "throughput_tok_s": saturated_tokens(res.requests)}])
+            if side not in SIDES:
+                row.to_csv(path, mode="a", header=not path.is_file(), index=False)
+            rows.append(row)
     wide = pd.concat(rows, ignore_index=True).pivot_table(index="strategy", columns="side",
                                                           values="throughput_tok_s", aggfunc="last")
     return wide.reindex(cfg.strategies).reset_index()
+
+
+class LentBackend:
+    """The workload's real backend, made on first use and shared by its sweeps, reference bursts and
+    saturation bursts (one model load), closed by the caller."""
+
+    def __init__(self, cfg: RunConfig):
+        self.cfg, self.backend = cfg, None
+
+    def get(self):
+        if self.backend is None:
+            self.backend = make_backend(self.cfg)
+        return self.backend
+
+    def close(self) -> None:
+        if self.backend is not None:
+            asyncio.run(self.backend.close())
+
+
+# The drift probe: a fixed closed burst (rows, prompt tokens, new tokens), timed on the real backend
+# before the first run, between the runs and after them, and on the simulator once.
+REFERENCE = (8, 48, 24)
+REFERENCE_REPEATS = 3
+
+
+def burst_seconds(backend, level: str) -> float:
+    """Median over REFERENCE_REPEATS of the reference burst's duration (prefill to last token)."""
+    from batchlab.calibrate.profile import burst, time_burst
+    clock = VirtualClock() if backend.virtual_time else RealClock()
+
+    async def timed():
+        await backend.start(clock)
+        runs = []
+        for i in range(REFERENCE_REPEATS):
+            reqs = burst(*REFERENCE, clock.now(), 990_000 + i)
+            runs.append(float(sum(await time_burst(backend, level, reqs, clock))))
+        return sorted(runs)[len(runs) // 2]
+    return clock.run(timed())
+
+
+def reference(path: Path, when: str, levels: list[str], real: LentBackend, progress=None) -> None:
+    """Time the reference burst on the real backend for each level, once per `when` (kept in
+    `path`, so a resumed validation does not time it again)."""
+    done = pd.read_csv(path) if path.is_file() else pd.DataFrame(columns=["when", "level", "seconds"])
+    have = set(zip(done["when"], done["level"]))
+    for level in levels:
+        if (when, level) in have:
+            continue
+        if progress:
+            progress(f"reference burst {REFERENCE[0]} x {REFERENCE[1]} + {REFERENCE[2]} tokens ({level}-level, {when})")
+        row = pd.DataFrame([{"when": when, "level": level, "seconds": burst_seconds(real.get(), level)}])
+        row.to_csv(path, mode="a", header=not path.is_file(), index=False)
+
+
+def drift_factors(path: Path, profiles: dict[str, Profile], strategies: list[str]) -> dict[str, float]:
+    """level -> the real reference burst's median duration over the profile's prediction of it:
+    how much faster (< 1) or slower (> 1) the machine runs now than when it was profiled."""
+    real = pd.read_csv(path).groupby("level")["seconds"].median()
+    out = {}
+    for s in strategies:
+        level = level_of(s)
+        prof = profile_for(s, profiles)
+        out[level] = float(real[level]) / burst_seconds(SimulatedBackend(prof.cost), level)
+    return out
 
 
 def validate(cfg: RunConfig, profile_paths: list[str], out: Path, progress=None) -> Validation:
     profiles = load_profiles(profile_paths)
     for s in cfg.strategies:
         profile_for(s, profiles)                 # fail before the (long) real run, not after
-    noise = cfg.validation.noise
-    parts = []
+    noise, drift_on = cfg.validation.noise, cfg.validation.drift
+    levels = sorted({level_of(s) for s in cfg.strategies})
+    parts, drifts = [], {}
     executor = make_executor(cfg.executor)     # NOTE: first, so a Ray started here serves every half
     try:
         for name in ["base", *cfg.validation.workloads]:
             wc = cfg.workload(name)
             say = (lambda m, n=name: progress(f"{n}: {m}")) if progress else None
-            real = pd.read_csv(run_sweep(wc, out / name / "real", progress=say) / "summary.csv")
-            rerun = pd.read_csv(run_sweep(wc, out / name / "rerun", progress=say) / "summary.csv") if noise else None
-            sims = simulate_points(wc, real, profiles, executor)
-            lat = accuracy.cells(real, rerun, sims, KEY, accuracy.LATENCY, "latency")
-            lat.insert(1, "workload", name)
-            parts.append(lat)
-            if cfg.validation.saturation:
-                wide = saturation(wc, profiles, out / name / "saturation.csv", noise, say)
-                sat = accuracy.cells(*_sat_sides(wide), ["strategy"], accuracy.SATURATION, "saturation")
-                sat.insert(1, "workload", name)
-                parts.append(sat)
+            real_backend = LentBackend(wc)
+            ref = out / name / "reference.csv"
+            try:
+                if drift_on:
+                    (out / name).mkdir(parents=True, exist_ok=True)
+                    reference(ref, "before", levels, real_backend, say)
+                lend = real_backend.get() if wc.executor.kind == "local" and not _complete(wc, out / name / "real") else None
+                real = pd.read_csv(run_sweep(wc, out / name / "real", progress=say, backend=lend) / "summary.csv")
+                rerun = None
+                if noise:
+                    if drift_on:
+                        reference(ref, "between", levels, real_backend, say)
+                    lend = real_backend.get() if wc.executor.kind == "local" and not _complete(wc, out / name / "rerun") else None
+                    rerun = pd.read_csv(run_sweep(wc, out / name / "rerun", progress=say, backend=lend) / "summary.csv")
+                if drift_on:
+                    reference(ref, "after", levels, real_backend, say)
+                drift = drift_factors(ref, profiles, cfg.strategies) if drift_on else {}
+                drifts[name] = drift
+                sims = simulate_points(wc, real, profiles, executor, drift)
+                lat = accuracy.cells(real, rerun, sims, KEY, accuracy.LATENCY, "latency")
+                lat.insert(1, "workload", name)
+                if drift_on:       # the same replays at the profile's own speed: what the correction earns
+                    lat["sim_uncorrected"] = accuracy.cells(real, rerun, simulate_points(wc, real, profiles, executor),
+                                                            KEY, accuracy.LATENCY, "latency")["sim"]
+                parts.append(lat)
+                if cfg.validation.saturation:
+                    wide = saturation(wc, profiles, out / name / "saturation.csv", noise, real_backend, drift, say)
+                    sat = accuracy.cells(*_sat_sides(wide), ["strategy"], accuracy.SATURATION, "saturation")
+                    sat.insert(1, "workload", name)
+                    parts.append(sat)
+            finally:
+                real_backend.close()
     finally:
         executor.close()
     table = accuracy.with_errors(pd.concat(parts, ignore_index=True))
     summ = accuracy.summary(table)
     table.to_csv(out / "validation.csv", index=False)
+    uncorrected = {}
+    if drift_on:
+        lat = table[table["kind"] == "latency"]
+        err = ((lat["sim_uncorrected"] - lat["real"]) / lat["real"]).abs()
+        uncorrected = {m: {"error_median": float(e.median()), "error_p90": float(e.quantile(0.9))}
+                       for m, e in err.groupby(lat["metric"], sort=False)}
     meta = {"profiles": {lvl: {"path": p.path, "fit_rms_rel_error": p.sigma} for lvl, p in profiles.items()},
             "workloads": {"base": {}} | cfg.validation.workloads, "noise_runs": 2 if noise else 1,
+            "drift": drifts, "reference_burst": {"rows": REFERENCE[0], "prompt": REFERENCE[1], "new_tokens": REFERENCE[2]},
             "interval": "90 %: sim +- 1.645 sqrt(model^2 + run^2), see batchlab/calibrate/accuracy.py",
-            "metrics": summ.to_dict(orient="records")}
+            "metrics": summ.to_dict(orient="records"), "uncorrected": uncorrected}
     (out / "accuracy.json").write_text(json.dumps(meta, indent=2) + "\n")
     from batchlab.calibrate.validate_plot import plot_validation
     plot_validation(table, summ, out / "validation.png")
     return Validation(table, summ)
+
+
+def _complete(cfg: RunConfig, path: Path) -> bool:
+    """Every point of `cfg` already in the results directory `path` (nothing left to run there)."""
+    summary = path / "summary.csv"
+    return summary.is_file() and len(pd.read_csv(summary)) >= len(list(points(cfg)))
 
 
 def _sat_sides(wide: pd.DataFrame):
@@ -243,4 +342,12 @@ def validate_cmd(config, profiles, overrides, out, executor):
     result = validate(cfg, list(profiles), out_dir, progress=lambda m: click.echo(f"  real: {m}"))
     for line in report_lines(result):
         click.echo(line)
+    acc = json.loads((out_dir / "accuracy.json").read_text())
+    for name, f in acc["drift"].items():
+        if f:
+            click.echo(f"drift ({name}): the machine ran the reference burst at " + ", ".join(
+                f"{v:.2f}x the {lvl}-level profile's time" for lvl, v in f.items()) + "; the replays were scaled by it")
+    if acc["uncorrected"]:
+        click.echo("without the drift correction, median |error|: " + ", ".join(
+            f"{m} {100 * v['error_median']:.1f}%" for m, v in acc["uncorrected"].items()))
     click.echo(f"wrote {out_dir / 'validation.csv'}, {out_dir / 'accuracy.json'}, {out_dir / 'validation.png'}")

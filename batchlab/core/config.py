@@ -413,6 +413,7 @@ class ValidateConfig(_Model):
         default_factory=dict, max_length=16)
     noise: bool = True                      # run the real backend twice on the same traces (the noise floor)
     saturation: bool = True                 # a burst per strategy: throughput where the backend, not the trace, sets it
+    drift: bool = True                      # time a reference burst around the runs; scale the profile by the machine's speed now
 
     @field_validator("workloads")
     @classmethod

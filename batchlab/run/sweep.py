@@ -96,6 +96,7 @@ class SweepPlan:
     warnings: list[str] = field(default_factory=list)
     setup: dict[str, Any] = field(default_factory=dict)    # setup.json as written
     setup_written: bool = False
+    owns_backend: bool = True           # False: the caller lent it (validate's reference bursts share it) and closes it
 
     @property
     def path(self) -> Path:
@@ -111,8 +112,9 @@ class PointDone:
     error: str                          # the most common error among the failed ('' if none)
 
 
-def plan_sweep(cfg: RunConfig, out: str | Path) -> SweepPlan:
-    """Check the whole sweep and open nothing for writing; raises ConfigError for a user mistake."""
+def plan_sweep(cfg: RunConfig, out: str | Path, backend: Backend | None = None) -> SweepPlan:
+    """Check the whole sweep and open nothing for writing; raises ConfigError for a user mistake.
+    `backend`: use this one (already made by the caller, who closes it) for local points."""
     for strategy in cfg.strategies:                     # a policy of your own is imported here
         scheduler_class(strategy)
     grid = list(points(cfg))                            # a replayed trace is read (and checked) here
@@ -135,7 +137,7 @@ def plan_sweep(cfg: RunConfig, out: str | Path) -> SweepPlan:
     if todo:
         plan.executor = make_executor(cfg.executor, _declared_resources(cfg))
         if plan.executor.kind == "local":       # on Ray, each worker makes its own
-            plan.backend = make_backend(cfg)
+            plan.backend, plan.owns_backend = (backend, False) if backend is not None else (make_backend(cfg), True)
     return plan
 
 
@@ -174,7 +176,7 @@ def execute(plan: SweepPlan, on_point: Callable[[PointDone], None] | None = None
                                 + ("; ..." if len(failures) > 3 else "") + ". The other points are saved; rerun the "
                                 "same command to run the missing ones")
     finally:
-        if plan.backend is not None:
+        if plan.backend is not None and plan.owns_backend:
             asyncio.run(plan.backend.close())
         if plan.executor is not None:
             plan.executor.close()
@@ -182,9 +184,10 @@ def execute(plan: SweepPlan, on_point: Callable[[PointDone], None] | None = None
 
 
 def run_sweep(cfg: RunConfig, out: str | Path, on_point: Callable[[PointDone], None] | None = None,
-              progress: Callable[[str], None] | None = None) -> Path:
-    """Run every missing point of the sweep into `out`; returns the experiment's directory."""
-    return execute(plan_sweep(cfg, out), on_point, progress)
+              progress: Callable[[str], None] | None = None, backend: Backend | None = None) -> Path:
+    """Run every missing point of the sweep into `out`; returns the experiment's directory.
+    `backend`: a backend the caller made and will close (local points run on it)."""
+    return execute(plan_sweep(cfg, out, backend), on_point, progress)
 
 
 def _run_points(plan: SweepPlan, todo: list[Key], done: set[Key], written: dict[Key, dict],

@@ -30,8 +30,9 @@ def by_cell(v, metric):
 
 
 def test_validation_detects_step_times_that_are_30_percent_too_slow(tmp_path):
-    # The "real" run is the toy preset; the profile claims every step costs 1.3x as much.
-    cfg = load_config(None, BASE)
+    # The "real" run is the toy preset; the profile claims every step costs 1.3x as much. Without the
+    # drift correction (which would read that as the machine running faster today: next test)
+    cfg = load_config(None, BASE + ["validation.drift=false"])
     v = validate(cfg, [toy_profile(tmp_path, scale=1.3)], tmp_path / "v")
     tpot, ttft = by_cell(v, "tpot_p50"), by_cell(v, "ttft_p50")
     assert len(tpot) == 6
@@ -54,6 +55,25 @@ def test_validation_detects_step_times_that_are_30_percent_too_slow(tmp_path):
     # secondary: the exact profile reproduces the run (the simulator is deterministic)
     exact = validate(cfg, [toy_profile(tmp_path, name="exact.json")], tmp_path / "e")
     assert exact.cells["error"].abs().max() == 0.0
+
+
+def test_drift_correction_absorbs_a_uniform_speed_change_but_not_a_wrong_shape(tmp_path):
+    import json
+    # uniform: the profile is 1.3x slow everywhere, as a machine 1.3x faster today than when profiled
+    v = validate(load_config(None, BASE + ["strategies=[dynamic,continuous]"]), [toy_profile(tmp_path, scale=1.3)],
+                 tmp_path / "u")
+    acc = json.loads((tmp_path / "u" / "accuracy.json").read_text())
+    assert acc["drift"]["base"] == {"request": pytest.approx(1 / 1.3), "iteration": pytest.approx(1 / 1.3)}
+    assert v.cells["error"].abs().max() < 1e-9
+    assert acc["uncorrected"]["tpot_p50"]["error_median"] == pytest.approx(0.30, abs=0.01)   # what it absorbed
+    ref = pd.read_csv(tmp_path / "u" / "base" / "reference.csv")
+    assert list(ref["when"]) == ["before"] * 2 + ["between"] * 2 + ["after"] * 2
+    # shape: only the per-row decode cost is off (x3): one scale cannot make it right everywhere
+    path = tmp_path / "shape.json"
+    toy = load_cost("toy")
+    replace(toy, decode_s_per_row=3 * toy.decode_s_per_row).to_json(path, level="any")
+    v = validate(load_config(None, BASE + ["strategies=[continuous]"]), [str(path)], tmp_path / "s")
+    assert v.cells["error"].abs().max() > 0.02
 
 
 def test_the_noise_floor_is_a_second_run_of_the_same_traces(tmp_path):
