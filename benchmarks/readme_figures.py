@@ -116,8 +116,10 @@ def validate_sim(d: dict) -> str:
                          + " | ".join(pct(u[k]["error_median"]) if k in u else "–" for k in keys) + " |")
     if d.get("drift"):
         lines += ["", "Drift: the reference burst (8 requests, 48 + 24 tokens) ran at " + "; ".join(
-            f"`{w}` " + ", ".join(f"{v:.2f}× ({lvl})" for lvl, v in f.items()) for w, f in d["drift"].items())
-            + " the time the profiles predict for it; each workload's replays are scaled by its factor."]
+            f"`{w}` " + ", ".join(f"{v['factor']:.2f}× ({lvl}, spread {100 * v['spread']:.0f} %)" for lvl, v in f.items())
+            for w, f in d["drift"].items())
+            + " the time the profiles predict for it; each workload's replays are scaled by its factor, and the "
+            "spread of the three timings joins the fit's error in the intervals."]
     return "\n".join(lines)
 
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import click
+import numpy as np
 import pandas as pd
 
 from batchlab.backends import make_backend
@@ -94,7 +95,7 @@ SIDES = {"sim": 0.0, "sim_lo": -1.0, "sim_hi": 1.0}
 
 
 def simulate_points(cfg: RunConfig, real: pd.DataFrame, profiles: dict[str, Profile],
-                    executor: Executor | None = None, drift: dict[str, float] | None = None) -> dict[str, pd.DataFrame]:
+                    executor: Executor | None = None, drift: dict[str, Drift] | None = None) -> dict[str, pd.DataFrame]:
     """Replay every real point's trace on the calibrated simulator, once per side (side by side
     on the executor); per side, one summary row per point, in the real summary's order.
     `drift`: level -> the machine's speed now over the profile's (step costs are multiplied by it)."""
@@ -102,9 +103,9 @@ def simulate_points(cfg: RunConfig, real: pd.DataFrame, profiles: dict[str, Prof
     for side, k in SIDES.items():
         for _, point in real.iterrows():
             prof = profile_for(point["strategy"], profiles)
-            f = (drift or {}).get(level_of(point["strategy"]), 1.0)
+            d = (drift or {}).get(level_of(point["strategy"]), NO_DRIFT)
             calls.append((cfg, point["strategy"], float(point["rate"]), int(point["repeat"]), prof.path,
-                          sim_cost(cfg, prof.cost, f * (1 + k * prof.sigma))))
+                          sim_cost(cfg, prof.cost, d.factor * (1 + k * d.sigma(prof)))))
     rows: list[dict | None] = [None] * len(calls)
     for fin in (executor or LocalExecutor()).map(sim_point, calls):
         if fin.error is not None:
@@ -131,7 +132,7 @@ def burst_trace(cfg: RunConfig, strategy: str):
 
 
 def saturation(cfg: RunConfig, profiles: dict[str, Profile], path: Path, noise: bool, real: "LentBackend",
-               drift: dict[str, float], progress=None) -> pd.DataFrame:
+               drift: dict[str, Drift], progress=None) -> pd.DataFrame:
     """Per strategy, the steady-middle output tokens/s of a burst: real (twice with `noise`) and
     simulated on every side. Real rows are appended to `path` as they come and a rerun keeps them;
     simulated ones are recomputed (milliseconds), so a new profile never meets an old replay."""
@@ -141,10 +142,10 @@ def saturation(cfg: RunConfig, profiles: dict[str, Profile], path: Path, noise: 
     for strategy in cfg.strategies:
         rate, trace = burst_trace(cfg, strategy)
         prof = profile_for(strategy, profiles)
-        f = drift.get(level_of(strategy), 1.0)
+        d = drift.get(level_of(strategy), NO_DRIFT)
         for side in (["real", "real_b"] if noise else ["real"]) + list(SIDES):
             if side in SIDES:
-                b = SimulatedBackend(sim_cost(cfg, prof.cost, f * (1 + SIDES[side] * prof.sigma)))
+                b = SimulatedBackend(sim_cost(cfg, prof.cost, d.factor * (1 + SIDES[side] * d.sigma(prof))))
             elif (strategy, side) in have:
                 continue
             else:
@@ -213,15 +214,31 @@ def reference(path: Path, when: str, levels: list[str], real: LentBackend, progr
         row.to_csv(path, mode="a", header=not path.is_file(), index=False)
 
 
-def drift_factors(path: Path, profiles: dict[str, Profile], strategies: list[str]) -> dict[str, float]:
-    """level -> the real reference burst's median duration over the profile's prediction of it:
-    how much faster (< 1) or slower (> 1) the machine runs now than when it was profiled."""
-    real = pd.read_csv(path).groupby("level")["seconds"].median()
+@dataclass(frozen=True)
+class Drift:
+    """The machine's speed now against the profile's: the reference burst's median real duration
+    over the profile's prediction of it (> 1: slower today), and the relative spread of the real
+    timings (before, between, after), which the intervals carry beside the fit's error."""
+    factor: float = 1.0
+    spread: float = 0.0
+
+    def sigma(self, prof: Profile) -> float:
+        return math.hypot(prof.sigma, self.spread)
+
+
+NO_DRIFT = Drift()
+
+
+def drift_factors(path: Path, profiles: dict[str, Profile], strategies: list[str]) -> dict[str, Drift]:
+    """level -> its Drift, from the reference bursts in `path`."""
+    times = pd.read_csv(path).groupby("level")["seconds"]
     out = {}
     for s in strategies:
         level = level_of(s)
-        prof = profile_for(s, profiles)
-        out[level] = float(real[level]) / burst_seconds(SimulatedBackend(prof.cost), level)
+        real = times.get_group(level).to_numpy(dtype=float)
+        med = float(np.median(real))
+        spread = float(np.std(real, ddof=1) / med) if len(real) > 1 else 0.0
+        out[level] = Drift(med / burst_seconds(SimulatedBackend(profile_for(s, profiles).cost), level), spread)
     return out
 
 
@@ -282,7 +299,8 @@ def validate(cfg: RunConfig, profile_paths: list[str], out: Path, progress=None)
                        for m, e in err.groupby(lat["metric"], sort=False)}
     meta = {"profiles": {lvl: {"path": p.path, "fit_rms_rel_error": p.sigma} for lvl, p in profiles.items()},
             "workloads": {"base": {}} | cfg.validation.workloads, "noise_runs": 2 if noise else 1,
-            "drift": drifts, "reference_burst": {"rows": REFERENCE[0], "prompt": REFERENCE[1], "new_tokens": REFERENCE[2]},
+            "drift": {w: {lvl: {"factor": d.factor, "spread": d.spread} for lvl, d in ds.items()} for w, ds in drifts.items()},
+            "reference_burst": {"rows": REFERENCE[0], "prompt": REFERENCE[1], "new_tokens": REFERENCE[2]},
             "interval": "90 %: sim +- 1.645 sqrt(model^2 + run^2), see batchlab/calibrate/accuracy.py",
             "metrics": summ.to_dict(orient="records"), "uncorrected": uncorrected}
     (out / "accuracy.json").write_text(json.dumps(meta, indent=2) + "\n")
@@ -346,7 +364,8 @@ def validate_cmd(config, profiles, overrides, out, executor):
     for name, f in acc["drift"].items():
         if f:
             click.echo(f"drift ({name}): the machine ran the reference burst at " + ", ".join(
-                f"{v:.2f}x the {lvl}-level profile's time" for lvl, v in f.items()) + "; the replays were scaled by it")
+                f"{v['factor']:.2f}x the {lvl}-level profile's time (spread {100 * v['spread']:.0f}%)"
+                for lvl, v in f.items()) + "; the replays were scaled by it")
     if acc["uncorrected"]:
         click.echo("without the drift correction, median |error|: " + ", ".join(
             f"{m} {100 * v['error_median']:.1f}%" for m, v in acc["uncorrected"].items()))
