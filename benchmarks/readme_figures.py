@@ -85,6 +85,15 @@ METRIC_NAMES = {"e2e_p50": "p50 E2E", "ttft_p50": "p50 TTFT", "tpot_p50": "p50 T
                 "throughput_tok_s": "saturated throughput"}
 
 
+def _validate_load(d: dict) -> str:
+    """The load the real runs saw (recorded at their reference bursts), else this invocation's."""
+    seen = d.get("load_1min_at_reference_bursts")
+    if seen:
+        lo, hi = min(v[0] for v in seen.values()), max(v[1] for v in seen.values())
+        return f"1-minute load {lo:.1f}–{hi:.1f} during the real runs, {d.get('cpus', '?')} CPUs"
+    return _load(d)
+
+
 def validate_sim(d: dict) -> str:
     """Held-out accuracy of the calibrated simulator: per metric, |error| beside the machine's own
     rerun difference, interval coverage and the target; then what each later term of the model earns."""
@@ -92,7 +101,7 @@ def validate_sim(d: dict) -> str:
     names = ", ".join(f"`{w}`" for w in d["workloads"])
     lines = [f"`{d['command']}` ({d['cells']} held-out cells: workloads {names} at {d['rates']} req/s, "
              f"{d['duration_s']:g} s of traffic per point, each trace run twice on the real model; "
-             f"{d['threads']} torch thread(s); {_load(d)}):", "",
+             f"{d['threads']} torch thread(s); {_validate_load(d)}):", "",
              "| metric | cells | simulator error (abs.), median / P90 | real rerun vs run (abs.), median / P90 "
              "| in 90 % interval | target | met |", "|---|---|---|---|---|---|---|"]
     for m in d["metrics"]:

@@ -75,8 +75,9 @@ def ablate(bl: list[str], config: Path, out: Path, strategies: list[str], env: d
                 for part in ("real", "rerun"):
                     if (w / part).is_dir():
                         shutil.copytree(w / part, vdir / w.name / part)
-                if (w / "saturation.csv").is_file():
-                    shutil.copy(w / "saturation.csv", vdir / w.name / "saturation.csv")
+                for kept in ("saturation.csv", "reference.csv"):     # real measurements: every variant reads the same
+                    if (w / kept).is_file():
+                        shutil.copy(w / kept, vdir / w.name / kept)
         profiles = []
         for strategy in dict.fromkeys("continuous" if s == "continuous" else "dynamic" for s in strategies):
             dst = vdir / f"profile_{strategy}.json"
@@ -138,6 +139,7 @@ def main() -> int:
                     "threads": args.threads, "workloads": acc["workloads"], "profiles": acc["profiles"],
                     "metrics": acc["metrics"], "coverage": float(cells["inside"].mean()), "cells": len(cells),
                     "ablation": ablation, "drift": acc["drift"], "uncorrected": acc["uncorrected"],
+                    "load_1min_at_reference_bursts": acc.get("load_1min", {}),
                     "cell_rows": cells.drop(columns=["kind"]).to_dict(orient="records"),
                     "load_avg_1_5_15": {"before": load_before, "after": os.getloadavg()}, "cpus": os.cpu_count()}
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -210,7 +211,10 @@ def reference(path: Path, when: str, levels: list[str], real: LentBackend, progr
             continue
         if progress:
             progress(f"reference burst {REFERENCE[0]} x {REFERENCE[1]} + {REFERENCE[2]} tokens ({level}-level, {when})")
-        row = pd.DataFrame([{"when": when, "level": level, "seconds": burst_seconds(real.get(), level)}])
+        # NOTE: the 1-minute load average beside each timing: on a shared machine other processes are
+        # the main source of drift, so it is kept with the data rather than guessed afterwards
+        row = pd.DataFrame([{"when": when, "level": level, "seconds": burst_seconds(real.get(), level),
+                             "load_1min": os.getloadavg()[0]}])
         row.to_csv(path, mode="a", header=not path.is_file(), index=False)
 
 
@@ -300,6 +304,7 @@ def validate(cfg: RunConfig, profile_paths: list[str], out: Path, progress=None)
     meta = {"profiles": {lvl: {"path": p.path, "fit_rms_rel_error": p.sigma} for lvl, p in profiles.items()},
             "workloads": {"base": {}} | cfg.validation.workloads, "noise_runs": 2 if noise else 1,
             "drift": {w: {lvl: {"factor": d.factor, "spread": d.spread} for lvl, d in ds.items()} for w, ds in drifts.items()},
+            "load_1min": _loads(out, ["base", *cfg.validation.workloads]),
             "reference_burst": {"rows": REFERENCE[0], "prompt": REFERENCE[1], "new_tokens": REFERENCE[2]},
             "interval": "90 %: sim +- 1.645 sqrt(model^2 + run^2), see batchlab/calibrate/accuracy.py",
             "metrics": summ.to_dict(orient="records"), "uncorrected": uncorrected}
@@ -307,6 +312,19 @@ def validate(cfg: RunConfig, profile_paths: list[str], out: Path, progress=None)
     from batchlab.calibrate.validate_plot import plot_validation
     plot_validation(table, summ, out / "validation.png")
     return Validation(table, summ)
+
+
+def _loads(out: Path, workloads: list[str]) -> dict[str, list[float]]:
+    """workload -> [lowest, highest] 1-minute load average seen at its reference bursts (absent
+    where none was recorded)."""
+    seen = {}
+    for w in workloads:
+        path = out / w / "reference.csv"
+        if path.is_file():
+            load = pd.read_csv(path).get("load_1min")
+            if load is not None and load.notna().any():
+                seen[w] = [float(load.min()), float(load.max())]
+    return seen
 
 
 def _complete(cfg: RunConfig, path: Path) -> bool:
