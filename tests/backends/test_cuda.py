@@ -77,6 +77,15 @@ def test_auto_picks_cuda_and_fp16():
     assert hc.pick_dtype("auto", dev) == torch.float16
 
 
+def test_a_checkpoint_loads_straight_onto_the_gpu_in_fp16(tiny_model_dir):
+    """The from_pretrained path (hub names, local paths): device_map puts the weights on the GPU."""
+    cfg = load_config(None, ["backend.kind=hf", f"backend.model={tiny_model_dir}", "backend.device=cuda",
+                             "backend.dtype=auto"])
+    lm = hc.load(cfg.backend)
+    assert lm.device.type == "cuda" and lm.dtype == torch.float16
+    assert {p.device.type for p in lm.model.parameters()} == {"cuda"} and {p.dtype for p in lm.model.parameters()} == {torch.float16}
+
+
 def test_a_random_7b_builds_on_the_gpu_without_an_fp32_copy():
     free, _ = torch.cuda.mem_get_info()
     if free < 20 * (1 << 30):
@@ -223,6 +232,34 @@ def test_the_step_engine_on_cuda_matches_generate_token_for_token():
             out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), generation_config=gen)
         assert r.output_token_ids == out[0, ids.shape[1]:].tolist(), r.request_id
     assert all(s.duration > 0 for s in engine.step_log)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_the_step_engine_runs_in_half_precision_on_cuda(dtype):
+    """The -inf additive masks and the slot cache in fp16/bf16 through CUDA's SDPA kernels."""
+    dev = torch.device("cuda")
+    model, tok = rm.build(MINI, dev, dtype)
+    engine = StepEngine(model, tok, dev)
+    reqs = [Request(f"r{i}", 5 + 9 * i, 3 + i, 0.0, index=i, prompt_token_ids=list(range(10, 15 + 9 * i))) for i in range(5)]
+    clock = RealClock()
+
+    async def main():
+        for r in reqs:
+            r.arrival_time = clock.now()
+        await drive(ContinuousScheduler(ContinuousConfig(max_num_seqs=3, max_num_batched_tokens=24), 1 << 20),
+                    engine, clock, Inbox(reqs))
+    clock.run(main())
+    finished(reqs)
+    assert all(0 <= t < len(tok) for r in reqs for t in r.output_token_ids)
+
+
+def test_hf_cb_sizes_its_kv_from_the_gpus_free_memory():
+    cfg = load_config(None, ["backend.kind=hf-cb", "strategies=[server]", f"backend.model={MINI}", "backend.device=cuda",
+                             "backend.dtype=float16"])
+    b = HFCBBackend(cfg.backend, cfg.continuous)
+    lm = b._ensure_loaded()
+    kv = hc.kv_bytes_per_token(lm.model.config, lm.dtype)
+    assert b._kv_tokens() == hc.device_memory_budget(lm.device, None) // kv > 0
 
 
 def test_hf_cb_runs_a_trace_on_cuda_with_exact_lengths():
