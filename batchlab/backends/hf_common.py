@@ -7,7 +7,8 @@ Memory has three numbers, kept apart on purpose:
     cached-but-free blocks minus a reserve for activations, else `DEFAULT_CPU_BUDGET_BYTES`;
   - peak memory of a run (`PeakMemory`), whose `peak_mem_kind` says what was measured.
 `preflight` checks the device and `backend.model` before anything is written (backends/hf_hub.py
-says what a model name may be).
+says what a model name may be; `random:<shape>` is a real shape with random weights,
+backends/random_model.py).
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from batchlab.backends import random_model
 from batchlab.backends.base import Backend
 from batchlab.backends.hf_hub import check_model, hub_cache_dir, hub_reachable
 from batchlab.backends.tiny import TINY_ALIAS, resolve_model
@@ -38,7 +40,8 @@ class Loaded:
     tokenizer: Any                    # left-padding, pad token set
     device: torch.device
     dtype: torch.dtype
-    name: str                         # what the config asked for (hub name, path or `tiny`)
+    name: str                         # how outputs name it: the config's hub name, path or `tiny`,
+                                      # or `random:<shape> (random weights)`
 
     def __iter__(self):               # `model, tokenizer, device, dtype = load(cfg)`
         return iter((self.model, self.tokenizer, self.device, self.dtype))
@@ -74,10 +77,10 @@ def pick_dtype(name: str, device: torch.device) -> torch.dtype:
 
 
 def load(backend_cfg) -> Loaded:
-    """Load `backend_cfg.model` (hub name, local path, or `tiny`) through from_pretrained.
+    """Load `backend_cfg.model`: a hub name, local path or `tiny` through from_pretrained, or
+    `random:<shape>` built on the device (backends/random_model.py).
     NOTE: a hub name is loaded with local_files_only when the hub cannot be reached, so a cached
     model loads at once instead of after transformers' network retries."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
     device = pick_device(backend_cfg.device)
     dtype = pick_dtype(backend_cfg.dtype, device)
     threads = getattr(backend_cfg, "threads", None)
@@ -85,7 +88,16 @@ def load(backend_cfg) -> Loaded:
         # NOTE: process-wide. On a busy machine fewer threads than cores avoids OpenMP threads
         # spinning while their partner is descheduled (measured: 3 vs 111 tok/s at batch 1).
         torch.set_num_threads(threads)
-    path = resolve_model(backend_cfg.model)
+    if random_model.is_random(backend_cfg.model):
+        model, tokenizer = random_model.build(backend_cfg.model, device, dtype)
+        tokenizer.pad_token = tokenizer.eos_token     # like Llama/Mistral: no pad token of its own
+        return Loaded(model, tokenizer, device, dtype, random_model.label(backend_cfg.model))
+    return _from_pretrained(backend_cfg.model, device, dtype)
+
+
+def _from_pretrained(name: str | None, device: torch.device, dtype: torch.dtype) -> Loaded:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    path = resolve_model(name)
     hub = {} if Path(path).is_dir() else {"cache_dir": hub_cache_dir()}    # the cache preflight looked in
     if hub and not hub_reachable():
         hub["local_files_only"] = True
@@ -97,7 +109,7 @@ def load(backend_cfg) -> Loaded:
     if device.type != "cpu":
         kwargs["device_map"] = str(device)    # load straight onto the GPU, not via host RAM
     model = AutoModelForCausalLM.from_pretrained(path, **kwargs).to(device).eval()
-    return Loaded(model, tokenizer, device, dtype, backend_cfg.model or "tiny")
+    return Loaded(model, tokenizer, device, dtype, name or "tiny")
 
 
 def preflight(cfg) -> list[str]:

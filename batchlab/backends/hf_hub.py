@@ -1,4 +1,5 @@
-"""Where a model name points, decided in seconds: the tiny alias, a model directory, or a hub name.
+"""Where a model name points, decided in seconds: the tiny alias, `random:<shape>` (a bundled
+shape, backends/random_model.py; never looked up on the hub), a model directory, or a hub name.
 
 A hub name must be in the local Hugging Face cache unless the hub answers within HUB_PROBE_S.
 NOTE: for an uncached hub name we refuse rather than let transformers retry for ~50 s when the
@@ -13,6 +14,7 @@ import threading
 from functools import lru_cache
 from pathlib import Path
 
+from batchlab.backends import random_model
 from batchlab.backends.tiny import TINY_ALIAS
 from batchlab.errors import ConfigError
 
@@ -20,7 +22,7 @@ HUB_PROBE_S = 3.0                   # seconds the model hub has to answer before
 
 
 def check_model(name: str | None) -> list[str]:
-    """`name` must be the tiny alias, a directory holding a model (config.json), or a hub name
+    """`name` must be the tiny alias, a bundled `random:<shape>`, a directory holding a model (config.json), or a hub name
     that is cached locally or downloadable now. Decided in seconds: the hub gets HUB_PROBE_S.
 
     NOTE: for an uncached hub name we refuse rather than let transformers retry for ~50 s
@@ -28,6 +30,8 @@ def check_model(name: str | None) -> list[str]:
     without a network gets the fix (download elsewhere, or pass a path) at once."""
     if name in (None, "", TINY_ALIAS):
         return []
+    if random_model.is_random(name):
+        return random_model.check_name(name)
     p = Path(name).expanduser()
     if p.exists():
         if not p.is_dir():

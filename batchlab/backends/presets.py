@@ -5,11 +5,15 @@ weights are read once per step whatever the batch, every row's KV is read, promp
 compute. A preset derives the coefficients with stated efficiencies; `toy` sets them directly
 (the seed toy simulator's constants). A measured profile (calibrate/profile.py) is the same
 `StepCost`, saved as JSON.
+Every preset says what kind it is (`kind`, shown in setup.json and the report): a roofline
+estimate from datasheet numbers, or measured. A profile JSON dropped into
+batchlab/data/presets/<name>.json becomes preset <name> of kind "measured" beside the rooflines.
 """
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from batchlab.backends.cost import StepCost
@@ -17,6 +21,7 @@ from batchlab.errors import ConfigError
 
 GB = 1e9
 GiB = 1024**3
+ROOFLINE, MEASURED, TOY = "roofline estimate", "measured", "toy constants"     # a preset's kind
 
 
 @dataclass(frozen=True)
@@ -55,7 +60,7 @@ def derive(name: str, model: ModelShape, dev: Device, *, bw_eff: float = 0.8, fl
         kv_bytes_per_token=model.kv_bytes_per_token,
         kv_budget_bytes=int(dev.memory_bytes * (1 - reserve_frac) - w_bytes),
         name=name,
-        description=f"{name}: {model.params / 1e9:.2f}B params, {dev.name}",
+        description=f"{name}: {model.params / 1e9:.2f}B params, {dev.name}, {ROOFLINE}",
     )
 
 
@@ -64,6 +69,7 @@ MISTRAL_7B = ModelShape(7.24e9, layers=32, kv_heads=8, head_dim=128)
 TINYLLAMA = ModelShape(1.1e9, layers=22, kv_heads=4, head_dim=64)
 A100_80G = Device("A100-80GB", mem_bw=2.0e12, flops=312e12, memory_bytes=80 * GB)
 RTX_3090 = Device("RTX 3090 (24 GB)", mem_bw=936e9, flops=71e12, memory_bytes=24 * GB)
+H200 = Device("H200 (141 GB)", mem_bw=4.8e12, flops=989e12, memory_bytes=141 * GB)   # SXM datasheet, dense fp16
 
 
 def _toy() -> StepCost:
@@ -73,18 +79,56 @@ def _toy() -> StepCost:
                     name="toy", description="linear: the seed toy simulator's cost constants")
 
 
-PRESETS = {
-    "llama2-7b-a100": lambda: derive("llama2-7b-a100", LLAMA2_7B, A100_80G),
-    "mistral-7b-a100": lambda: derive("mistral-7b-a100", MISTRAL_7B, A100_80G),
-    "tinyllama-3090": lambda: derive("tinyllama-3090", TINYLLAMA, RTX_3090),
-    "toy": _toy,
-}
-
-
+MEASURED_DIR = Path(__file__).resolve().parents[1] / "data" / "presets"
 # Token ids a prompt may use on the simulator (it runs no tokenizer, but a server over it checks
 # prompt ids as a real model's would): the vocabulary of the model each preset describes.
 DEFAULT_VOCAB_SIZE = 32000        # Llama's SentencePiece vocabulary: toy, and profiles that name none
-VOCAB_SIZES = {"llama2-7b-a100": 32000, "mistral-7b-a100": 32768, "tinyllama-3090": 32000, "toy": 32000}
+
+
+@dataclass(frozen=True)
+class Preset:
+    build: Callable[[], StepCost]
+    kind: str                     # ROOFLINE (datasheet numbers x stated efficiencies), MEASURED or TOY
+    vocab_size: int = DEFAULT_VOCAB_SIZE
+    source: str = ""              # measured: the profile file it was read from
+
+
+def _roofline(name: str, model: ModelShape, dev: Device, vocab: int) -> Preset:
+    return Preset(lambda: derive(name, model, dev), ROOFLINE, vocab)
+
+
+def measured_presets(directory: Path = MEASURED_DIR) -> dict[str, Preset]:
+    """Every profile JSON in `directory` (`batchlab profile --out` output, renamed to the preset's
+    name) as a measured preset. NOTE: read at import; an unreadable file is refused by load_cost."""
+    out = {}
+    for path in sorted(directory.glob("*.json")) if directory.is_dir() else []:
+        try:
+            vocab = int(json.loads(path.read_text()).get("vocab_size", DEFAULT_VOCAB_SIZE))
+        except (OSError, ValueError, AttributeError, TypeError):
+            vocab = DEFAULT_VOCAB_SIZE
+        out[path.stem] = Preset(lambda p=path: _named(StepCost.from_json(p), p.stem), MEASURED, vocab, str(path))
+    return out
+
+
+def _named(cost: StepCost, name: str) -> StepCost:
+    return replace(cost, name=name, description=f"{name}: {cost.description or 'a measured profile'}; {MEASURED}")
+
+
+PRESETS: dict[str, Preset] = {
+    "llama2-7b-a100": _roofline("llama2-7b-a100", LLAMA2_7B, A100_80G, 32000),
+    "mistral-7b-a100": _roofline("mistral-7b-a100", MISTRAL_7B, A100_80G, 32768),
+    "mistral-7b-h200": _roofline("mistral-7b-h200", MISTRAL_7B, H200, 32768),
+    "tinyllama-3090": _roofline("tinyllama-3090", TINYLLAMA, RTX_3090, 32000),
+    "toy": Preset(_toy, TOY),
+    **measured_presets(),
+}
+VOCAB_SIZES = {name: p.vocab_size for name, p in PRESETS.items()}
+
+
+def preset_kind(cost: StepCost) -> str:
+    """What a cost is, for setup.json and the report: a preset's kind, else a measured profile."""
+    p = PRESETS.get(cost.name)
+    return p.kind if p is not None else f"{MEASURED} (profile)"
 
 
 def load_vocab_size(preset: str, profile: str | None = None) -> int:
@@ -105,4 +149,14 @@ def load_cost(preset: str, profile: str | None = None) -> StepCost:
         return StepCost.from_json(profile)
     if preset not in PRESETS:
         raise ConfigError(f"backend.preset: unknown preset {preset!r} (choose from {', '.join(PRESETS)})")
-    return PRESETS[preset]()
+    return PRESETS[preset].build()
+
+
+def term_ratios(estimate: StepCost, measured: StepCost) -> dict[str, dict[str, float | None]]:
+    """Each step-time term, estimated and measured, and measured / estimated (None where the
+    estimate is 0). NOTE: a fit cannot tell per-step overhead from the weight read (cost.py), so
+    the two are compared as their sum, `fixed_s`."""
+    terms = {"fixed_s": (estimate.fixed_s, measured.fixed_s)}
+    for k in ("kv_s_per_token", "prefill_s_per_token", "decode_s_per_row", "prefill_step_s"):
+        terms[k] = (getattr(estimate, k), getattr(measured, k))
+    return {k: {"estimate": e, "measured": m, "ratio": (m / e if e else None)} for k, (e, m) in terms.items()}

@@ -16,7 +16,7 @@ import numpy as np
 
 from batchlab.backends.base import Backend, OutOfMemory
 from batchlab.backends.cost import StepCost, attention_pairs, warm_weight
-from batchlab.backends.presets import DEFAULT_VOCAB_SIZE
+from batchlab.backends.presets import DEFAULT_VOCAB_SIZE, preset_kind
 from batchlab.core.breakdown import charge_stall
 from batchlab.core.clock import Clock, VirtualClock
 from batchlab.core.request import Request
@@ -45,7 +45,7 @@ class SimulatedBackend(Backend):
 
     def describe(self) -> dict[str, Any]:
         return {"backend": "sim", "device": self.cost.description or self.cost.name,
-                "model": self.cost.name, "dtype": "simulated"}
+                "model": self.cost.name, "dtype": "simulated", "preset_kind": preset_kind(self.cost)}
 
     def memory_budget(self) -> MemoryBudget:
         return MemoryBudget(self.cost.kv_budget_bytes, self.cost.kv_bytes_per_token)
