@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from batchlab.backends.cost import StepCost
+from batchlab.backends.cost import COEFFS, StepCost
 from batchlab.errors import ConfigError
 
 GB = 1e9
@@ -157,6 +157,6 @@ def term_ratios(estimate: StepCost, measured: StepCost) -> dict[str, dict[str, f
     estimate is 0). NOTE: a fit cannot tell per-step overhead from the weight read (cost.py), so
     the two are compared as their sum, `fixed_s`."""
     terms = {"fixed_s": (estimate.fixed_s, measured.fixed_s)}
-    for k in ("kv_s_per_token", "prefill_s_per_token", "decode_s_per_row", "prefill_step_s"):
+    for k in COEFFS[1:]:            # every fitted term, the later ones (attention, admission, warm-up) too
         terms[k] = (getattr(estimate, k), getattr(measured, k))
     return {k: {"estimate": e, "measured": m, "ratio": (m / e if e else None)} for k, (e, m) in terms.items()}
