@@ -91,6 +91,9 @@ def _validate_load(d: dict) -> str:
     if seen:
         lo, hi = min(v[0] for v in seen.values()), max(v[1] for v in seen.values())
         return f"1-minute load {lo:.1f}–{hi:.1f} during the real runs, {d.get('cpus', '?')} CPUs"
+    if "--skip-profile" in d["command"]:
+        return ("profiles and real runs from an earlier invocation without --skip-profile, their load not "
+                f"recorded; {d.get('cpus', '?')} CPUs")
     return _load(d)
 
 
