@@ -1,17 +1,20 @@
 """Our client checked against one we did not write: batchlab's OpenAI backend vs `vllm bench serve`,
 one trace, one server.
 
-    python benchmarks/client_vs_vllm_bench.py [--rate 16] [--duration 30] [--repeats 3] [--no-pin]
+    python benchmarks/client_vs_vllm_bench.py [--rate 16] [--duration 30] [--repeats 4] [--mode both] [--no-pin]
 
 One `batchlab serve` (tiny model, continuous; pinned to core 1, the clients on core 0, as in
 benchmarks/serving.py) and one seeded Poisson trace (32/32 tokens). vLLM's client replays the
-trace's exact arrival offsets through its `timed_trace` dataset (`--self-timed`, its own
+trace's exact arrival offsets through its `timed_trace` dataset (self-timed: its own
 sleep-until-offset loop), so neither side draws its own arrivals: same request count, arrival
 times and lengths; prompt token ids differ (vLLM draws them from the tokenizer's vocabulary), which
-costs the same on a dense model with prefix caching off. The two clients alternate (AB, BA, ...)
-on the same warm server; per repeat: p50 TTFT, TPOT, E2E and ITL of each, the ratio batchlab/vLLM,
-and the server's own mean TTFT/TPOT/E2E over that run (from its /metrics), so a gap can be told
-apart into "the server behaved differently" and "the clients measure differently".
+costs the same on a dense model with prefix caching off. Two ways to run them:
+- sequential: each client alone on the whole trace, AB then BA, on the same warm server;
+- concurrent: both at once, each on every other request (halves swapped per repeat), so both
+  see the very same server conditions and only the clients differ.
+Per repeat: p50 TTFT, TPOT, E2E and ITL of each, the ratio batchlab/vLLM, each client's mean over
+the server's own mean for the run (from its /metrics histograms: what the client adds), send lag,
+client CPU, and CPU used by neither (another process on the two cores).
 """
 from __future__ import annotations
 
@@ -186,26 +189,104 @@ def run_batchlab_client(url: str, trace: list[TraceItem], timeout: float) -> dic
     backend = OpenAIBackend(url, "tiny", timeout_s=timeout)
     clock = RealClock()
     cpu = time.process_time()
-    requests, _ = clock.run(backend.run_trace(trace, clock))
+    requests, t0 = clock.run(backend.run_trace(trace, clock))
     cpu = time.process_time() - cpu
-    return batchlab_figures(requests, backend) | {"client_cpu_s": cpu, "process_cpu_s": cpu}
+    return batchlab_figures(requests, backend) | {"client_cpu_s": cpu, "process_cpu_s": cpu, "zero": t0}
 
 
-def run_vllm_client(args, url: str, trace: list[TraceItem], dataset: Path, work: Path, rep: int) -> dict:
-    name = f"vllm-{rep}.json"
-    cmd = vllm_command(str(Path(args.venv) / "bin" / "python"), url.removesuffix("/v1"), "tiny", args.tokenizer,
-                       dataset, len(trace), work, name)
-    env = os.environ | {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=args.timeout + 600)
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    whole = after.ru_utime + after.ru_stime - ru.ru_utime - ru.ru_stime     # imports included
-    if proc.returncode != 0 or not (work / name).is_file():
-        tail = " | ".join(proc.stdout.splitlines()[-3:] + proc.stderr.splitlines()[-3:])
-        raise RuntimeError(f"vllm bench serve failed (exit {proc.returncode}): {tail}")
-    cpu = [float(x.split("=", 1)[1]) for x in proc.stdout.splitlines() if x.startswith(CPU_MARK)]
-    figures = vllm_figures(json.loads((work / name).read_text()), trace)
-    return figures | {"client_cpu_s": cpu[-1] if cpu else None, "process_cpu_s": whole}
+class VllmClient:
+    """One `vllm bench serve` process replaying `trace`; started, then waited for."""
+
+    def __init__(self, args, url: str, trace: list[TraceItem], work: Path, name: str):
+        self.trace, self.result, self.log = trace, work / f"{name}.json", work / f"{name}.log"
+        dataset = work / f"{name}.jsonl"
+        dataset.write_text("".join(json.dumps(r) + "\n" for r in timed_trace_rows(trace)))
+        cmd = vllm_command(str(Path(args.venv) / "bin" / "python"), url.removesuffix("/v1"), "tiny", args.tokenizer,
+                           dataset, len(trace), work, self.result.name)
+        env = os.environ | {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+        self.rusage = resource.getrusage(resource.RUSAGE_CHILDREN)
+        self.out = self.log.open("w")
+        self.proc = subprocess.Popen(cmd, stdout=self.out, stderr=subprocess.STDOUT, env=env)
+        self.timeout = args.timeout + 600
+
+    def wait_started(self) -> None:
+        """Until vLLM prints that its timed run begins (after its ~10 s of imports and a test request)."""
+        deadline = time.monotonic() + 300
+        while START_MARK not in self.log.read_text(errors="replace"):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.finish()                      # raises with the log's tail
+            time.sleep(0.002)
+
+    def finish(self) -> dict:
+        code = self.proc.wait(self.timeout)
+        self.out.close()
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        whole = after.ru_utime + after.ru_stime - self.rusage.ru_utime - self.rusage.ru_stime   # imports included
+        text = self.log.read_text(errors="replace")
+        if code != 0 or not self.result.is_file():
+            raise RuntimeError(f"vllm bench serve failed (exit {code}): {' | '.join(text.splitlines()[-4:])}")
+        cpu = [float(x.split("=", 1)[1]) for x in text.splitlines() if x.startswith(CPU_MARK)]
+        result = json.loads(self.result.read_text())
+        figures = vllm_figures(result, self.trace)
+        zero = result["start_times"][0] - self.trace[0].arrival    # its run's zero, on our clock (perf_counter)
+        return figures | {"client_cpu_s": cpu[-1] if cpu else None, "process_cpu_s": whole, "zero": zero}
+
+
+START_MARK = "Starting main benchmark run"
+
+
+class Meter:
+    """The server's means, its CPU and everyone else's over one run."""
+
+    def __init__(self, url: str, server_pid: int):
+        self.url, self.pid = url, server_pid
+        self.before, self.cpu, self.busy = scrape(url), cpu_seconds(server_pid), busy_seconds()
+
+    def read(self, *client_cpu_s: float) -> dict:
+        server = server_means(self.before, scrape(self.url)) | {"cpu_s": cpu_seconds(self.pid) - self.cpu}
+        # NOTE: CPU the machine spent on neither the server nor the clients: another process on
+        # the two cores makes the run's figures unreliable (the JSON keeps it per run)
+        return {"server": server, "foreign_cpu_s": busy_seconds() - self.busy - server["cpu_s"] - sum(client_cpu_s)}
+
+
+def sequential(args, url: str, trace: list[TraceItem], work: Path, server_pid: int, rep: int) -> dict:
+    """Each client replays the whole trace alone, one after the other (AB, then BA next repeat)."""
+    row = {"order": "AB" if rep % 2 == 0 else "BA"}
+    for client in ("batchlab", "vllm") if rep % 2 == 0 else ("vllm", "batchlab"):
+        time.sleep(2)                              # the server drains between runs
+        meter = Meter(url, server_pid)
+        if client == "batchlab":
+            row[client] = run_batchlab_client(url, trace, args.timeout)
+        else:
+            vllm = VllmClient(args, url, trace, work, f"seq-{rep}")
+            row[client] = vllm.finish()
+        row[client] |= meter.read(row[client]["process_cpu_s"])
+        row[client]["over_server_ms"] = over_server(row[client], row[client]["server"])
+    row["ratio"] = ratios(row["batchlab"], row["vllm"])
+    return row
+
+
+def concurrent(args, url: str, trace: list[TraceItem], work: Path, server_pid: int, rep: int) -> dict:
+    """Both clients at once on the same server, each replaying every other request of the trace
+    (batchlab the even ones and vLLM the odd ones, swapped next repeat): together the whole trace,
+    and both halves see the same server, so a difference is the clients'. batchlab starts when
+    vLLM says its run begins; the two zeros are measured (`start_offset_s`)."""
+    ours, theirs = (trace[0::2], trace[1::2]) if rep % 2 == 0 else (trace[1::2], trace[0::2])
+    time.sleep(2)
+    vllm = VllmClient(args, url, theirs, work, f"conc-{rep}")
+    vllm.wait_started()
+    meter = Meter(url, server_pid)
+    row = {"order": "batchlab even" if rep % 2 == 0 else "batchlab odd", "batchlab": run_batchlab_client(
+        url, ours, args.timeout)}
+    row["vllm"] = vllm.finish()
+    # a request's offset in the full trace is the same in either half: the zeros should coincide
+    row["start_offset_s"] = (row["batchlab"]["zero"] - ours[0].arrival) - (row["vllm"]["zero"] - theirs[0].arrival)
+    shared = meter.read(row["batchlab"]["process_cpu_s"], row["vllm"]["client_cpu_s"] or 0.0)
+    row |= shared
+    for client in ("batchlab", "vllm"):
+        row[client]["over_server_ms"] = over_server(row[client], shared["server"])
+    row["ratio"] = ratios(row["batchlab"], row["vllm"])
+    return row
 
 
 def scrape(url: str) -> dict:
@@ -232,7 +313,10 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=32)
     ap.add_argument("--output-len", type=int, default=32)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--repeats", type=int, default=3, help="AB pairs, order alternating")
+    ap.add_argument("--repeats", type=int, default=3, help="per mode; order (or halves) alternating")
+    ap.add_argument("--mode", choices=("sequential", "concurrent", "both"), default="both",
+                    help="sequential: each client alone on the whole trace, AB/BA; concurrent: both at once, "
+                         "each on every other request")
     ap.add_argument("--venv", default=str(ROOT / ".venv-vllm"), help="the environment `batchlab vllm up` builds")
     ap.add_argument("--tokenizer", default=None, help="vLLM's tokenizer (default: the local tiny model)")
     ap.add_argument("--timeout", type=float, default=120.0, help="per-request timeout, s")
@@ -257,57 +341,59 @@ def main() -> None:
         os.sched_setaffinity(0, {serving.CLIENT_CPU})   # vLLM's client, our child, inherits core 0
     (ROOT / ".data").mkdir(exist_ok=True)
     url = f"http://127.0.0.1:{serving.PORT}/v1"
-    work = Path(tempfile.mkdtemp(prefix="client-vs-vllm-"))
-    dataset = work / "trace.jsonl"
-    dataset.write_text("".join(json.dumps(r) + "\n" for r in timed_trace_rows(trace)))
+    modes = ("sequential", "concurrent") if args.mode == "both" else (args.mode,)
     report = {"command": " ".join(["python benchmarks/client_vs_vllm_bench.py", *sys.argv[1:]]),
               "pinned": pinned, "load_avg_1_5_15_before": list(os.getloadavg()),
               "trace": {"rate": args.rate, "duration_s": args.duration, "requests": len(trace),
-                        "prompt_len": args.prompt_len, "output_len": args.output_len, "seed": args.seed},
-              "repeats": []}
+                        "prompt_len": args.prompt_len, "output_len": args.output_len, "seed": args.seed}}
     print(f"trace: {len(trace)} requests, Poisson {args.rate:g} req/s, {args.prompt_len}/{args.output_len} tokens; "
-          f"{args.repeats} AB pairs on one server (pinned: {pinned})", flush=True)
+          f"{args.repeats} repeats of {' and '.join(modes)} on one server (pinned: {pinned})", flush=True)
     proc = serving.start_batchlab(args.config, "continuous", [])
     try:
         from batchlab.baselines.loadtest import closed_loop
         closed_loop(OpenAIBackend(url, "tiny"), serving.WARMUP_USERS, 1, args.prompt_len, args.output_len)
-        for rep in range(args.repeats):
-            row = {}
-            for client in (("batchlab", "vllm") if rep % 2 == 0 else ("vllm", "batchlab")):
-                time.sleep(2)                          # the server drains between runs
-                before, cpu, busy = scrape(url), cpu_seconds(proc.pid), busy_seconds()
-                row[client] = (run_batchlab_client(url, trace, args.timeout) if client == "batchlab"
-                               else run_vllm_client(args, url, trace, dataset, work, rep))
-                row[client]["server"] = server_means(before, scrape(url)) | {"cpu_s": cpu_seconds(proc.pid) - cpu}
-                # NOTE: CPU the machine spent on neither the server nor this client: other processes
-                # competing for the two cores make the run's figures unreliable
-                r = row[client]
-                r["foreign_cpu_s"] = busy_seconds() - busy - r["server"]["cpu_s"] - r["process_cpu_s"]
-            row["order"] = "AB" if rep % 2 == 0 else "BA"
-            row["ratio"] = ratios(row["batchlab"], row["vllm"])
-            report["repeats"].append(row)
-            print(line(rep, row), flush=True)
+        with tempfile.TemporaryDirectory(prefix="client-vs-vllm-") as work:
+            for mode in modes:
+                rows = []
+                for rep in range(args.repeats):
+                    run = sequential if mode == "sequential" else concurrent
+                    rows.append(run(args, url, trace, Path(work), proc.pid, rep))
+                    print(f"{mode:<10} " + line(rep, rows[-1]), flush=True)
+                report[mode] = {"repeats": rows} | summary(rows)
+                save(report, Path(args.json))          # after each mode: a crash later keeps it
     finally:
         proc.terminate()
         proc.wait(30)
-    report |= summary(report["repeats"]) | {"load_avg_1_5_15_after": list(os.getloadavg())}
-    out = Path(args.json)
+    report["load_avg_1_5_15_after"] = list(os.getloadavg())
+    out = save(report, Path(args.json))
+    for mode in modes:
+        med = report[mode]["median_ratio"]
+        print(f"{mode}: median ratio batchlab/vLLM: " + ", ".join(f"{m} {med[m]:.3f}" for m in METRICS))
+    print(f"wrote {out}")
+
+
+def save(report: dict, out: Path) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")
-    med = report["median_ratio"]
-    print("median ratio batchlab/vLLM: " + ", ".join(f"{m} {med[m]:.3f}" for m in METRICS) + f"; wrote {out}")
+    return out
 
 
 def line(rep: int, row: dict) -> str:
     b, v = row["batchlab"], row["vllm"]
     cells = [f"{m} {b[f'{m}_p50'] * 1e3:.2f}/{v[f'{m}_p50'] * 1e3:.2f} ms ({row['ratio'][m]:.3f})" for m in METRICS]
-    srv = [f"{m} {row[c]['server'][f'{m}_mean'] * 1e3:.2f}" for c in ("batchlab", "vllm") for m in ("ttft", "tpot")]
-    return (f"#{rep + 1} {row['order']} batchlab/vLLM p50: " + ", ".join(cells) +
-            f" | server means (batchlab run, vLLM run): {', '.join(srv)} ms | ttft from send "
-            f"{b['ttft_from_send_p50'] * 1e3:.2f} ms, send lag p50 {b['send_lag_p50'] * 1e3:.2f}/"
-            f"{v.get('send_lag_p50', float('nan')) * 1e3:.2f} ms | CPU s client {b['client_cpu_s']:.2f}/"
-            f"{v['client_cpu_s'] or float('nan'):.2f}, server {b['server']['cpu_s']:.2f}/{v['server']['cpu_s']:.2f}, "
-            f"foreign {b['foreign_cpu_s']:.2f}/{v['foreign_cpu_s']:.2f}")
+    over = [f"{m} {b['over_server_ms'][m]:+.2f}/{v['over_server_ms'][m]:+.2f}" for m in ("ttft", "tpot", "e2e")]
+    foreign = row.get("foreign_cpu_s", b.get("foreign_cpu_s", 0.0) + v.get("foreign_cpu_s", 0.0))
+    return (f"#{rep + 1} {row['order']}: batchlab/vLLM p50 " + ", ".join(cells) +
+            " | mean over the server's own, ms: " + ", ".join(over) +
+            f" | send lag p50 {b['send_lag_p50'] * 1e3:.2f}/{v.get('send_lag_p50', float('nan')) * 1e3:.2f} ms, "
+            f"httpx pre-send p50 {(b['pre_send_p50'] or float('nan')) * 1e3:.2f} ms | client CPU "
+            f"{b['client_cpu_s']:.2f}/{v['client_cpu_s'] or float('nan'):.2f} s, foreign CPU {foreign:.2f} s")
+
+
+def over_server(client: dict, server: dict) -> dict:
+    """The client's mean TTFT/TPOT/E2E minus the server's own over the same run, ms: what the
+    client (its library, loopback, its clock start) adds to what the server did."""
+    return {m: (client[f"{m}_mean"] - server[f"{m}_mean"]) * 1e3 for m in ("ttft", "tpot", "e2e")}
 
 
 if __name__ == "__main__":

@@ -115,3 +115,9 @@ def test_ratios_and_their_median_against_the_3_percent_target():
     s = bench.summary([{"ratio": r}, {"ratio": {k: 1.0 for k in r}}, {"ratio": {k: 1.01 for k in r}}])
     assert s["median_ratio"]["ttft"] == pytest.approx(1.0)
     assert s["within_3pct"] == {"ttft": True, "tpot": True, "e2e": True}
+
+
+def test_what_a_client_adds_over_the_server_is_its_mean_minus_the_servers():
+    client = {"ttft_mean": 0.016, "tpot_mean": 0.0050, "e2e_mean": 0.170}
+    server = {"ttft_mean": 0.012, "tpot_mean": 0.0051, "e2e_mean": 0.165}
+    assert bench.over_server(client, server) == pytest.approx({"ttft": 4.0, "tpot": -0.1, "e2e": 5.0})
