@@ -1,8 +1,11 @@
 """The server batches: any OpenAI-compatible endpoint, measured from the client side.
 
-Each request is sent at its planned arrival time to `/v1/completions` with streaming; every chunk
-is stamped through the clock the moment it reaches the client, and the exact token counts come
-from the final usage report (a chunk may carry several tokens). The latency clock starts at the
+Each request is sent at its planned arrival time to `/v1/completions` with streaming; every SSE
+event is stamped through the clock as it is parsed (not once per network read: a read can hold
+several events), and the exact token counts come from the final usage report (a chunk may carry
+several tokens). The definitions match `vllm bench serve`: TTFT = first chunk with a choice, TPOT
+= (last chunk - first chunk) / (tokens - 1), ITL = one gap per chunk (`chunk_itls`); token stamps
+inside a multi-token chunk are spread evenly between chunk stamps (see `token_stamps`). The latency clock starts at the
 *planned* arrival, so time lost in the load generator or waiting for a pooled connection counts
 against the server's numbers, never in its favour; the generator's own send lag is recorded
 (`point_facts()`) and a run where it is large is flagged; the send loop is ServerBackend's.
@@ -57,6 +60,8 @@ class OpenAIBackend(ServerBackend):
         self.transport = transport               # tests inject httpx.MockTransport
         self.server_timing: dict[str, dict] = {}  # request id -> batchlab serve's own stamps, if sent
         self.sent_at: dict[str, float] = {}       # request id -> when httpx began writing it to the socket
+        self.started_at: dict[str, float] = {}    # request id -> when its send coroutine began (vLLM's start)
+        self.chunk_times: dict[str, list[float]] = {}  # request id -> one stamp per chunk with a choice
 
     def redact(self, text: str) -> str:
         """`text` with the API key masked (a server may quote the key it refused)."""
@@ -75,7 +80,7 @@ class OpenAIBackend(ServerBackend):
 
     def session(self, concurrency: int) -> httpx.AsyncClient:
         """One client and pool for a run, sized for `concurrency` requests in flight."""
-        self.server_timing, self.sent_at = {}, {}
+        self.server_timing, self.sent_at, self.started_at, self.chunk_times = {}, {}, {}, {}
         size = self.max_connections or max(1, min(concurrency, 1024))
         limits = httpx.Limits(max_connections=size, max_keepalive_connections=size)
         timeout = httpx.Timeout(self.timeout_s)            # connect, read, write and pool waits alike
@@ -90,6 +95,7 @@ class OpenAIBackend(ServerBackend):
     async def send(self, r: Request, client: httpx.AsyncClient, clock: Clock) -> None:
         """One streamed request: stamps chunks on `r`, records failures on `r`; never raises."""
         r.status = Status.RUNNING
+        self.started_at[r.request_id] = clock.now()   # where vllm bench serve starts its clock (st)
         chunks: list[tuple[float, str]] = []
         usage: dict | None = None
 
@@ -113,6 +119,7 @@ class OpenAIBackend(ServerBackend):
         except (httpx.HTTPError, json.JSONDecodeError, ServerError) as e:
             r.fail(self.redact(f"{type(e).__name__}: {e}"))
             return
+        self.chunk_times[r.request_id] = [t for t, _ in chunks]
         settle(r, chunks, usage)
 
     def body(self, r: Request) -> dict[str, Any]:
@@ -133,12 +140,14 @@ class ServerError(RuntimeError):
 
 
 async def read_stream(resp: httpx.Response, clock: Clock, chunks: list[tuple[float, str]]) -> dict | None:
-    """Read SSE events as bytes arrive; every event in one network read gets that read's stamp.
-    NOTE: raw bytes split by hand: cheaper per chunk than httpx's text and line decoders, and the
-    load generator shares its CPU with the server under test."""
+    """Read SSE events as bytes arrive; each event is stamped when it has been parsed.
+    NOTE: a network read can hold several events (the server wrote them together); one stamp per
+    read gave them all the read's time, hence zero gaps. Stamping each event after its JSON is
+    parsed is what vLLM's bench client does (perf_counter after json.loads, per message), so the
+    two clients' chunk gaps mean the same thing. Raw bytes are split by hand: cheaper per chunk
+    than httpx's text and line decoders, and the load generator shares its CPU with the server."""
     usage, buf = None, b""
     async for raw in resp.aiter_bytes():
-        now = clock.now()
         *lines, buf = (buf + raw).split(b"\n")
         for line in lines:
             if not line.startswith(b"data:"):
@@ -146,7 +155,8 @@ async def read_stream(resp: httpx.Response, clock: Clock, chunks: list[tuple[flo
             data = line[5:].strip()
             if data == b"[DONE]":
                 return usage
-            usage = read_chunk(json.loads(data), now, chunks) or usage
+            chunk = json.loads(data)
+            usage = read_chunk(chunk, clock.now(), chunks) or usage
     return usage
 
 
@@ -181,16 +191,28 @@ def token_stamps(chunks: list[tuple[float, str]], n: int) -> list[float]:
 
     One chunk per token is the usual case. Chunks with no text (a closing chunk that only carries
     finish_reason) are dropped when that makes the counts agree. If the server packed several
-    tokens into one chunk, the extra tokens get the last chunk's stamp: first and last stamps,
-    hence TTFT and TPOT, stay exact; only inter-token gaps lose detail."""
+    tokens into fewer chunks, the first and last token keep the first and last chunk's stamps
+    (TTFT, TPOT and E2E stay exact) and the tokens between are spread evenly along the chunk
+    stamps, as if every chunk carried the same number of tokens.
+    NOTE: the stream does not say how many tokens each chunk carried, so in-chunk stamps are an
+    estimate either way; repeating a chunk's stamp (as before) put zero gaps into ITL and biased
+    it low. vLLM's ITL (one gap per chunk) is exact: `chunk_itls` on the recorded chunk stamps."""
     every = [t for t, _ in chunks]
     content = [t for t, text in chunks if text]
     if len(every) == n or n == 0:
         return every[:n]
     if len(content) == n:
         return content
-    stamps = (every if len(every) > n else content or every)[:n]
-    return stamps + [stamps[-1]] * (n - len(stamps)) if stamps else []
+    stamps = every if len(every) > n else content or every
+    if len(stamps) >= n or len(stamps) <= 1:
+        return (stamps[:n] + stamps[-1:] * (n - len(stamps)))[:n] if stamps else []
+    at = np.linspace(0.0, len(stamps) - 1, n)           # token k's position along the chunks
+    return [float(t) for t in np.interp(at, np.arange(len(stamps)), stamps)]
+
+
+def chunk_itls(chunk_times: list[float]) -> list[float]:
+    """vLLM bench serve's ITL for one request: the gap before every chunk after the first."""
+    return [b - a for a, b in zip(chunk_times, chunk_times[1:])]
 
 
 def error_message(resp: httpx.Response) -> str:

@@ -11,7 +11,7 @@ import pytest
 
 from batchlab.backends import preflight
 from batchlab.backends.base import FAIL_FAST_AFTER
-from batchlab.backends.openai import OpenAIBackend, check_server, from_config, token_stamps
+from batchlab.backends.openai import OpenAIBackend, check_server, chunk_itls, from_config, token_stamps
 from batchlab.core.clock import RealClock
 from batchlab.core.config import load_config
 from batchlab.core.request import Request, Status
@@ -80,10 +80,64 @@ def test_generation_config_mode_for_transformers_serve_sends_text_and_no_ignore_
     assert isinstance(seen["prompt"], str) and r.prompt_len == 7      # exact count from usage
 
 
-def test_chunks_holding_several_tokens_keep_first_and_last_stamps():
-    assert token_stamps([(1.0, "ab"), (2.0, "cd")], 4) == [1.0, 2.0, 2.0, 2.0]
+def test_chunks_holding_several_tokens_keep_first_and_last_stamps_and_spread_the_rest():
+    # two chunks of two tokens: TTFT and completion exact, the tokens between evenly spread (no zero gaps)
+    assert token_stamps([(1.0, "ab"), (2.0, "cd")], 4) == pytest.approx([1.0, 4 / 3, 5 / 3, 2.0])
+    assert token_stamps([(1.0, "ab"), (2.0, "cd"), (4.0, "ef")], 5) == pytest.approx([1.0, 1.5, 2.0, 3.0, 4.0])
     assert token_stamps([(1.0, "a"), (2.0, "b"), (3.0, "")], 2) == [1.0, 2.0]
     assert token_stamps([(1.0, "a"), (2.0, "b")], 2) == [1.0, 2.0]
+    assert token_stamps([(1.0, "abc")], 3) == [1.0, 1.0, 1.0]     # the whole answer at once: nothing to spread
+    assert token_stamps([], 0) == []
+
+
+def test_chunk_itls_are_one_gap_per_chunk_like_vllm_bench():
+    assert chunk_itls([1.0, 1.5, 3.0]) == [0.5, 1.5]
+    assert chunk_itls([1.0]) == []
+
+
+class CountingClock(RealClock):
+    """Each reading is one tick later than the last: shows how many stamps were taken, and in what order."""
+
+    def __init__(self):
+        self.ticks = 0.0
+
+    def now(self) -> float:
+        self.ticks += 1.0
+        return self.ticks
+
+
+def test_events_of_one_network_read_get_a_stamp_each_in_order():
+    # MockTransport hands the whole body over in one read: every event arrives together
+    def handler(request):
+        return httpx.Response(200, content=sse(text_chunk("a"), text_chunk("b"), text_chunk("c"),
+                                               usage(5, 3), b"[DONE]"))
+    b, clock, r = backend(handler), CountingClock(), Request("x", 5, 3, 0.0)
+
+    async def main():
+        b.prepare(r)
+        async with b.session(1) as client:
+            await b.send(r, client, clock)
+    clock.run(main())
+    assert r.status is Status.FINISHED
+    start = b.started_at["x"]
+    assert len(set(r.token_times)) == 3 and r.token_times == sorted(r.token_times)   # no shared stamps
+    assert r.token_times[0] > start                  # the clock starts before the request goes out
+    assert b.chunk_times["x"] == r.token_times       # one chunk per token: chunk and token stamps agree
+    assert chunk_itls(b.chunk_times["x"]) == [1.0, 1.0]
+
+
+def test_a_stream_split_mid_event_is_reassembled_and_stamped_per_event():
+    body = sse(text_chunk("a"), text_chunk("b"), usage(2, 2), b"[DONE]")
+
+    class Pieces(httpx.AsyncByteStream):       # three reads, cut inside an event
+        async def __aiter__(self):
+            for piece in (body[:10], body[10:70], body[70:]):
+                yield piece
+
+    b = backend(lambda request: httpx.Response(200, stream=Pieces()))
+    r = send_one(b, Request("x", 2, 2, 0.0))
+    assert r.status is Status.FINISHED and r.output_text == "ab" and r.output_len == 2
+    assert r.token_times[0] < r.token_times[1]
 
 
 @pytest.mark.parametrize("status,body,expect", [
