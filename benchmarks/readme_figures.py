@@ -178,7 +178,7 @@ def serving(d: dict) -> str:
     for name, reps in done.items():
         for r in reps:
             probes = " · ".join(f"{p['rate']:g} " + ("✓" if p["sustained"] else f"✗ ({', '.join(p['why'])})")
-                                for p in r["points"])
+                                + _late(p) for p in r["points"])
             lines.append(f"- {name}, repeat {r['repeat'] + 1} ({_nth(r['position'])}; 1-minute load "
                          f"{r['load_1min_before']:.1f}): {probes}" + ("" if r["settled"] else " — not settled"))
     carried = d.get("carried", {})
@@ -219,6 +219,16 @@ def _versus(done: dict[str, list[dict]], rule: dict) -> list[str]:
         out.append(f"{name} against vLLM, saturated throughput: **{m:.2f}×** (median of per-repeat ratios "
                    f"{' / '.join(f'{x:.2f}' for x in sat)}). Target ≥ 1.0×: **{'met' if m >= 1 else 'not met'}**.")
     return out + [""]
+
+
+LATE_S = 0.1     # a load generator this late (p99) was itself short of CPU: a point to read with care
+
+
+def _late(p: dict) -> str:
+    """Marks a point where the load generator sent late: not part of the rule, but a sign that
+    something else took the client's core, so the point may say more about the machine."""
+    lag = p.get("send_lag_p99", 0.0)
+    return f" [sends {1e3 * lag:.0f} ms late, p99]" if lag > LATE_S else ""
 
 
 def _point(r: dict, rate: float) -> dict:
