@@ -170,13 +170,15 @@ def serving(d: dict) -> str:
         sat = [r["saturated"]["tok_s"] for r in reps if r.get("saturated")]
         there = (f"{1e3 * statistics.median(p['ttft_p99'] for p in at):,.0f} / "
                  f"{1e3 * statistics.median(p['tpot_p99'] for p in at):.1f} ms") if at else "–"
+        if not rule["max_points"]:         # --max-points 0: the burst alone, nothing searched
+            ok = ["not searched"]
         lines.append(f"| {res['server']} | {_median_of(ok, '{:g}')} | {_median_of([r['failed_rate'] for r in reps], '{:g}')} | "
                      f"{' / '.join(str(len(r['probes'])) for r in reps)} | {there} | {_median_of(sat, '{:,.0f}')} | "
                      f"{_median_of([p['window_tok_s'] for p in fail_pts], '{:,.0f}')} | "
                      f"{_memory(reps[-1])} |")
     lines += _versus(done, rule)
     for name, reps in done.items():
-        for r in reps:
+        for r in (r for r in reps if r["points"]):
             probes = " · ".join(f"{p['rate']:g} " + ("✓" if p["sustained"] else f"✗ ({', '.join(p['why'])})")
                                 + _late(p) for p in r["points"])
             lines.append(f"- {name}, repeat {r['repeat'] + 1} ({_nth(r['position'])}; 1-minute load "
@@ -237,6 +239,8 @@ def _point(r: dict, rate: float) -> dict:
 
 def _median_of(values: list, fmt: str) -> str:
     """'median (each, each, ...)'; None reads 'none'."""
+    if values and isinstance(values[0], str):
+        return values[0]
     shown = ", ".join("none" if v is None else fmt.format(v) for v in values)
     known = [v for v in values if v is not None]
     return f"{fmt.format(statistics.median(known)) if known else 'none'} ({shown})" if values else "–"

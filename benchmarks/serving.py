@@ -224,8 +224,10 @@ POINT_KEYS = ("rate", "num_requests", "finished", "failed", "throughput_tok_s", 
               "send_lag_flag", "errors")
 
 
-def search_one(name: str, backend: OpenAIBackend, cfg: RunConfig, bracket: tuple[float, float], burst: int) -> dict:
-    """Warm up, measure the saturated burst, then search the knee from `bracket`; every point kept."""
+def search_one(name: str, backend: OpenAIBackend, cfg: RunConfig, bracket: tuple[float, float], args) -> dict:
+    """Warm up, measure the saturated burst, then search the knee from `bracket` (--max-points 0:
+    the burst alone, for a quick paired throughput check); every point kept."""
+    burst = args.burst
     closed_loop(backend, WARMUP_USERS, 1, cfg.traffic.prompt_len.value, cfg.traffic.output_len.value)
     sat = saturated(backend, burst, cfg.traffic.prompt_len.value, cfg.traffic.output_len.value) if burst else None
     if sat:
@@ -243,7 +245,8 @@ def search_one(name: str, backend: OpenAIBackend, cfg: RunConfig, bracket: tuple
               f"{'sustained' if v['sustained'] else 'NOT: ' + ', '.join(v['why'])}", flush=True)
         return v["sustained"]
 
-    found = knee(holds, *bracket)
+    found = (knee(holds, *bracket, tolerance=args.tolerance, max_points=args.max_points) if args.max_points else
+             {"sustained_rate": None, "failed_rate": None, "probes": [], "settled": False})
     return found | {"bracket_start": list(bracket), "points": points, "saturated": sat}
 
 
@@ -281,7 +284,7 @@ def run_repeat(name: str, args, cfg: RunConfig, bracket: tuple[float, float]) ->
             sampler = MetricsSampler(metrics_url, series)
             sampler.start()
             try:
-                res = search_one(name, backend, cfg, bracket, args.burst)
+                res = search_one(name, backend, cfg, bracket, args)
             finally:
                 memory = sampler.stop()
             if name == "vllm":
@@ -487,7 +490,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--bracket", default="40,80", metavar="LO,HI",
                     help="req/s the first repeat's search starts from (later repeats start from the previous one's)")
     ap.add_argument("--tolerance", type=float, default=TOLERANCE, help="stop when the bracket's hi / lo - 1 is within this")
-    ap.add_argument("--max-points", type=int, default=MAX_POINTS, help="points per search at most")
+    ap.add_argument("--max-points", type=int, default=MAX_POINTS, help="points per search at most (0: no search, the saturated burst only)")
     ap.add_argument("--burst", type=int, default=BURST,
                     help="requests sent at once for the saturated throughput (0: not measured)")
     ap.add_argument("--sustain-repeats", type=int, default=3, help="searches per server, in alternating order")
@@ -516,7 +519,11 @@ def check_args(args: argparse.Namespace) -> None:
     args.bracket = (lo, hi)
     if not 0 < args.tolerance < 1:
         raise ConfigError(f"--tolerance: must be between 0 and 1 (got {args.tolerance:g})")
-    for flag, value, least in (("--max-points", args.max_points, 2), ("--sustain-repeats", args.sustain_repeats, 1),
+    if args.max_points == 1:
+        raise ConfigError("--max-points: 0 (burst only) or at least 2 (a bracket needs two ends)")
+    if args.max_points == 0 and args.burst == 0:
+        raise ConfigError("--max-points 0 with --burst 0 measures nothing")
+    for flag, value, least in (("--max-points", args.max_points, 0), ("--sustain-repeats", args.sustain_repeats, 1),
                                ("--repeats", args.repeats, 1), ("--burst", args.burst, 0)):
         if value < least:
             raise ConfigError(f"{flag}: must be at least {least} (got {value})")

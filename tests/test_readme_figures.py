@@ -80,3 +80,14 @@ def test_a_server_that_could_not_run_is_a_row_that_says_so():
     d = _serving_result([40.0, 45.0])
     d["servers"].append({"server": "transformers", "repeats": [{"error": "did not come up", "load_1min_before": 0.1}]})
     assert "| transformers | could not run: did not come up |" in figures().serving(d)
+
+
+def test_a_burst_only_run_says_nothing_was_searched():
+    d = _serving_result([40.0, 45.0])
+    d["rule"]["max_points"] = 0
+    for srv in d["servers"]:
+        for r in srv["repeats"]:
+            r.update(sustained_rate=None, failed_rate=None, probes=[], points=[], settled=False)
+    out = figures().serving(d)
+    assert "| vllm | not searched |" in out and "saturated throughput: **0.90×**" in out
+    assert "sustained rate:" not in out and "repeat 1 (" not in out

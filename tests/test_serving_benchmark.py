@@ -146,6 +146,8 @@ def test_slo_percentiles_and_failures_are_named(bench):
     (["--tolerance", "1.5"], "--tolerance"),
     (["--sustain-repeats", "0"], "--sustain-repeats"),
     (["--servers", "batchlab,sglang"], "unknown sglang"),
+    (["--max-points", "1"], "a bracket needs two ends"),
+    (["--max-points", "0", "--burst", "0"], "measures nothing"),
 ])
 def test_bad_flags_are_one_line_errors(bench, argv, says):
     with pytest.raises(ConfigError, match=says):
