@@ -2,15 +2,21 @@
 transformers serve, on the same local tiny model; plus what `batchlab serve` adds over calling
 the same scheduler in-process.
 
-    python benchmarks/serving.py configs/vs-vllm.yaml [--servers batchlab,vllm,transformers] [--no-pin]
+    python benchmarks/serving.py configs/vs-vllm.yaml [--servers batchlab,vllm] [--set strategies=[continuous]]
 
-For each server, the config's rates are swept in ascending order through the OpenAI backend
-(open loop, Poisson, one seeded trace per rate, identical for every server) until the server
-saturates; the highest rate whose p99 TTFT and TPOT meet the config's SLO is the rate it
-sustains. Servers run one at a time, pinned to core 1 while this load generator has core 0
-(2 cores here; vLLM's engine busy-waits). Memory: batchlab's peak
-RSS above its loaded baseline (from its /metrics) next to vLLM's KV pool (reserved up front) and
-its peak use of it (sampled from its /metrics), each labelled. Every figure is from this run.
+The rate each server sustains is found by bisection, not read off a fixed grid: from a starting
+bracket (--bracket, widened by doubling where it does not hold the knee) until hi / lo - 1 is
+within --tolerance (10 %). A rate holds when a seeded Poisson point of --duration seconds (30)
+after the warm-up, sent through the OpenAI backend, passes `judge`: no failures, the config's p99
+limits met, >= 95 % of the offered tokens served in the measured window (core/sustain.py), and no
+growing queue (the report's past-capacity test). Each server is searched --sustain-repeats times
+(3), restarted each time, in an order reversed every repeat (A B, B A, A B); later repeats start
+from the previous repeat's bracket. Before each search a burst of --burst requests sent at once
+gives the saturated throughput (core/sustain.py saturated_tokens). Servers run one at a time,
+pinned to core 1 while this load generator has core 0 (2 cores here; vLLM's engine busy-waits).
+Memory: batchlab's peak RSS above its loaded baseline (from its /metrics) next to vLLM's KV pool
+(reserved up front) and its peak use of it, each labelled. Every figure is from this run, except
+parts carried over from the result file (said so in it).
 """
 from __future__ import annotations
 
@@ -23,10 +29,12 @@ import subprocess
 import sys
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
 import numpy as np
+import pandas as pd
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -34,8 +42,12 @@ sys.path.insert(0, str(ROOT))
 from batchlab.backends.openai import OpenAIBackend  # noqa: E402
 from batchlab.baselines import vllm as servers  # noqa: E402
 from batchlab.baselines.loadtest import closed_loop, open_loop  # noqa: E402
+from batchlab.core.clock import RealClock  # noqa: E402
 from batchlab.core.config import RunConfig, load_config  # noqa: E402
-from batchlab.report.capacity import SERVED  # noqa: E402  (the report's own threshold: one number)
+from batchlab.core.sustain import SERVED, saturated_rate, saturated_tokens, served_share  # noqa: E402
+from batchlab.core.trace_item import TraceItem  # noqa: E402
+from batchlab.errors import ConfigError  # noqa: E402
+from batchlab.report import stats  # noqa: E402  (the report's growing-queue test, not a copy)
 
 PORT = 8010
 SERVER_CPU, CLIENT_CPU = "1", 0   # --pin: every server on core 1, the load generator on core 0
@@ -89,94 +101,205 @@ class MetricsSampler(threading.Thread):
         return self.peak
 
 
-WARMUP_USERS = 8         # a closed-loop burst before each server's sweep: first-call costs stay out of it
-KEEPS_UP = SERVED        # "sustains" needs completed req/s >= this fraction of the offered rate (DESIGN.md)
-SATURATED = 0.9          # below this fraction the server is past capacity: higher rates are not tried
+WARMUP_USERS = 8         # a closed-loop burst before each server's search: first-call costs stay out of it
+TOLERANCE = 0.10         # the search stops once its bracket's hi / lo - 1 is within this
+MAX_POINTS = 10          # a search that has not settled by then reports the bracket it has
+BURST = 1024             # requests sent at once for the saturated throughput: well above any server's batch
 
 
-def meets(s: dict, cfg: RunConfig) -> bool:
-    """p99 TPOT and p99 TTFT within the config's SLO (TTFT matters: a server that sends a whole
-    answer at once has a TPOT near zero on the client, whatever its batches cost)."""
-    checks = [(cfg.slo.tpot_s, s["tpot_p99"]), (cfg.slo.ttft_s, s["ttft_p99"]), (cfg.slo.e2e_s, s["e2e_p99"])]
-    return all(limit is None or value <= limit for limit, value in checks)
+# --- the rule: does one point sustain its rate? ---------------------------------------------------
+def meets(s: dict, cfg: RunConfig) -> list[str]:
+    """The SLO percentiles this point misses: p99 TPOT, TTFT and E2E against the config's limits
+    (TTFT matters: a server that sends a whole answer at once has a TPOT near zero on the client,
+    whatever its batches cost)."""
+    checks = [("TPOT p99", cfg.slo.tpot_s, s["tpot_p99"]), ("TTFT p99", cfg.slo.ttft_s, s["ttft_p99"]),
+              ("E2E p99", cfg.slo.e2e_s, s["e2e_p99"])]
+    return [name for name, limit, value in checks if limit is not None and not value <= limit]
 
 
-def keeps_up(s: dict, reqs: list, warmup_s: float) -> float:
-    """Completed req/s over the rate that actually arrived (the measured requests' count over
-    their arrival span): a server whose queue grows serves less than arrives, even while its
-    p99 TTFT still looks fine on a short point."""
-    arrivals = sorted(r.arrival_time for r in reqs if r.arrival_time >= warmup_s)
-    if len(arrivals) < 2 or not s["requests_per_s"] > 0:
-        return 0.0
-    offered = (len(arrivals) - 1) / (arrivals[-1] - arrivals[0])
-    return s["requests_per_s"] / offered
+def queue_growth(reqs: list, name: str, rate: float, warmup_s: float) -> tuple[float, bool]:
+    """The report's past-capacity test (report/stats.py past_capacity: queue wait rising with
+    arrival time faster than GROWTH s/s) on this point's requests; returns the slope and the verdict.
+    NOTE: a client never sees when a server admits a request, so the queue wait it fits is TTFT
+    (the server's queue wait plus one prefill, whose trend is the queue's)."""
+    rows = [{"strategy": name, "rate": rate, "repeat": 0, "status": r.status.value,
+             "warmup": int(r.arrival_time < warmup_s), "arrival_time": r.arrival_time,
+             "queue_wait": r.token_times[0] - r.arrival_time if r.token_times else np.nan} for r in reqs]
+    frame = pd.DataFrame(rows)
+    frame = frame[(frame["status"] != "finished") | frame["queue_wait"].notna()]
+    done = frame[(frame["status"] == "finished") & (frame["warmup"] == 0)]
+    slope = float(np.polyfit(done["arrival_time"], done["queue_wait"], 1)[0]) if len(done) > 2 else float("nan")
+    return slope, (name, float(rate)) in stats.past_capacity(pd.DataFrame([{"strategy": name, "rate": rate}]), frame)
 
 
-# --- sweeping one server -----------------------------------------------------------------------
-def sweep(name: str, backend: OpenAIBackend, cfg: RunConfig, metrics_url: str, series: tuple[str, ...],
-          repeats: int) -> dict:
-    """`repeats` passes of ascending rates, each until the server falls behind; per-rate summaries
-    and, per pass, the highest rate it sustains: no failures, p99 within the SLO, and completed
-    >= 95 % of what arrived (naive batching can miss the SLO at low rates, where batches fill
-    slowly, and meet it higher up, so a pass goes on past a miss until the server falls behind)."""
-    passes = []
+def judge(s: dict, reqs: list, name: str, cfg: RunConfig) -> dict:
+    """Whether one point sustains its rate, and why not: no request failed, the SLO percentiles
+    met, the work served in the measured window >= SERVED of the work offered in it
+    (core/sustain.py served_share: output tokens stamped in the window over those asked for by the
+    requests that arrived in it), and no growing queue (`queue_growth`)."""
+    lo = cfg.traffic.warmup_s
+    hi = lo + cfg.traffic.duration_s
+    served = served_share(reqs, lo, hi)
+    slope, growing = queue_growth(reqs, name, s["rate"], lo)
+    offered = sum(r.max_new_tokens for r in reqs if lo <= r.arrival_time < hi)
+    why = ([f"{s['failed'] + s['unfinished']} failed"] if s["failed"] or s["unfinished"] else []) + meets(s, cfg)
+    if not served >= SERVED:
+        why.append(f"served {100 * served:.1f} %")
+    if growing:
+        why.append(f"queue growing {slope:.2f} s/s")
+    return {"served_share": served, "window_tok_s": served * offered / (hi - lo), "ttft_slope": slope,
+            "sustained": not why, "why": why}
+
+
+# --- the search: bisection on the rate ------------------------------------------------------------
+def knee(holds, lo: float, hi: float, tolerance: float = TOLERANCE, max_points: int = MAX_POINTS) -> dict:
+    """The highest rate that `holds` (a function of the rate: run a point, apply the rule), by a
+    bracket search. First the bracket: `lo` must hold and `hi` fail; where one does not, the
+    bracket moves down (or up) by its own ratio, a ratio squared after every move (from 40,80:
+    x2, x4, x16; from a 10 % bracket: x1.1, x1.21, x1.46, so a knee that moved is caught in a few
+    points while the first move overshoots little: a point far past capacity takes long to drain).
+    Then bisection until hi / lo - 1 <= tolerance. NOTE: the midpoint is geometric, because the
+    width is a ratio: a 2x bracket settles in 3 bisections whichever side the knee is on
+    (arithmetic midpoints need up to 4). Returns the highest rate held below the lowest that
+    failed (None: none held down to a thousandth of `lo`), that failing rate (None: none failed),
+    the rates probed in order, and whether the bracket got within the tolerance."""
+    if not 0 < lo < hi:
+        raise ValueError(f"need 0 < lo < hi (got {lo:g}, {hi:g})")
+    probes: list[tuple[float, bool]] = []
+
+    def probe(rate: float) -> bool:
+        ok = bool(holds(rate))
+        probes.append((rate, ok))
+        return ok
+
+    floor, step = lo / 1000, hi / lo
+    good: float | None = None
+    bad: float | None = None
+    while good is None and lo >= floor and len(probes) < max_points:
+        if probe(lo):
+            good = lo
+        else:
+            bad, lo, step = lo, _round(lo / step), step * step
+    while bad is None and good is not None and len(probes) < max_points:
+        if probe(hi):
+            good, hi, step = hi, _round(hi * step), step * step
+        else:
+            bad = hi
+    while good is not None and bad is not None and bad / good - 1 > tolerance and len(probes) < max_points:
+        mid = _round((good * bad) ** 0.5)
+        if mid in (good, bad):           # NOTE: as fine as the rounding goes
+            break
+        if probe(mid):
+            good = mid
+        else:
+            bad = mid
+    return {"sustained_rate": good, "failed_rate": bad, "probes": [r for r, _ in probes],
+            "settled": good is not None and bad is not None and bad / good - 1 <= tolerance}
+
+
+def _round(rate: float) -> float:
+    """Three significant figures: a probe's rate reads as typed, well inside a 10 % bracket."""
+    return float(f"{rate:.3g}")
+
+
+def alternate(names: list[str], repeat: int) -> list[str]:
+    """The servers' order in repeat `repeat` (0-based): reversed every other repeat (A B, B A, A B,
+    ...), so a machine that drifts over the run does not always favour the same server."""
+    return list(names) if repeat % 2 == 0 else list(reversed(names))
+
+
+def saturated(backend: OpenAIBackend, n: int, prompt_len: int, output_len: int) -> dict:
+    """`n` requests sent at once (the same trace for every server): output tokens per second in
+    the burst's steady middle (core/sustain.py saturated_tokens: the queue never empties there),
+    and requests per second (saturated_rate)."""
+    trace = [TraceItem(0.0, prompt_len, output_len) for _ in range(n)]
+    reqs, _ = RealClock().run(backend.run_trace(trace, RealClock()))
+    failed = sum(r.status.value != "finished" for r in reqs)
+    return {"requests": n, "failed": failed, "tok_s": saturated_tokens(reqs), "req_s": saturated_rate(reqs)}
+
+
+# --- one server, one repeat -----------------------------------------------------------------------
+POINT_KEYS = ("rate", "num_requests", "finished", "failed", "throughput_tok_s", "requests_per_s", "ttft_p50",
+              "ttft_p99", "tpot_p50", "tpot_p99", "e2e_p50", "e2e_p99", "send_lag_p50", "send_lag_p99",
+              "send_lag_flag", "errors")
+
+
+def search_one(name: str, backend: OpenAIBackend, cfg: RunConfig, bracket: tuple[float, float], args) -> dict:
+    """Warm up, measure the saturated burst, then search the knee from `bracket` (--max-points 0:
+    the burst alone, for a quick paired throughput check); every point kept."""
+    burst = args.burst
     closed_loop(backend, WARMUP_USERS, 1, cfg.traffic.prompt_len.value, cfg.traffic.output_len.value)
-    sampler = MetricsSampler(metrics_url, series)
-    sampler.start()
-    for rep in range(repeats):
-        points, sustained = [], None
-        for rate in cfg.traffic.rates:
-            s, reqs = open_loop(backend, cfg.traffic, rate, cfg.slo)
-            ratio = keeps_up(s, reqs, cfg.traffic.warmup_s)
-            ok = s["failed"] == 0 and s["unfinished"] == 0 and meets(s, cfg) and ratio >= KEEPS_UP
-            behind = s["failed"] > 0 or ratio < SATURATED
-            points.append({k: s[k] for k in ("rate", "num_requests", "finished", "failed", "throughput_tok_s",
-                                             "requests_per_s", "ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99",
-                                             "e2e_p50", "send_lag_p50", "send_lag_p99", "send_lag_flag", "errors")}
-                          | {"served_share": ratio, "sustained": ok})
-            print(f"  {name:<22} #{rep + 1} {rate:5g} req/s  {s['throughput_tok_s']:7.0f} tok/s  served {ratio:6.1%}  "
-                  f"TTFT p50/p99 {s['ttft_p50'] * 1e3:7.1f}/{s['ttft_p99'] * 1e3:8.1f} ms  TPOT p50/p99 "
-                  f"{s['tpot_p50'] * 1e3:6.1f}/{s['tpot_p99'] * 1e3:7.1f} ms  failed {s['failed']}  send-lag p99 "
-                  f"{s['send_lag_p99'] * 1e3:6.1f} ms{'' if ok else '  <- not sustained'}"
-                  f"{'  <- behind' if behind else ''}", flush=True)
-            if ok:
-                sustained = rate
-            if behind:
-                break
-        passes.append({"points": points, "sustained_rate": sustained,
-                       "saturated_tok_s": max(p["throughput_tok_s"] for p in points)})
-    return {"server": name, "passes": passes, "memory": sampler.stop()}
+    sat = saturated(backend, burst, cfg.traffic.prompt_len.value, cfg.traffic.output_len.value) if burst else None
+    if sat:
+        print(f"  {name:<26} burst of {burst}: {sat['tok_s']:7.0f} tok/s, {sat['req_s']:6.1f} req/s saturated, "
+              f"failed {sat['failed']}", flush=True)
+    points = []
+
+    def holds(rate: float) -> bool:
+        s, reqs = open_loop(backend, cfg.traffic, rate, cfg.slo)
+        v = judge(s, reqs, name, cfg)
+        points.append({k: s[k] for k in POINT_KEYS} | v)
+        print(f"  {name:<26} {rate:6g} req/s  {s['throughput_tok_s']:6.0f} tok/s  served {v['served_share']:6.1%}  "
+              f"TTFT p50/p99 {s['ttft_p50'] * 1e3:7.1f}/{s['ttft_p99'] * 1e3:7.1f} ms (slope {v['ttft_slope']:+.3f} s/s)  "
+              f"TPOT p99 {s['tpot_p99'] * 1e3:5.1f} ms  send-lag p99 {s['send_lag_p99'] * 1e3:6.1f} ms  "
+              f"{'sustained' if v['sustained'] else 'NOT: ' + ', '.join(v['why'])}", flush=True)
+        return v["sustained"]
+
+    found = (knee(holds, *bracket, tolerance=args.tolerance, max_points=args.max_points) if args.max_points else
+             {"sustained_rate": None, "failed_rate": None, "probes": [], "settled": False})
+    return found | {"bracket_start": list(bracket), "points": points, "saturated": sat}
 
 
-def run_batchlab(args, cfg: RunConfig) -> list[dict]:
-    out = []
-    for strategy in cfg.strategies:
-        proc = start_batchlab(args.config, strategy, args.set)
+@contextmanager
+def serving(name: str, args, cfg: RunConfig):
+    """Start one server (pinned), yield (backend, /metrics URL, series to sample), stop it."""
+    if name.startswith("batchlab serve "):
+        proc = start_batchlab(args.config, name.removeprefix("batchlab serve "), args.set)
         try:
-            backend = OpenAIBackend(f"http://127.0.0.1:{PORT}/v1", "tiny", timeout_s=args.timeout)
-            out.append(sweep(f"batchlab serve {strategy}", backend, cfg, f"http://127.0.0.1:{PORT}/metrics",
-                             ("batchlab_peak_memory_bytes", "batchlab_running_sequences"), args.sweep_repeats))
+            yield (OpenAIBackend(f"http://127.0.0.1:{PORT}/v1", "tiny", timeout_s=args.timeout),
+                   f"http://127.0.0.1:{PORT}/metrics", ("batchlab_peak_memory_bytes", "batchlab_running_sequences"))
         finally:
             proc.terminate()
             proc.wait(30)
-    return out
-
-
-def run_external(server: str, args, cfg: RunConfig) -> dict:
-    running = servers.up(server, "tiny", servers.DEFAULT_PORTS[server], Path(args.venv), 1024, "float32", 400,
+        return
+    running = servers.up(name, "tiny", servers.DEFAULT_PORTS[name], Path(args.venv), 1024, "float32", 400,
                          cpus=SERVER_CPU if PIN_SERVER else None)
     try:
-        text = server == "transformers"     # transformers serve takes text prompts and no ignore_eos
+        text = name == "transformers"     # transformers serve takes text prompts and no ignore_eos
         backend = OpenAIBackend(running.url, running.model, timeout_s=args.timeout,
                                 prompt_format="text" if text else "tokens",
                                 length_control="generation_config" if text else "ignore_eos")
-        series = ("vllm:kv_cache_usage_perc", "vllm:num_requests_running") if server == "vllm" else ()
-        res = sweep(server, backend, cfg, running.url.removesuffix("/v1") + "/metrics", series, args.sweep_repeats)
-        if server == "vllm":
-            res["kv_pool"] = servers.kv_cache_usage(running.url)
-        return res
+        series = ("vllm:kv_cache_usage_perc", "vllm:num_requests_running") if name == "vllm" else ()
+        yield backend, running.url.removesuffix("/v1") + "/metrics", series
     finally:
-        servers.down(server)
+        servers.down(name)
+
+
+def run_repeat(name: str, args, cfg: RunConfig, bracket: tuple[float, float]) -> dict:
+    """One server's repeat: start it, search, sample its memory, stop it. A server that cannot start
+    or breaks is recorded with its error (the other servers still run)."""
+    load = os.getloadavg()[0]
+    try:
+        with serving(name, args, cfg) as (backend, metrics_url, series):
+            sampler = MetricsSampler(metrics_url, series)
+            sampler.start()
+            try:
+                res = search_one(name, backend, cfg, bracket, args)
+            finally:
+                memory = sampler.stop()
+            if name == "vllm":
+                res["kv_pool"] = servers.kv_cache_usage(backend.base_url)
+    except Exception as e:  # noqa: BLE001 - a server that cannot start or breaks is reported, not fatal
+        print(f"  {name}: could not run: {e}", flush=True)
+        return {"error": str(e).splitlines()[0][:300] if str(e) else type(e).__name__, "load_1min_before": load}
+    return res | {"memory": memory, "load_1min_before": load}
+
+
+def next_bracket(res: dict, start: tuple[float, float]) -> tuple[float, float]:
+    """The next repeat starts from this one's final bracket (two points when the knee has not
+    moved); from the starting bracket again when this one found no bracket."""
+    lo, hi = res.get("sustained_rate"), res.get("failed_rate")
+    return (lo, hi) if lo is not None and hi is not None else start
 
 
 # --- added latency of the HTTP layer -------------------------------------------------------------
@@ -190,7 +313,6 @@ def overhead(args) -> dict:
     the request to the socket (what the server and loopback add; the target's measure). The
     in-process side runs on the server's event loop (uvloop when installed)."""
     from batchlab.backends import make_backend
-    from batchlab.core.clock import RealClock
     from batchlab.core.traffic import build_trace
     from batchlab.run.point import run_trace
 
@@ -346,80 +468,130 @@ def _lat(reqs) -> dict:
 # --- result file -------------------------------------------------------------------------------
 def save(report: dict, path: Path) -> None:
     """Rewritten after every server, so a crash late in the run keeps what was measured."""
-    run = report["reruns"][-1] if report.get("reruns") else report      # the run now going on
-    run["load_avg_1_5_15"]["after"] = list(os.getloadavg())
+    report["load_avg_1_5_15"]["after"] = list(os.getloadavg())
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(report, indent=2, default=str) + "\n")
 
 
-def put(report: dict, res: dict) -> None:
-    """Add a server's result, replacing an earlier one of the same name (a rerun)."""
-    names = [r["server"] for r in report["servers"]]
-    if res["server"] in names:
-        report["servers"][names.index(res["server"])] = res
-    else:
-        report["servers"].append(res)
+SERVERS = ("batchlab", "vllm", "transformers")
+PARTS = (*SERVERS, "overhead", "loadgen")
 
 
-def rerun_into(path: Path, fresh: dict) -> dict:
-    """--rerun: keep the result file's other servers and record this run beside its command, so
-    the file says which rows came from which run (and under what load)."""
-    old = json.loads(path.read_text())
-    if old["trace"] != fresh["trace"] or old["slo"] != fresh["slo"]:
-        raise SystemExit(f"{path} was measured with another trace or SLO; rerun everything instead")
-    old.setdefault("reruns", []).append({"command": fresh["command"], "load_avg_1_5_15": fresh["load_avg_1_5_15"]})
-    return old
-
-
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("config", nargs="?", default=str(ROOT / "configs" / "vs-vllm.yaml"))
     ap.add_argument("--servers", default="batchlab,vllm,transformers,overhead,loadgen",
-                    help="any of batchlab, vllm, transformers, overhead, loadgen (comma-separated)")
+                    help=f"any of {', '.join(PARTS)} (comma-separated)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--venv", default=str(ROOT / ".venv-vllm"))
     ap.add_argument("--timeout", type=float, default=120.0, help="per-request timeout, s")
+    ap.add_argument("--duration", type=float, default=30.0,
+                    help="seconds of traffic per point after the warm-up (>= 30 lets a growing queue show)")
+    ap.add_argument("--bracket", default="40,80", metavar="LO,HI",
+                    help="req/s the first repeat's search starts from (later repeats start from the previous one's)")
+    ap.add_argument("--tolerance", type=float, default=TOLERANCE, help="stop when the bracket's hi / lo - 1 is within this")
+    ap.add_argument("--max-points", type=int, default=MAX_POINTS, help="points per search at most (0: no search, the saturated burst only)")
+    ap.add_argument("--burst", type=int, default=BURST,
+                    help="requests sent at once for the saturated throughput (0: not measured)")
+    ap.add_argument("--sustain-repeats", type=int, default=3, help="searches per server, in alternating order")
     ap.add_argument("--overhead-rate", type=float, default=2.0, help="low: the overhead, not queueing, is measured")
     ap.add_argument("--repeats", type=int, default=3, help="repeats of the overhead and load-generator measurements")
-    ap.add_argument("--sweep-repeats", type=int, default=2, help="passes over the rates for each server")
     ap.add_argument("--json", default=str(ROOT / "docs" / "results" / "serving.json"), help="result file")
-    ap.add_argument("--rerun", action="store_true",
-                    help="replace only the servers named in --servers in an existing result file")
     ap.add_argument("--no-pin", dest="pin", action="store_false",
                     help="do not pin (default: servers on core 1, this load generator on core 0, because vLLM's "
                          "engine busy-waits on a core and starves a client beside it)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    check_args(args)
+    return args
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """Refuse bad flags before anything starts (one line each; exit 2 in main)."""
+    unknown = [s for s in args.servers.split(",") if s not in PARTS]
+    if unknown:
+        raise ConfigError(f"--servers: unknown {', '.join(unknown)} (choose from {', '.join(PARTS)})")
+    try:
+        lo, hi = (float(x) for x in args.bracket.split(","))
+    except ValueError:
+        raise ConfigError(f"--bracket: want LO,HI in req/s, e.g. 40,80 (got {args.bracket!r})") from None
+    if not 0 < lo < hi < float("inf"):
+        raise ConfigError(f"--bracket: need 0 < LO < HI (got {args.bracket})")
+    args.bracket = (lo, hi)
+    if not 0 < args.tolerance < 1:
+        raise ConfigError(f"--tolerance: must be between 0 and 1 (got {args.tolerance:g})")
+    if args.max_points == 1:
+        raise ConfigError("--max-points: 0 (burst only) or at least 2 (a bracket needs two ends)")
+    if args.max_points == 0 and args.burst == 0:
+        raise ConfigError("--max-points 0 with --burst 0 measures nothing")
+    for flag, value, least in (("--max-points", args.max_points, 0), ("--sustain-repeats", args.sustain_repeats, 1),
+                               ("--repeats", args.repeats, 1), ("--burst", args.burst, 0)):
+        if value < least:
+            raise ConfigError(f"{flag}: must be at least {least} (got {value})")
+    if not 0 < args.timeout < float("inf"):
+        raise ConfigError(f"--timeout: must be a positive number of seconds (got {args.timeout:g})")
+
+
+def carry_over(path: Path, report: dict, wanted: list[str]) -> None:
+    """Parts not measured this time (overhead, loadgen) stay from the result file they were
+    measured for, with that run's command and load, so the file says where each came from."""
+    if not path.is_file():
+        return
+    old = json.loads(path.read_text())
+    for part in ("overhead", "loadgen"):
+        if part not in wanted and part in old:
+            report[part] = old[part]
+            report.setdefault("carried", {})[part] = old.get("carried", {}).get(part) or {
+                "command": old["command"], "load_avg_1_5_15": old["load_avg_1_5_15"]}
+
+
+def search_all(args, cfg: RunConfig, names: list[str], report: dict, out: Path) -> None:
+    """Every server's searches, repeat by repeat, in alternating order; saved after each server."""
+    entries = {n: {"server": n, "repeats": []} for n in names}
+    report["servers"] = list(entries.values())
+    brackets = dict.fromkeys(names, args.bracket)
+    for rep in range(args.sustain_repeats):
+        order = alternate(names, rep)
+        report["order"].append(order)
+        print(f"repeat {rep + 1}/{args.sustain_repeats}: {' then '.join(order)}", flush=True)
+        for name in order:
+            res = run_repeat(name, args, cfg, brackets[name])
+            entries[name]["repeats"].append(res | {"repeat": rep, "position": order.index(name)})
+            brackets[name] = next_bracket(res, args.bracket)
+            save(report, out)
+
+
+def main(argv: list[str] | None = None) -> None:
+    try:
+        args = parse_args(argv)
+        cfg = load_config(args.config, [*args.set, f"traffic.duration_s={args.duration:g}"])
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
     args.pin = args.pin and len(os.sched_getaffinity(0)) >= 2 and shutil.which("taskset") is not None
     if args.pin:
         PIN_SERVER[:] = ["taskset", "-c", SERVER_CPU]
         os.sched_setaffinity(0, {CLIENT_CPU})
-    cfg = load_config(args.config, args.set)
     (ROOT / ".data").mkdir(exist_ok=True)
     wanted = args.servers.split(",")
+    names = ([f"batchlab serve {s}" for s in cfg.strategies] if "batchlab" in wanted else []) + \
+        [n for n in SERVERS[1:] if n in wanted]
     t = cfg.traffic
-    report = {"command": " ".join(["python benchmarks/serving.py", *sys.argv[1:]]).replace(str(ROOT) + "/", ""),
+    report = {"command": " ".join(["python benchmarks/serving.py", *(argv if argv is not None else sys.argv[1:])])
+              .replace(str(ROOT) + "/", ""),
               "cpus": os.cpu_count(), "pinned": bool(args.pin), "load_avg_1_5_15": {"before": list(os.getloadavg())},
-              "trace": {"arrival": t.arrival, "rates": t.rates, "duration_s": t.duration_s, "warmup_s": t.warmup_s,
+              "trace": {"arrival": t.arrival, "duration_s": t.duration_s, "warmup_s": t.warmup_s,
                         "prompt_len": t.prompt_len.value, "output_len": t.output_len.value},
-              "slo": {k: v for k, v in cfg.slo.model_dump().items() if v}, "keeps_up": KEEPS_UP,
-              "sweep_repeats": args.sweep_repeats, "servers": []}
+              "slo": {k: v for k, v in cfg.slo.model_dump().items() if v},
+              "rule": {"served": SERVED, "growth_s_per_s": stats.GROWTH, "tolerance": args.tolerance,
+                       "bracket_start": list(args.bracket), "max_points": args.max_points, "burst": args.burst},
+              "sustain_repeats": args.sustain_repeats, "order": [], "servers": []}
     out = Path(args.json)
-    if args.rerun:
-        report = rerun_into(out, report)
-    print(f"trace: {t.arrival}, rates {t.rates}, {t.duration_s:g} s each, prompt {t.prompt_len.value} / output "
-          f"{t.output_len.value} tokens; {args.sweep_repeats} pass(es) per server", flush=True)
-    if "batchlab" in wanted:
-        for res in run_batchlab(args, cfg):
-            put(report, res)
-        save(report, out)
-    for name in ("vllm", "transformers"):
-        if name in wanted:
-            try:
-                put(report, run_external(name, args, cfg))
-            except Exception as e:  # noqa: BLE001 - a baseline that cannot start is reported, not fatal
-                print(f"  {name}: could not run: {e}", flush=True)
-                put(report, {"server": name, "passes": [], "error": str(e)})
-            save(report, out)
+    carry_over(out, report, wanted)
+    print(f"trace: {t.arrival}, {t.duration_s:g} s per point after {t.warmup_s:g} s warm-up, prompt "
+          f"{t.prompt_len.value} / output {t.output_len.value} tokens; {args.sustain_repeats} searches per server "
+          f"from {args.bracket[0]:g}-{args.bracket[1]:g} req/s to within {100 * args.tolerance:g} %", flush=True)
+    if names:
+        search_all(args, cfg, names, report, out)
     if "overhead" in wanted:
         report["overhead"] = overhead(args)
         save(report, out)

@@ -37,44 +37,57 @@ def test_a_changed_result_file_changes_the_readme(tmp_path):
     assert mod.render(readme, tmp_path) != readme
 
 
-def _serving_result(vllm_passes: list[float | None]) -> dict:
-    def server(name, sustained):
-        rates = [8.0, 16.0, 32.0]
-        passes = [{"sustained_rate": r, "saturated_tok_s": 1000.0,
-                   "points": [{"rate": x, "throughput_tok_s": 10 * x, "ttft_p99": 0.1, "served_share": 1.0,
-                               "sustained": r is not None and x <= r} for x in rates]}
-                  for r in sustained]
-        return {"server": name, "passes": passes, "memory": {}}
+def _serving_result(vllm_rates: list[float | None], ours_tok_s: float = 1800.0) -> dict:
+    """A result file as benchmarks/serving.py writes it: per server, one search per repeat."""
+    def repeat(rate, i, tok_s):
+        failed = None if rate is None else rate * 1.08
+        points = [{"rate": rate, "throughput_tok_s": 10 * rate, "ttft_p99": 0.1, "tpot_p99": 0.02,
+                   "served_share": 1.0, "window_tok_s": 10 * rate, "sustained": True, "why": []}] if rate else []
+        points += [{"rate": failed or 8.0, "throughput_tok_s": 500.0, "ttft_p99": 3.0, "tpot_p99": 0.02,
+                    "served_share": 0.9, "window_tok_s": 450.0, "sustained": False, "why": ["served 90.0 %"]}]
+        return {"sustained_rate": rate, "failed_rate": failed or 8.0, "probes": [p["rate"] for p in points],
+                "settled": rate is not None, "points": points, "repeat": i, "position": i % 2,
+                "saturated": {"tok_s": tok_s, "req_s": tok_s / 32, "failed": 0, "requests": 1024},
+                "memory": {}, "load_1min_before": 0.5}
+
+    def server(name, rates, tok_s):
+        return {"server": name, "repeats": [repeat(r, i, tok_s) for i, r in enumerate(rates)]}
     return {"command": "python benchmarks/serving.py", "cpus": 2, "pinned": True,
             "load_avg_1_5_15": {"before": [0.5], "after": [0.7]},
-            "trace": {"arrival": "poisson", "rates": [8.0, 16.0, 32.0], "duration_s": 32, "warmup_s": 2,
-                      "prompt_len": 32, "output_len": 32},
-            "slo": {"ttft_s": 2.0}, "keeps_up": 0.95, "sweep_repeats": 2,
-            "servers": [server("batchlab serve continuous", [16.0, 16.0]), server("batchlab serve naive", [None, None]),
-                        server("vllm", vllm_passes)]}
+            "trace": {"arrival": "poisson", "duration_s": 30, "warmup_s": 2, "prompt_len": 32, "output_len": 32},
+            "slo": {"ttft_s": 2.0}, "rule": {"served": 0.95, "growth_s_per_s": 0.1, "tolerance": 0.1,
+                                              "bracket_start": [40, 80], "max_points": 10, "burst": 1024},
+            "sustain_repeats": 2, "order": [["continuous", "vllm"], ["vllm", "continuous"]],
+            "servers": [server("batchlab serve continuous", [50.0, 50.0], ours_tok_s),
+                        server("batchlab serve naive", [None, None], 900.0),
+                        server("vllm", vllm_rates, 2000.0)]}
 
 
-def test_the_serving_block_says_none_highest_tried_and_when_passes_disagree():
+def test_the_serving_block_gives_per_repeat_values_ratios_and_targets():
     mod = figures()
-    agree = mod.serving(_serving_result([8.0, 8.0]))
-    assert "| batchlab serve naive | none / none |" in agree
-    assert "**2.00×**" in agree and "disagree" not in agree
-    capped = mod.serving(_serving_result([32.0, 8.0]))
-    assert "≥ 32 (highest tried) / 8" in capped
-    assert "the passes disagree on which is higher" in capped     # 16/32 = 0.5 and 16/8 = 2
+    agree = mod.serving(_serving_result([40.0, 45.0]))
+    assert "| batchlab serve naive | none (none, none) |" in agree
+    assert "| batchlab serve continuous | 50 (50, 50) | 54 (54, 54) | 2 / 2 |" in agree
+    assert "sustained rate: **1.18×** (median of per-repeat ratios 1.25 / 1.11" in agree
+    assert "Target ≥ 1.0×: **met**." in agree and "disagree" not in agree
+    assert "saturated throughput: **0.90×** (median of per-repeat ratios 0.90 / 0.90). Target ≥ 1.0×: **not met**" in agree
+    assert "50 ✓ · 54 ✗ (served 90.0 %)" in agree
+    split = mod.serving(_serving_result([60.0, 45.0]))
+    assert "the repeats disagree on which is higher" in split    # 50/60 < 1 < 50/45
 
 
-def test_keeps_up_is_completed_over_arrived_rate():
-    """The serving benchmark's 'sustained' rule: a queue that grows serves less than arrives."""
-    import importlib.util
-    import sys
-    from types import SimpleNamespace
-    spec = importlib.util.spec_from_file_location("serving_bench", ROOT / "benchmarks" / "serving.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("serving_bench", mod)
-    spec.loader.exec_module(mod)
-    reqs = [SimpleNamespace(arrival_time=1.0 + i * 0.1) for i in range(101)]     # 10 req/s over 10 s
-    assert abs(mod.keeps_up({"requests_per_s": 10.0}, reqs, 1.0) - 1.0) < 1e-9
-    assert abs(mod.keeps_up({"requests_per_s": 9.0}, reqs, 1.0) - 0.9) < 1e-9
-    assert mod.keeps_up({"requests_per_s": float("nan")}, reqs, 1.0) == 0.0
-    assert mod.keeps_up({"requests_per_s": 5.0}, reqs[:1], 1.0) == 0.0
+def test_a_server_that_could_not_run_is_a_row_that_says_so():
+    d = _serving_result([40.0, 45.0])
+    d["servers"].append({"server": "transformers", "repeats": [{"error": "did not come up", "load_1min_before": 0.1}]})
+    assert "| transformers | could not run: did not come up |" in figures().serving(d)
+
+
+def test_a_burst_only_run_says_nothing_was_searched():
+    d = _serving_result([40.0, 45.0])
+    d["rule"]["max_points"] = 0
+    for srv in d["servers"]:
+        for r in srv["repeats"]:
+            r.update(sustained_rate=None, failed_rate=None, probes=[], points=[], settled=False)
+    out = figures().serving(d)
+    assert "| vllm | not searched |" in out and "saturated throughput: **0.90×**" in out
+    assert "sustained rate:" not in out and "repeat 1 (" not in out
