@@ -41,7 +41,8 @@ def pad_rows(plan: StepPlan, rows: int) -> None:
     dev = plan.input_ids.device
     plan.input_ids = F.pad(plan.input_ids, (0, extra))
     plan.positions = plan.write_pos = F.pad(plan.positions, (0, extra))
-    plan.write_slot = plan.single_slots = torch.arange(rows, device=dev)
+    # NOTE: two tensors, as _plan makes them: compiled graphs guard on which inputs alias
+    plan.write_slot, plan.single_slots = torch.arange(rows, device=dev), torch.arange(rows, device=dev)
     mask = F.pad(plan.single_mask, (0, 0, 0, 0, 0, 0, 0, extra), value=NEG_INF)
     mask[-extra:, 0, 0, 0] = 0.0                                 # a padding row sees its own key only
     plan.single_mask = mask
@@ -73,11 +74,13 @@ class CompiledDecode:
         return compile_fx(gm, example_inputs)
 
     def __call__(self, plan: StepPlan) -> torch.Tensor:
-        # NOTE: context length and cache capacity are dynamic dimensions (one graph serves every
-        # length); rows are bucketed, and slots grow by doubling, so graphs stay few.
+        # NOTE: context length, slots and cache capacity are dynamic dimensions (one graph serves
+        # them all; the engine keeps capacity above the context, so they never compare equal);
+        # rows come in buckets: a graph for 1 row, one for the rest, measured 3 with the warm-up.
         torch._dynamo.mark_dynamic(plan.single_mask, 3)
         for kv in (plan.cache.k, plan.cache.v):
             for t in kv:
+                torch._dynamo.mark_dynamic(t, 0)
                 torch._dynamo.mark_dynamic(t, 2)
         return self.fn(plan)
 

@@ -114,6 +114,7 @@ class StepEngine:
         if self.decode is None:
             return
         n, ids = 1, [min(10, self.model.config.get_text_config().vocab_size - 1)] * prompt
+        self.cache.ensure_slots(hcomp.bucket(rows))
         while True:
             reqs = [Request(f"warm-decode{i}", prompt, 3, clock.now(), index=-1 - i, prompt_token_ids=ids)
                     for i in range(n)]
@@ -138,7 +139,7 @@ class StepEngine:
         if self.window and longest > self.window:
             raise ValueError(f"{longest} tokens exceed the model's sliding window ({self.window}): "
                              "the step engine attends to the full prefix")
-        cache.reserve(longest)
+        cache.reserve(longest + 1)             # NOTE: +1: capacity never equals a pass's context (hf_compile)
         slot = {r: cache.slot(r) for r, _ in chunks}
         singles = sorted((c for c in chunks if c[1] == 1), key=lambda c: slot[c[0]])
         ids, pos, slots, keep, emit, multi = [], [], [], [], [], []

@@ -71,8 +71,8 @@ def test_padding_rows_write_only_into_free_slots(lm):
 @pytest.mark.slow
 def test_compiled_decode_matches_eager_tokens_and_counts_its_graphs():
     """torch.compile on a 2-layer random Llama (float64): the same tokens as eager through
-    prefills, padded decode passes and decode windows; graphs are few (one per bucket, plus
-    at most a recompile), and a second run of the same buckets compiles nothing new."""
+    prefills, padded decode passes and decode windows; graphs are few (rows, slots and context
+    are dynamic past one row), and a second run of the same buckets compiles nothing new."""
     from transformers import LlamaConfig, LlamaForCausalLM
     torch.manual_seed(0)
     cfg = LlamaConfig(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
@@ -89,7 +89,7 @@ def test_compiled_decode_matches_eager_tokens_and_counts_its_graphs():
     compiled, engine = run(True, 6)
     assert compiled == eager
     first = engine.decode.compiles
-    assert 1 <= first <= 2 * len({hcomp.bucket(n) for n in range(1, len(MIX) + 1)})
+    assert 1 <= first <= 3                   # one graph for 1 row, one for the other buckets (+ slack)
     again = make(MIX, vocab=300, seed=7)
     step_by_hand(engine, ContinuousScheduler(ContinuousConfig(block_size=4), num_kv_blocks=1000),
                  again, [a for *_, a in MIX], windows=True)
