@@ -110,3 +110,17 @@ def test_cuda_graph_decode_matches_eager_tokens(lm):
         assert engine.decode.captures >= 1
     finally:
         model.to("cpu")
+
+
+def test_backend_compile_validates_and_stays_out_of_identities_at_its_default():
+    """Off by default and quiet there (QUIET_DEFAULTS): results directories keep their digest."""
+    from batchlab.core.config import load_config
+    from batchlab.errors import ConfigError
+    from batchlab.run.experiment import experiment
+    from batchlab.run.schema import point_hash
+    off, on = load_config(None, ["backend.kind=hf"]), load_config(None, ["backend.kind=hf", "backend.compile=true"])
+    assert off.backend.compile is False and on.backend.compile is True
+    assert "compile" not in experiment(off)["backend"] and experiment(on)["backend"]["compile"] is True
+    assert point_hash(off, "continuous") == point_hash(load_config(None, ["backend.kind=hf"]), "continuous")
+    with pytest.raises(ConfigError):
+        load_config(None, ["backend.compile=sometimes"])
