@@ -71,7 +71,9 @@ class CompiledDecode:
     def _backend(self, gm, example_inputs):
         from torch._inductor.compile_fx import compile_fx
         self.compiles += 1
-        return compile_fx(gm, example_inputs)
+        # NOTE: freezing folds the weights in as constants, so on CPU inductor prepacks them for
+        # oneDNN's matmul: measured 1.17x vs 1.06x over eager at 64 rows (weights never change here)
+        return compile_fx(gm, example_inputs, config_patches={"freezing": True})
 
     def __call__(self, plan: StepPlan) -> torch.Tensor:
         # NOTE: context length, slots and cache capacity are dynamic dimensions (one graph serves
