@@ -2,15 +2,17 @@
 
 At each concurrency C (16 and 64): a burst of N = --burst x C requests arrives at once (prompt and
 output lengths drawn uniformly, seeded), and each system keeps at most C of them in flight:
-  - batchlab continuous: ContinuousScheduler(max_num_seqs=C) + the step engine (HFBackend.step);
+  - batchlab continuous: ContinuousScheduler(max_num_seqs=C) + the step engine (HFBackend.step),
+    eager ("ours") and with backend.compile ("ours-compiled": decode buckets built before timing);
   - hf-cb: transformers' manager (max_requests_per_batch=C, same KV blocks, same token budget);
   - generate(): HFBackend.run_batch on batches of C in arrival order (padded, run to the longest).
 Throughput = output tokens / (last completion - first arrival). Per-step time: a fixed batch of
 C requests (64-token prompts, 64 new tokens): the engine's median decode-only step vs the median
 gap between generate()'s per-token stamps. Efficiency of the continuous run: achieved tok/s
-divided by B / t_step(B) at its mean occupancy B (t_step fitted to its own decode-only steps).
+divided by B / t_step(B) at its mean occupancy B (t_step fitted to its own decode-only steps), and
+where its time went (step log: decode passes, prefill passes, our overhead in and between steps).
 Systems alternate order per repeat; figures are medians over repeats, ratios from one process.
-Usage: python benchmarks/engine_vs_hf_cb.py [--concurrency 16 64] [--repeats 3] [--threads N]
+Usage: python benchmarks/engine_vs_hf_cb.py [--concurrency 16 64] [--repeats 3] [--threads N] [--compile both|on|off]
 """
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ import torch
 from batchlab.backends import hf_common as hc
 from batchlab.backends.hf import HFBackend
 from batchlab.backends.hf_cb import HFCBBackend
-from batchlab.backends.hf_engine import backend_efficiency
+from batchlab.backends.hf_engine import backend_efficiency, step_breakdown
 from batchlab.core.clock import RealClock
 from batchlab.core.config import BackendConfig, ContinuousConfig
 from batchlab.core.metrics import summarize
@@ -36,7 +38,8 @@ from batchlab.run.driver import Inbox, drive
 from batchlab.schedulers.continuous import ContinuousScheduler
 
 BLOCK = 16
-CB_TARGET, STEP_TARGET = 1.5, 1.2     # ours / hf-cb throughput (>=); ours / generate() step (<=)
+CB_TARGET = {16: 2.0, 64: 3.0}        # ours / hf-cb throughput (>=), per concurrency (issue 18)
+EFF_TARGET = 0.90                      # backend_eff (>=) at every level
 
 
 def burst(n: int, seed: int, prompt=(32, 96), output=(16, 96)) -> list[TraceItem]:
@@ -63,6 +66,7 @@ async def ours(hf: HFBackend, trace, c: int, clock) -> dict:
     eff = backend_efficiency(steps, out["tok_s"])
     out["efficiency"], out["occupancy"] = eff["backend_eff"], eff["occupancy"]
     out["busy_frac"] = sum(s.duration for s in steps) / out["wall_s"]
+    out["breakdown"] = step_breakdown(steps)
     out["tokens"] = {r.index: r.output_token_ids for r in reqs}
     return out
 
@@ -121,36 +125,45 @@ def agreement(a: dict, b: dict) -> float:
     return sum(a[k] == b[k] for k in a) / len(a)
 
 
-async def measure(hf: HFBackend, c: int, repeats: int, burst_x: int, clock) -> dict:
+async def measure(engines: dict[str, HFBackend], c: int, repeats: int, burst_x: int, clock) -> dict:
     trace = burst(burst_x * c, seed=c)
-    runs = {"ours": [], "hf-cb": [], "generate": []}
-    steps = []
-    systems = {"ours": lambda: ours(hf, trace, c, clock), "hf-cb": lambda: hf_cb(hf.loaded, trace, c, clock),
-               "generate": lambda: generate(hf, trace, c, clock)}
+    hf = engines["ours"] if "ours" in engines else next(iter(engines.values()))
+    systems = {name: (lambda e=e: ours(e, trace, c, clock)) for name, e in engines.items()}
+    systems |= {"hf-cb": lambda: hf_cb(hf.loaded, trace, c, clock), "generate": lambda: generate(hf, trace, c, clock)}
+    runs = {name: [] for name in systems}
+    steps = {name: [] for name in engines}
     for k in range(repeats):
         order = list(systems) if k % 2 == 0 else list(reversed(systems))
         for name in order:
             runs[name].append(await systems[name]())
-            print(f"  C={c:3d} repeat {k}: {name:8s} {runs[name][-1]['tok_s']:7.0f} tok/s", flush=True)
-        steps.append(await step_times(hf, c, clock))
-        print(f"  C={c:3d} repeat {k}: decode step ours {steps[-1][0] * 1e3:.2f} ms, generate {steps[-1][1] * 1e3:.2f} ms")
+            print(f"  C={c:3d} repeat {k}: {name:13s} {runs[name][-1]['tok_s']:7.0f} tok/s", flush=True)
+        for name, e in engines.items():
+            steps[name].append(await step_times(e, c, clock))
+            print(f"  C={c:3d} repeat {k}: decode step {name} {steps[name][-1][0] * 1e3:.2f} ms, "
+                  f"generate {steps[name][-1][1] * 1e3:.2f} ms")
     med = lambda name, key: statistics.median(r[key] for r in runs[name])
-    return {
-        "concurrency": c, "requests": len(trace), "output_tokens": sum(t.output_len for t in trace),
-        "tok_s": {n: med(n, "tok_s") for n in runs},
-        "ttft_p50_s": {n: med(n, "ttft_p50") for n in runs},
-        "tok_s_per_repeat": {n: [r["tok_s"] for r in runs[n]] for n in runs},
-        "ours_over_hf_cb": statistics.median(a["tok_s"] / b["tok_s"] for a, b in zip(runs["ours"], runs["hf-cb"])),
-        "ours_over_generate": statistics.median(a["tok_s"] / b["tok_s"] for a, b in zip(runs["ours"], runs["generate"])),
-        "ours_over_hf_cb_per_repeat": [a["tok_s"] / b["tok_s"] for a, b in zip(runs["ours"], runs["hf-cb"])],
-        "ours_over_generate_per_repeat": [a["tok_s"] / b["tok_s"] for a, b in zip(runs["ours"], runs["generate"])],
-        "step_ms": {"ours": 1e3 * statistics.median(s[0] for s in steps),
-                    "generate": 1e3 * statistics.median(s[1] for s in steps)},
-        "step_ratio": statistics.median(a / b for a, b in steps),
-        "efficiency": med("ours", "efficiency"), "occupancy": med("ours", "occupancy"),
-        "busy_frac": med("ours", "busy_frac"),
-        "same_tokens_as_generate": agreement(runs["ours"][0]["tokens"], runs["generate"][0]["tokens"]),
-    }
+    ratio = lambda a, b: [x["tok_s"] / y["tok_s"] for x, y in zip(runs[a], runs[b])]
+    out = {"concurrency": c, "requests": len(trace), "output_tokens": sum(t.output_len for t in trace),
+           "tok_s": {n: med(n, "tok_s") for n in runs},
+           "ttft_p50_s": {n: med(n, "ttft_p50") for n in runs},
+           "tok_s_per_repeat": {n: [r["tok_s"] for r in runs[n]] for n in runs}, "engines": {}}
+    for name in engines:
+        st = steps[name]
+        out["engines"][name] = {
+            "over_hf_cb": statistics.median(ratio(name, "hf-cb")), "over_hf_cb_per_repeat": ratio(name, "hf-cb"),
+            "over_generate": statistics.median(ratio(name, "generate")),
+            "over_generate_per_repeat": ratio(name, "generate"),
+            "step_ms": {"ours": 1e3 * statistics.median(x[0] for x in st),
+                        "generate": 1e3 * statistics.median(x[1] for x in st)},
+            "step_ratio": statistics.median(a / b for a, b in st),
+            "efficiency": med(name, "efficiency"), "efficiency_per_repeat": [r["efficiency"] for r in runs[name]],
+            "occupancy": med(name, "occupancy"), "busy_frac": med(name, "busy_frac"),
+            "breakdown": {k: statistics.median(r["breakdown"][k] for r in runs[name]) for k in runs[name][0]["breakdown"]},
+            "same_tokens_as_generate": agreement(runs[name][0]["tokens"], runs["generate"][0]["tokens"])}
+    if "ours" in engines and "ours-compiled" in engines:
+        out["compiled_over_eager_per_repeat"] = ratio("ours-compiled", "ours")
+        out["compiled_over_eager"] = statistics.median(out["compiled_over_eager_per_repeat"])
+    return out
 
 
 def main() -> None:
@@ -159,45 +172,73 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--burst", type=int, default=3, help="requests per level = BURST x concurrency")
     ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    ap.add_argument("--compile", choices=["both", "on", "off"], default="both",
+                    help="our engine eager (off), with backend.compile (on), or both side by side")
     ap.add_argument("--out", default="results/bench/engine_vs_hf_cb.json")
     args = ap.parse_args()
     load_before = os.getloadavg()
     if args.threads:
         torch.set_num_threads(args.threads)
-    hf = HFBackend(BackendConfig(model="tiny", device="cpu", dtype="float32", warmup_batches=1),
-                   warmup_shape=(8, 64, 8))
+    kinds = {"both": [False, True], "on": [True], "off": [False]}[args.compile]
+    engines, lm = {}, None
+    for compile in kinds:
+        hf = HFBackend(BackendConfig(model="tiny", device="cpu", dtype="float32", warmup_batches=1, compile=compile),
+                       warmup_shape=(8, 64, 8), decode_rows=max(args.concurrency))
+        hf.loaded = lm
+        engines["ours-compiled" if compile else "ours"] = hf
+        lm = hf._ensure_loaded()
     clock = RealClock()
+    warm = {}
 
     async def run_all():
-        await hf.start(clock)
-        await step_times(hf, 8, clock, 16, 8)               # warm the engine
-        return [await measure(hf, c, args.repeats, args.burst, clock) for c in args.concurrency]
+        for name, hf in engines.items():
+            t0 = clock.now()
+            await hf.start(clock)                               # compile: every decode bucket built here
+            await step_times(hf, 8, clock, 16, 8)               # warm the engine
+            warm[name] = {"start_s": clock.now() - t0,
+                          "graphs": hf.engine.decode.compiles if hf.engine.decode is not None else 0}
+        levels = [await measure(engines, c, args.repeats, args.burst, clock) for c in args.concurrency]
+        for name, hf in engines.items():
+            warm[name]["graphs_after"] = hf.engine.decode.compiles if hf.engine.decode is not None else 0
+        return levels
     levels = clock.run(run_all())
-    report(levels, hf.describe(), args, {"before": load_before, "after": os.getloadavg()})
+    setup = next(iter(engines.values())).describe()
+    report(levels, setup, args, {"before": load_before, "after": os.getloadavg()}, warm)
 
 
-def report(levels: list[dict], setup: dict, args, load: dict) -> None:
+def report(levels: list[dict], setup: dict, args, load: dict, warm: dict) -> None:
     print(f"\nsetup: {setup['model']} on {setup['device']} ({setup['dtype']}), torch threads {torch.get_num_threads()}, "
-          f"repeats {args.repeats}, burst {args.burst} x C requests")
-    print(f"{'C':>4} {'ours tok/s':>10} {'hf-cb':>8} {'generate':>9} {'ours/hf-cb':>10} {'ours/gen':>8} "
-          f"{'step ours':>9} {'step gen':>8} {'step ratio':>10} {'eff':>5} {'B':>5} {'same tok':>8}")
+          f"repeats {args.repeats}, burst {args.burst} x C requests; start-up {warm}")
+    print(f"{'C':>4} {'engine':>13} {'tok/s':>7} {'hf-cb':>7} {'generate':>8} {'/hf-cb':>7} {'/gen':>6} "
+          f"{'step':>8} {'step gen':>8} {'eff':>5} {'B':>5} {'decode':>6} {'prefill':>7} {'ovh':>5} {'gap':>5} {'same tok':>8}")
     for lv in levels:
-        t, s = lv["tok_s"], lv["step_ms"]
-        print(f"{lv['concurrency']:>4} {t['ours']:>10.0f} {t['hf-cb']:>8.0f} {t['generate']:>9.0f} "
-              f"{lv['ours_over_hf_cb']:>9.2f}x {lv['ours_over_generate']:>7.2f}x {s['ours']:>7.2f}ms "
-              f"{s['generate']:>6.2f}ms {lv['step_ratio']:>9.2f}x {lv['efficiency']:>5.2f} {lv['occupancy']:>5.1f} "
-              f"{lv['same_tokens_as_generate']:>8.0%}")
-    ok_cb = all(lv["ours_over_hf_cb"] >= CB_TARGET for lv in levels)
-    ok_step = all(lv["step_ratio"] <= STEP_TARGET for lv in levels)
-    print(f"targets: ours/hf-cb >= {CB_TARGET}: {'met' if ok_cb else 'NOT met'}; "
-          f"step time <= {STEP_TARGET}x generate(): {'met' if ok_step else 'NOT met'}")
+        t = lv["tok_s"]
+        for name, e in lv["engines"].items():
+            b = e["breakdown"]
+            print(f"{lv['concurrency']:>4} {name:>13} {t[name]:>7.0f} {t['hf-cb']:>7.0f} {t['generate']:>8.0f} "
+                  f"{e['over_hf_cb']:>6.2f}x {e['over_generate']:>5.2f}x {e['step_ms']['ours']:>6.2f}ms "
+                  f"{e['step_ms']['generate']:>6.2f}ms {e['efficiency']:>5.2f} {e['occupancy']:>5.1f} "
+                  f"{b['decode_frac']:>6.1%} {b['prefill_frac']:>7.1%} {b['overhead_frac']:>5.1%} {b['gap_frac']:>5.1%} "
+                  f"{e['same_tokens_as_generate']:>8.0%}")
+        if "compiled_over_eager" in lv:
+            print(f"{lv['concurrency']:>4} compiled / eager throughput {lv['compiled_over_eager']:.2f}x "
+                  f"(per repeat {', '.join(f'{x:.2f}' for x in lv['compiled_over_eager_per_repeat'])})")
+    for name in levels[0]["engines"]:
+        ok = {f"/hf-cb >= {CB_TARGET[c]}x at {c}": lv["engines"][name]["over_hf_cb"] >= CB_TARGET[c]
+              for lv in levels for c in [lv["concurrency"]] if c in CB_TARGET}
+        ok |= {f"backend_eff >= {EFF_TARGET} at {lv['concurrency']}": lv["engines"][name]["efficiency"] >= EFF_TARGET
+               for lv in levels}
+        print(f"targets ({name}): " + "; ".join(f"{k}: {'met' if v else 'NOT met'}" for k, v in ok.items()))
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     command = "python benchmarks/engine_vs_hf_cb.py " + " ".join(
-        [f"--concurrency {' '.join(map(str, args.concurrency))}", f"--repeats {args.repeats}", f"--burst {args.burst}"]
-        + ([f"--threads {args.threads}"] if args.threads else []) + [f"--out {args.out}"])
+        [f"--concurrency {' '.join(map(str, args.concurrency))}", f"--repeats {args.repeats}", f"--burst {args.burst}",
+         f"--compile {args.compile}"] + ([f"--threads {args.threads}"] if args.threads else []) + [f"--out {args.out}"])
     out.write_text(json.dumps({"command": command, "setup": setup, "threads": torch.get_num_threads(),
-                               "load_avg_1_5_15": load, "cpus": os.cpu_count(), "levels": levels}, indent=2) + "\n")
+                               "load_avg_1_5_15": load, "cpus": os.cpu_count(), "start_up": warm,
+                               "targets": {"ours_over_hf_cb": {str(k): v for k, v in CB_TARGET.items()},
+                                           "backend_eff": EFF_TARGET},
+                               "levels": levels}, indent=2) + "\n")
     print(f"wrote {out}")
 
 

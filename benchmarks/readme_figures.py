@@ -66,18 +66,39 @@ def hf_dynamic_vs_naive(d: dict) -> str:
 
 
 def engine_vs_hf_cb(d: dict) -> str:
+    names = {"ours": "batchlab continuous (eager)", "ours-compiled": "batchlab continuous (`backend.compile`)"}
     lines = [f"`{d['command']}` (tiny model, CPU, fp32, {d['threads']} torch thread(s); {_load(d)}; medians over "
              "repeats, the paired ratio's min–max beside it):", "",
-             "| concurrency | batchlab continuous | transformers CB | plain `generate()` | ours / transformers CB "
+             "| concurrency | engine | tok/s | transformers CB | plain `generate()` | ours / transformers CB "
              "| ours / `generate()` | decode step ours / `generate()` | backend_eff |",
-             "|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|"]
     for lv in d["levels"]:
         t = lv["tok_s"]
-        cb, gen = lv["ours_over_hf_cb_per_repeat"], lv["ours_over_generate_per_repeat"]
-        lines.append(f"| {lv['concurrency']} | {t['ours']:,.0f} tok/s | {t['hf-cb']:,.0f} | {t['generate']:,.0f} | "
-                     f"{lv['ours_over_hf_cb']:.2f}× ({min(cb):.2f}–{max(cb):.2f}) | "
-                     f"{lv['ours_over_generate']:.2f}× ({min(gen):.2f}–{max(gen):.2f}) | {lv['step_ratio']:.2f}× | "
-                     f"{lv['efficiency']:.2f} |")
+        for name, e in lv["engines"].items():
+            cb, gen, eff = e["over_hf_cb_per_repeat"], e["over_generate_per_repeat"], e["efficiency_per_repeat"]
+            lines.append(f"| {lv['concurrency']} | {names.get(name, name)} | {t[name]:,.0f} | {t['hf-cb']:,.0f} | "
+                         f"{t['generate']:,.0f} | {e['over_hf_cb']:.2f}× ({min(cb):.2f}–{max(cb):.2f}) | "
+                         f"{e['over_generate']:.2f}× ({min(gen):.2f}–{max(gen):.2f}) | {e['step_ratio']:.2f}× | "
+                         f"{e['efficiency']:.2f} ({min(eff):.2f}–{max(eff):.2f}) |")
+    lines += ["", "Where each engine's time went (step log, share of the run's span; medians over repeats) and its "
+              "median overhead per pass:", "",
+              "| concurrency | engine | decode passes | prefill passes | ours in a step | ours between steps "
+              "| per pass: in / between |", "|---|---|---|---|---|---|---|"]
+    pct = lambda x: f"{100 * x:.1f} %"  # noqa: E731
+    for lv in d["levels"]:
+        for name, e in lv["engines"].items():
+            b = e["breakdown"]
+            lines.append(f"| {lv['concurrency']} | {names.get(name, name)} | {pct(b['decode_frac'])} | "
+                         f"{pct(b['prefill_frac'])} | {pct(b['overhead_frac'])} | {pct(b['gap_frac'])} | "
+                         f"{b['overhead_ms']:.2f} / {b['gap_ms']:.2f} ms |")
+    compiled = [lv for lv in d["levels"] if "compiled_over_eager" in lv]
+    if compiled:
+        start = d.get("start_up", {}).get("ours-compiled", {})
+        lines += ["", "Compiled over eager throughput: " + "; ".join(
+            f"{lv['concurrency']}: {lv['compiled_over_eager']:.2f}× ({min(lv['compiled_over_eager_per_repeat']):.2f}–"
+            f"{max(lv['compiled_over_eager_per_repeat']):.2f})" for lv in compiled)
+            + (f"; start-up with compile {start['start_s']:.0f} s, {start['graphs']} graph(s) built, "
+               f"{start['graphs_after'] - start['graphs']} more during the measured runs." if start else ".")]
     return "\n".join(lines)
 
 

@@ -52,9 +52,10 @@ class HFBackend(hc.ModelBackend):
     runs_decode_windows = True               # continuous: hf_engine.StepEngine runs decode windows
 
     def __init__(self, backend_cfg, warmup_shape: tuple[int, int, int] = (4, 16, 8),
-                 oom_when: OomHook | None = None):
+                 oom_when: OomHook | None = None, decode_rows: int = 64):
         self.cfg = backend_cfg
         self.warmup_shape = warmup_shape     # (rows, prompt tokens, new tokens) of a warm-up batch
+        self.decode_rows = decode_rows       # compile: decode buckets built at start-up, up to this many rows
         self.oom_when = oom_when             # tests: a batch for which this is True raises OOM
         self.reserve_bytes = 0               # GPU activation reserve, measured by a test batch
         self.engine = None                   # hf_engine.StepEngine, built on the first step
@@ -65,6 +66,8 @@ class HFBackend(hc.ModelBackend):
         await asyncio.to_thread(self._ensure_loaded)
         for i in range(self.cfg.warmup_batches):
             await self._warmup_batch(clock, measure=(i == 0))
+        if self.cfg.compile:
+            await self._engine().warm(self.decode_rows, clock)
 
     async def _warmup_batch(self, clock: Clock, measure: bool) -> None:
         rows, p, n = self.warmup_shape
@@ -170,7 +173,7 @@ class HFBackend(hc.ModelBackend):
     def _engine(self) -> StepEngine:
         if self.engine is None:
             lm = self._ensure_loaded()
-            self.engine = StepEngine(lm.model, lm.tokenizer, lm.device)
+            self.engine = StepEngine(lm.model, lm.tokenizer, lm.device, compile=self.cfg.compile)
         return self.engine
 
     async def step(self, step: Step, clock: Clock) -> None:
@@ -197,4 +200,4 @@ def _typical_len(d, default: int) -> int:
 
 def from_config(cfg) -> HFBackend:
     shape = (cfg.dynamic.max_batch_size, _typical_len(cfg.traffic.prompt_len, 128), 8)
-    return HFBackend(cfg.backend, warmup_shape=shape)
+    return HFBackend(cfg.backend, warmup_shape=shape, decode_rows=cfg.continuous.max_num_seqs)

@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface
 
+from batchlab.backends import hf_compile as hcomp
 from batchlab.backends.hf_prefix import BlockStore
 from batchlab.backends.hf_slots import ATTN_NAME, SlotKV, StepPlan, attention, slot_attention
 from batchlab.core.clock import Clock
@@ -37,6 +38,10 @@ class StepRecord:
     tokens: int                   # tokens computed (prefill + decode)
     prefill_tokens: int           # tokens of rows computing more than one token
     emitted: int                  # new tokens produced (rows that reached their end)
+    forward: float = float("nan")  # of `duration`, seconds in the model pass, greedy pick and sync;
+                                  # the rest is ours: building the plan, the thread hand-off, the lock
+    gap: float = 0.0              # seconds since the engine's previous pass ended: stamping, the
+                                  # scheduler, the driver, the event loop (0 inside a decode window)
 
 
 class StepEngine:
@@ -44,7 +49,7 @@ class StepEngine:
 
     runs_decode_windows = True             # see batchlab/schedulers/decode_window.py
 
-    def __init__(self, model, tokenizer=None, device=None):
+    def __init__(self, model, tokenizer=None, device=None, compile: bool = False):
         cfg = model.config.get_text_config()
         # NOTE: we always attend to the full prefix; within a sliding window that is the same thing.
         self.window = getattr(cfg, "sliding_window", None) if getattr(cfg, "use_sliding_window", True) else None
@@ -58,33 +63,71 @@ class StepEngine:
         self.prefix = BlockStore()             # cached blocks' K/V, when the scheduler caches prefixes
         self.step_log: list[StepRecord] = []
         self._lock = threading.Lock()          # one forward at a time: the attention swap is global
+        self._last_end: float | None = None    # when the previous pass ended (for StepRecord.gap)
         AttentionInterface.register(ATTN_NAME, slot_attention)
+        # compile: dense decode-only passes padded to row buckets and run compiled (CPU) or
+        # compiled and captured in CUDA graphs (CUDA); everything else eagerly (hf_compile.py)
+        self.decode = None
+        if compile:
+            self.decode = hcomp.CompiledDecode(model, self.suppress)
+            if self.device.type == "cuda":
+                self.decode = hcomp.GraphedDecode(model, self.suppress, run=self.decode)
 
     async def step(self, step: Step, clock: Clock) -> None:
         """One forward pass over `step.chunks`; stamps a greedy token on every row that reached
         its end. Leaves `num_computed_tokens` to the scheduler."""
         start = clock.now()
+        gap = 0.0 if self._last_end is None else max(0.0, start - self._last_end)
         repeat = step.repeat
         if repeat > 1 and any(n != 1 or r.num_computed_tokens + 1 != r.num_tokens for r, n in step.chunks):
             repeat = 1                         # only pure decode steps repeat identically
         elif repeat > 1:                       # every row runs every pass: stop at the first finish
             repeat = min(repeat, min(r.max_new_tokens - r.output_len for r, _ in step.chunks))
-        plan = self._plan(step.chunks, extra=repeat - 1)
-        if step.cache is not None:
-            self.prefix.before(step.cache, self.cache)
+        # NOTE: plan and cache tensors are inference tensors like the pass's own (compile guards on it)
+        with torch.inference_mode():
+            plan = self._plan(step.chunks, extra=repeat - 1)
+            if self.decode is not None and hcomp.decodes_densely(plan):
+                hcomp.pad_rows(plan, hcomp.bucket(len(plan.emit)))
+            if step.cache is not None:
+                self.prefix.before(step.cache, self.cache)
         passes = await asyncio.to_thread(self._forward, plan, clock, repeat, step.until)
         if step.cache is not None:
-            self.prefix.after(step.cache, self.cache)
+            with torch.inference_mode():
+                self.prefix.after(step.cache, self.cache)
         if repeat > 1 or step.repeat > 1:
             step.repeat = len(passes)          # tell the scheduler how many steps ran
         for r, n in step.chunks:
             self.cache.lengths[self.cache.slot_of[r]] = r.num_computed_tokens + n * len(passes)
         prefill = sum(n for _, n in step.chunks if n > 1)
-        for tokens, end in passes:
-            for r, t in zip(plan.emit, tokens):
+        rows, emit, log = len(step.chunks), plan.emit, self.step_log
+        for tokens, end, forward in passes:
+            for r, t in zip(emit, tokens):
                 r.stamp_token(end, t)
-            self.step_log.append(StepRecord(start, end - start, len(step.chunks), step.num_tokens, prefill, len(tokens)))
-            start = end
+            log.append(StepRecord(start, end - start, rows, step.num_tokens, prefill, len(tokens), forward, gap))
+            start, gap = end, 0.0
+        if passes:
+            self._last_end = passes[-1][1]
+
+    async def warm(self, rows: int, clock: Clock, prompt: int = 8) -> None:
+        """With compile on: build the decode graphs of every rows bucket up to `rows` now (at
+        start-up, outside any measured window): per bucket a throwaway prefill, two decode passes."""
+        if self.decode is None:
+            return
+        n, ids = 1, [min(10, self.model.config.get_text_config().vocab_size - 1)] * prompt
+        self.cache.ensure_slots(hcomp.bucket(rows))
+        while True:
+            reqs = [Request(f"warm-decode{i}", prompt, 3, clock.now(), index=-1 - i, prompt_token_ids=ids)
+                    for i in range(n)]
+            await self.step(Step([(r, prompt) for r in reqs]), clock)
+            for k in range(2):
+                for r in reqs:
+                    r.num_computed_tokens = prompt + k
+                await self.step(Step([(r, 1) for r in reqs]), clock)
+            for r in reqs:
+                self.release(r)
+            if n >= rows:
+                return
+            n = min(2 * n, hcomp.bucket(rows))
 
     def release(self, request: Request) -> None:
         """Free the request's slot (finished, failed or preempted: a preempted one recomputes)."""
@@ -96,7 +139,7 @@ class StepEngine:
         if self.window and longest > self.window:
             raise ValueError(f"{longest} tokens exceed the model's sliding window ({self.window}): "
                              "the step engine attends to the full prefix")
-        cache.reserve(longest)
+        cache.reserve(longest + 1)             # NOTE: +1: capacity never equals a pass's context (hf_compile)
         slot = {r: cache.slot(r) for r, _ in chunks}
         singles = sorted((c for c in chunks if c[1] == 1), key=lambda c: slot[c[0]])
         ids, pos, slots, keep, emit, multi = [], [], [], [], [], []
@@ -141,38 +184,46 @@ class StepEngine:
         return torch.zeros(visible.shape, dtype=self.cache.dtype, device=self.device).masked_fill_(~visible, float("-inf"))
 
     def _forward(self, plan: StepPlan, clock: Clock, repeat: int = 1,
-                 until: float | None = None) -> list[tuple[list[int], float]]:
+                 until: float | None = None) -> list[tuple[list[int], float, float]]:
         """Worker thread: `repeat` blocking passes (a decode window feeds each pass the tokens of
-        the one before), each followed by the greedy pick and a device sync; (tokens, end time)
-        per pass. A window stops after the first pass ending at or after `until`."""
+        the one before), each followed by the greedy pick and a device sync; per pass (tokens,
+        end time, seconds in the pass). A window stops after the first pass ending at or after `until`."""
         passes = []
+        run = self.decode if self.decode is not None and hcomp.decodes_densely(plan) else self._eager
         with self._lock, torch.inference_mode(), attention(self.model, ATTN_NAME):
             for k in range(repeat):
                 if k:
                     self._advance(plan, passes[-1][0])
-                out = self.model(input_ids=plan.input_ids[None], position_ids=plan.positions[None],
-                                 use_cache=False, logits_to_keep=plan.keep, batchlab_plan=plan)
-                logits = out.logits[0]
-                logits.index_fill_(1, self.suppress, float("-inf"))   # what min_new_tokens does in generate()
-                passes.append((logits.argmax(-1).tolist(), clock.now()))   # .tolist() syncs the device
-                if until is not None and passes[-1][1] >= until:
+                t0 = clock.now()
+                tokens = run(plan).tolist()[:len(plan.emit)]   # .tolist() syncs the device
+                end = clock.now()
+                passes.append((tokens, end, end - t0))
+                if until is not None and end >= until:
                     break
         return passes
 
+    def _eager(self, plan: StepPlan) -> torch.Tensor:
+        return hcomp.greedy(self.model, plan, self.suppress)
+
     def _advance(self, plan: StepPlan, tokens: list[int]) -> None:
-        """Next pass of a decode window: every row feeds its new token at the next position."""
-        plan.input_ids = torch.tensor(tokens, dtype=torch.long, device=self.device)
+        """Next pass of a decode window: every row feeds its new token at the next position
+        (padding rows stay at position 0 of their free slot)."""
+        ids = torch.tensor(tokens, dtype=torch.long, device=self.device)
+        rows = len(tokens)
+        plan.input_ids = F.pad(ids, (0, plan.pad)) if plan.pad else ids
         plan.positions = plan.positions + 1
+        if plan.pad:
+            plan.positions[rows:] = 0
         plan.write_pos = plan.positions
         plan.single_mask = F.pad(plan.single_mask, (0, 1), value=float("-inf"))   # one more key column
-        plan.single_mask[plan.single_slots, 0, 0, plan.positions] = 0.0
+        plan.single_mask[plan.single_slots[:rows], 0, 0, plan.positions[:rows]] = 0.0
 
 
 def backend_efficiency(records: list[StepRecord], achieved_tok_s: float) -> dict[str, float]:
     """Achieved tokens/s over what the measured step time allows at the run's occupancy:
     B / t_step(B), with B the duration-weighted mean rows per pass and t_step a least-squares
     line (duration vs rows) through the run's decode-only passes. Below 1: idle time, prefill
-    passes and per-step overhead. NaN without a decode-only pass to fit."""
+    passes and per-step overhead, which `step_breakdown` splits. NaN without a decode-only pass."""
     import numpy as np
     dec = [(s.rows, s.duration) for s in records if s.prefill_tokens == 0]
     if not dec or not achieved_tok_s > 0:
@@ -181,7 +232,25 @@ def backend_efficiency(records: list[StepRecord], achieved_tok_s: float) -> dict
     rows, t = np.array(dec, dtype=float).T
     slope, icpt = np.polyfit(rows, t, 1) if len(set(rows)) > 1 else (0.0, float(np.median(t)))
     allowed = occupancy / max(icpt + slope * occupancy, 1e-12)
-    return {"backend_eff": achieved_tok_s / allowed, "occupancy": occupancy}
+    return {"backend_eff": achieved_tok_s / allowed, "occupancy": occupancy} | step_breakdown(records)
+
+
+def step_breakdown(records: list[StepRecord]) -> dict[str, float]:
+    """Where the records' time went, as fractions of their sum of gaps and durations: model
+    passes of decode-only steps, model passes of steps with prefill, our work inside a step
+    (plan, hand-off) and between steps (stamping, scheduler, driver); and the median per-step
+    overhead (ms) inside a step and between steps. Empty for records without `forward`."""
+    import numpy as np
+    if not records or any(s.forward != s.forward for s in records):
+        return {}
+    gaps = [s.gap for s in records[1:]]                 # the first one's precedes the window
+    total = sum(s.duration for s in records) + sum(gaps) or 1e-12
+    dec = sum(s.forward for s in records if s.prefill_tokens == 0)
+    pre = sum(s.forward for s in records if s.prefill_tokens > 0)
+    inside = [s.duration - s.forward for s in records]
+    return {"decode_frac": dec / total, "prefill_frac": pre / total, "overhead_frac": sum(inside) / total,
+            "gap_frac": sum(gaps) / total, "overhead_ms": 1e3 * float(np.median(inside)),
+            "gap_ms": 1e3 * float(np.median(gaps)) if gaps else 0.0}
 
 
 def _eos_ids(model, tokenizer) -> list[int]:

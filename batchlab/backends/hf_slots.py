@@ -32,6 +32,7 @@ class SlotKV:
         self.lengths: list[int] = []           # tokens cached per slot
         self._free: list[int] = []             # heap: lowest free slot first keeps the range dense
         self.slot_of: dict[Request, int] = {}
+        self.generation = 0                    # bumped when the tensors are reallocated
 
     def slot(self, r: Request) -> int:
         s = self.slot_of.get(r)
@@ -42,10 +43,29 @@ class SlotKV:
         return s
 
     def release(self, r: Request) -> None:
+        """Free r's slot. NOTE: the held slots stay exactly 0..n-1: the highest one moves into
+        the hole (a copy of its cached tokens), so a decode pass over every running request is
+        dense (no scatter) and can run at a bucketed shape (backends/hf_compile.py)."""
         s = self.slot_of.pop(r, None)
-        if s is not None:
-            self.lengths[s] = 0
-            heapq.heappush(self._free, s)
+        if s is None:
+            return
+        last = max(self.slot_of.values(), default=-1)
+        if last > s:
+            mover = next(q for q, t in self.slot_of.items() if t == last)
+            n = self.lengths[last]
+            with torch.inference_mode():
+                for kv in (self.k, self.v):
+                    for t in kv:
+                        t[s, :, :n] = t[last, :, :n]
+            self.slot_of[mover], self.lengths[s] = s, n
+            s = last
+        self.lengths[s] = 0
+        heapq.heappush(self._free, s)
+
+    def ensure_slots(self, n: int) -> None:
+        """At least n slots (padding rows of a bucketed decode pass write into free ones)."""
+        if n > self.slots:
+            self._grow(max(n, 2 * self.slots), self.capacity)
 
     def reserve(self, tokens: int) -> None:
         if tokens > self.capacity:
@@ -72,6 +92,7 @@ class SlotKV:
             heapq.heappush(self._free, s)
         self.lengths += [0] * (slots - self.slots)
         self.slots, self.capacity = slots, capacity
+        self.generation += 1
 
 
 @dataclass(slots=True)
@@ -88,6 +109,7 @@ class StepPlan:
     multi: list[tuple[int, int, int, int, torch.Tensor]] = field(default_factory=list)  # slot, start, n, ctx, mask
     keep: torch.Tensor | int = 0           # packed indices whose logits make new tokens; 0: all of them
     emit: list[Request] = field(default_factory=list)
+    pad: int = 0                           # padding rows after the real ones (hf_compile.pad_rows)
 
 
 @contextlib.contextmanager

@@ -122,6 +122,9 @@ class BackendConfig(_Model):
     api_key_env: str | None = None
     memory_budget_bytes: Annotated[int, Field(gt=0, le=1 << 50)] | None = None  # KV budget for the memory trigger (None: from device)
     warmup_batches: Annotated[int, Field(ge=0, le=1000)] = 2  # real backends: batches run before measuring
+    # hf continuous (step engine): decode-only passes padded to row buckets and run through
+    # torch.compile (plus CUDA graphs on CUDA), compiled at start-up; mixed steps stay eager
+    compile: bool = False
     timeout_s: Annotated[float, Field(gt=0, le=86_400)] = 600.0   # openai: per-request timeout
     prompt_format: Literal["tokens", "text"] = "tokens"   # openai: prompt as token ids (exact length) or text
     length_control: Literal["ignore_eos", "generation_config", "none"] = "ignore_eos"  # openai: how exact output lengths are asked for
@@ -522,7 +525,7 @@ class RunConfig(_Model):
 # NOTE: keys added after results directories existed are left out of knobs, identities and
 # config.yaml while they hold their default, so an older directory keeps its digest (and resumes)
 # and a default run writes the same bytes as before the key existed.
-QUIET_DEFAULTS: dict[tuple[str, str], Any] = {("continuous", "prefix_caching"): False}
+QUIET_DEFAULTS: dict[tuple[str, str], Any] = {("continuous", "prefix_caching"): False, ("backend", "compile"): False}
 
 
 def _section(cfg: RunConfig, name: str) -> dict[str, Any]:

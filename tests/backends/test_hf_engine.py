@@ -214,3 +214,30 @@ def test_a_sequence_past_a_sliding_window_is_refused_not_silently_attended_in_fu
     longer = Request("b", 12, 1, 0.0, prompt_token_ids=list(range(3, 15)))
     with pytest.raises(ValueError, match="sliding window"):
         RealClock().run(engine.step(Step([(longer, 12)]), RealClock()))
+
+
+def test_step_breakdown_splits_the_window_into_model_passes_and_our_overhead():
+    from batchlab.backends.hf_engine import StepRecord, step_breakdown
+    # decode pass: 9 ms of a 10 ms step, 2 ms after the previous; prefill pass: 18 of 20 ms
+    recs = [StepRecord(0.0, 0.010, 4, 4, 0, 4, 0.009, 5.0),           # its gap precedes the window
+            StepRecord(0.012, 0.020, 4, 40, 36, 4, 0.018, 0.002),
+            StepRecord(0.034, 0.010, 4, 4, 0, 4, 0.009, 0.002)]
+    b = step_breakdown(recs)
+    total = 0.040 + 0.004
+    assert b["decode_frac"] == pytest.approx(0.018 / total) and b["prefill_frac"] == pytest.approx(0.018 / total)
+    assert b["overhead_frac"] == pytest.approx(0.004 / total) and b["gap_frac"] == pytest.approx(0.004 / total)
+    assert b["overhead_ms"] == pytest.approx(1.0) and b["gap_ms"] == pytest.approx(2.0)
+    assert sum(b[k] for k in ("decode_frac", "prefill_frac", "overhead_frac", "gap_frac")) == pytest.approx(1.0)
+    assert step_breakdown([StepRecord(0.0, 0.01, 1, 1, 0, 1)]) == {}      # records without pass times
+
+
+def test_the_step_log_times_each_pass_and_the_gap_before_it(lm):
+    engine = StepEngine(lm[0], lm[1])
+    reqs = make(MIX[:3], seed=9)
+    sched = ContinuousScheduler(ContinuousConfig(block_size=4), num_kv_blocks=1000)
+    step_by_hand(engine, sched, reqs, [0, 0, 0], windows=True)
+    log = engine.step_log
+    assert all(0 < s.forward <= s.duration for s in log)
+    assert log[0].gap == 0.0 and all(s.gap >= 0 for s in log)
+    for a, b in zip(log, log[1:]):                  # a step starts where the previous ended, plus its gap
+        assert b.start == pytest.approx(a.start + a.duration + b.gap, abs=1e-9)

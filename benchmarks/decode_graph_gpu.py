@@ -1,0 +1,103 @@
+"""Our engine's decode step vs the bare captured forward of the same shape (issue 18, GPU check).
+
+A random-weight Llama of a 7B shape (hidden 4096, 32 layers, 32 heads, MLP 11008, vocab 32000)
+in fp16: --rows requests with --prompt-token prompts are prefilled, then --steps decode steps run
+through the step engine with CUDA graphs at bucketed rows (hf_compile.GraphedDecode; --inductor
+to compile the graphed pass too). The reference is the same padded decode pass replayed from its
+captured graph with nothing around it (no plan building, hand-off or stamping). Target: engine
+step / graph replay <= 1.1 at 64 rows. Needs CUDA; `--device cpu` only smoke-tests the script
+(eager pass as the reference, with --layers 1 --hidden 256 to keep it small).
+Usage: python benchmarks/decode_graph_gpu.py [--rows 64] [--prompt 128] [--steps 50] [--json OUT]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+
+from batchlab.backends import hf_compile as hcomp
+from batchlab.backends.hf_engine import StepEngine
+from batchlab.backends.hf_slots import ATTN_NAME, attention
+from batchlab.core.clock import RealClock
+from batchlab.core.request import Request
+from batchlab.core.work import Step
+
+
+def model_of_7b_shape(args):
+    from transformers import LlamaConfig, LlamaForCausalLM
+    cfg = LlamaConfig(hidden_size=args.hidden, intermediate_size=args.hidden * 11008 // 4096,
+                      num_hidden_layers=args.layers, num_attention_heads=args.hidden // 128,
+                      num_key_value_heads=args.hidden // 128, vocab_size=32000, max_position_embeddings=4096,
+                      eos_token_id=2)
+    dtype = torch.float16 if args.device == "cuda" else torch.float32
+    torch.set_default_dtype(dtype)
+    with torch.device(args.device):
+        model = LlamaForCausalLM(cfg).eval()
+    torch.set_default_dtype(torch.float32)
+    return model
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", type=int, default=64)
+    ap.add_argument("--prompt", type=int, default=128)
+    ap.add_argument("--steps", type=int, default=50)
+    ap.add_argument("--layers", type=int, default=32)
+    ap.add_argument("--hidden", type=int, default=4096)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--inductor", action="store_true", help="torch.compile the pass inside the graphs")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    model = model_of_7b_shape(args)
+    engine = StepEngine(model, None, args.device, compile=args.inductor)
+    if args.device == "cuda" and not args.inductor:
+        engine.decode = hcomp.GraphedDecode(model, engine.suppress)
+    elif args.device != "cuda":
+        engine.decode = engine._eager                  # CPU smoke test: bucketed path, eager pass
+    clock = RealClock()
+    g = torch.Generator().manual_seed(0)
+    reqs = [Request(f"r{i}", args.prompt, args.steps + 8, 0.0, index=i,
+                    prompt_token_ids=torch.randint(10, 32000, (args.prompt,), generator=g).tolist())
+            for i in range(args.rows)]
+
+    async def run() -> list[float]:
+        t0 = time.perf_counter()
+        await engine.step(Step([(r, args.prompt) for r in reqs]), clock)
+        for r in reqs:
+            r.num_computed_tokens = args.prompt
+        print(f"prefill {time.perf_counter() - t0:.2f} s", flush=True)
+        for _ in range(args.steps):
+            await engine.step(Step([(r, 1) for r in reqs]), clock)
+            for r in reqs:
+                r.num_computed_tokens += 1
+        return [s.duration for s in engine.step_log[-(args.steps - 5):]]
+    t0 = time.perf_counter()
+    steps = clock.run(run())
+    print(f"engine: {args.steps} decode steps in {time.perf_counter() - t0:.1f} s (captures/compiles included)")
+    # The reference: the last step's padded plan, replayed alone.
+    with torch.inference_mode():
+        plan = engine._plan([(r, 1) for r in reqs])
+        hcomp.pad_rows(plan, hcomp.bucket(len(plan.emit)))
+    replay = []
+    with torch.inference_mode(), attention(model, ATTN_NAME):
+        for _ in range(args.steps):
+            t0 = time.perf_counter()
+            engine.decode(plan).tolist()                   # .tolist() syncs the device
+            replay.append(time.perf_counter() - t0)
+    out = {"rows": args.rows, "prompt": args.prompt, "layers": args.layers, "hidden": args.hidden, "device": args.device,
+           "gpu": torch.cuda.get_device_name() if args.device == "cuda" else None, "inductor": args.inductor,
+           "engine_step_ms": 1e3 * statistics.median(steps), "graph_replay_ms": 1e3 * statistics.median(replay[5:]),
+           "torch": torch.__version__}
+    out["ratio"] = out["engine_step_ms"] / out["graph_replay_ms"]
+    print(f"engine decode step {out['engine_step_ms']:.2f} ms, bare replay {out['graph_replay_ms']:.2f} ms: "
+          f"{out['ratio']:.2f}x (target <= 1.1: {'met' if out['ratio'] <= 1.1 else 'NOT met'})")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
