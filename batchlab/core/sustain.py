@@ -38,29 +38,34 @@ def served_share(requests: Iterable[Request], lo: float, hi: float) -> float:
     return served / offered if offered else float("nan")
 
 
-def saturated_rate(requests: Iterable[Request]) -> float:
-    """Requests completed per second by a burst that arrived at once, in its steady middle:
-    between its 20th and 80th percentile completions (the start fills the batch, the end drains
-    it). NaN with fewer than 10 finished."""
-    done = sorted(r.token_times[-1] for r in requests if r.status.value == "finished" and r.token_times)
+def _steady_middle(requests: Iterable[Request]) -> list[tuple[float, int]] | None:
+    """The burst's finished requests as (completion time, output tokens), in completion order,
+    from its 20th to its 80th percentile completion (the start fills the batch, the end drains
+    it); None with fewer than 10 finished."""
+    done = sorted((r.token_times[-1], r.output_len) for r in requests
+                  if r.status.value == "finished" and r.token_times)
     n = len(done)
-    if n < 10:
+    return done[n // 5:4 * n // 5 + 1] if n >= 10 else None
+
+
+def _per_second(middle: list[tuple[float, int]] | None, count) -> float:
+    """`count` of the completions after the middle's first, over the middle's length."""
+    if middle is None:
         return float("nan")
-    a, b = n // 5, 4 * n // 5
-    return (b - a) / (done[b] - done[a]) if done[b] > done[a] else float("inf")
+    span = middle[-1][0] - middle[0][0]
+    return count(middle[1:]) / span if span > 0 else float("inf")
+
+
+def saturated_rate(requests: Iterable[Request]) -> float:
+    """Requests completed per second by a burst that arrived at once, in its steady middle
+    (`_steady_middle`). NaN with fewer than 10 finished."""
+    return _per_second(_steady_middle(requests), len)
 
 
 def saturated_tokens(requests: Iterable[Request]) -> float:
     """Output tokens per second of a burst in the same steady middle as `saturated_rate`: the
     tokens of the requests that completed in it over its length."""
-    done = sorted((r.token_times[-1], r.output_len) for r in requests
-                  if r.status.value == "finished" and r.token_times)
-    n = len(done)
-    if n < 10:
-        return float("nan")
-    a, b = n // 5, 4 * n // 5
-    span = done[b][0] - done[a][0]
-    return sum(k for _, k in done[a + 1:b + 1]) / span if span > 0 else float("inf")
+    return _per_second(_steady_middle(requests), lambda done: sum(k for _, k in done))
 
 
 def stable(rate: float, saturated: float) -> bool:
