@@ -33,7 +33,7 @@ from batchlab.calibrate import accuracy
 from batchlab.core.clock import RealClock, VirtualClock
 from batchlab.core.config import RunConfig, load_config
 from batchlab.core.sustain import saturated_tokens
-from batchlab.core.traffic import build_trace
+from batchlab.core.traffic import build_trace, burst_trace
 from batchlab.errors import ConfigError, RunFailed, user_errors
 from batchlab.run.executors import Executor, LocalExecutor, make_executor
 from batchlab.run.point import run_point
@@ -124,12 +124,9 @@ def sim_point(cfg: RunConfig, strategy: str, rate: float, repeat: int, path: str
     return summary_row(sim_cfg, strategy, rate, repeat, cost.name, res.summary, {"profile": path, **res.meta})
 
 
-def burst_trace(cfg: RunConfig, strategy: str):
-    """Six full batches of the workload's own requests, arriving at once (at least 64)."""
-    rows = {"naive": cfg.naive.batch_size, "dynamic": cfg.dynamic.max_batch_size}.get(strategy, cfg.continuous.max_num_seqs)
-    n = max(64, 6 * rows)
-    rate = 1.5 * n / cfg.traffic.horizon_s
-    return rate, [replace(t, arrival=0.0) for t in build_trace(cfg.traffic, rate, 0)[:n]]
+def saturation_burst(cfg: RunConfig, strategy: str):
+    """Six full batches of the workload's own requests, arriving at once (at least 64): (rate, trace)."""
+    return burst_trace(cfg.traffic, max(64, 6 * cfg.batch_rows(strategy)))
 
 
 def saturation(cfg: RunConfig, profiles: dict[str, Profile], path: Path, noise: bool, real: "LentBackend",
@@ -141,7 +138,7 @@ def saturation(cfg: RunConfig, profiles: dict[str, Profile], path: Path, noise: 
     have = set(zip(done["strategy"], done["side"]))
     rows = [done]
     for strategy in cfg.strategies:
-        rate, trace = burst_trace(cfg, strategy)
+        rate, trace = saturation_burst(cfg, strategy)
         prof = profile_for(strategy, profiles)
         d = drift.get(level_of(strategy), NO_DRIFT)
         for side in (["real", "real_b"] if noise else ["real"]) + list(SIDES):

@@ -494,6 +494,11 @@ class RunConfig(_Model):
                              "a fixed trace itself); use backend.kind sim or hf")
         return self
 
+    def batch_rows(self, strategy: str) -> int:
+        """The most requests one batch (or step) of `strategy` holds: what a burst is sized by."""
+        return {"naive": self.naive.batch_size, "dynamic": self.dynamic.max_batch_size}.get(
+            strategy, self.continuous.max_num_seqs)
+
     def knobs(self, strategy: str) -> dict[str, Any]:
         """The settings that shape one strategy's run, flattened for CSV rows and reports."""
         if strategy == "server":

@@ -232,3 +232,11 @@ def make_requests(trace: list[TraceItem], t0: float, prepare: Callable[[Request]
                 r.fail(f"invalid request: {e}")
         reqs.append(r)
     return reqs
+
+
+def burst_trace(cfg: TrafficConfig, n: int) -> tuple[float, list[TraceItem]]:
+    """The first `n` requests of the traffic's own trace (lengths, classes), all arriving at once:
+    a queue that never empties, for measuring what a backend completes saturated. Also the rate
+    they were drawn at (enough arrivals to take n of them), which labels the point."""
+    rate = 1.5 * n / cfg.horizon_s
+    return rate, [replace(t, arrival=0.0) for t in build_trace(cfg, rate, 0)[:n]]

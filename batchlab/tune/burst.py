@@ -3,17 +3,14 @@ arriving at once, run through the same simulator, its steady middle measured
 (core/sustain.saturated_rate). The searches hold a rate only below it (core/sustain.stable)."""
 from __future__ import annotations
 
-from dataclasses import replace
-
 from batchlab.core.config import RunConfig
 from batchlab.core.sustain import saturated_rate
-from batchlab.core.traffic import build_trace
+from batchlab.core.traffic import burst_trace
 
 
 def burst_size(cfg: RunConfig, strategy: str) -> int:
     """Eight full batches per replica (at least 400): enough for a steady middle to measure."""
-    rows = {"naive": cfg.naive.batch_size, "dynamic": cfg.dynamic.max_batch_size}.get(strategy, cfg.continuous.max_num_seqs)
-    return min(20_000, max(400, 8 * rows * cfg.backend.replicas))
+    return min(20_000, max(400, 8 * cfg.batch_rows(strategy) * cfg.backend.replicas))
 
 
 def saturated(cfg: RunConfig, strategy: str, backend=None) -> float:
@@ -23,8 +20,6 @@ def saturated(cfg: RunConfig, strategy: str, backend=None) -> float:
     from batchlab.run.point import run_point
     if cfg.traffic.sessions is not None or cfg.traffic.arrival == "trace":
         return float("nan")
-    n = burst_size(cfg, strategy)
-    rate = 1.5 * n / cfg.traffic.horizon_s          # enough arrivals to take n of them
-    trace = [replace(t, arrival=0.0) for t in build_trace(cfg.traffic, rate, 0)[:n]]
+    rate, trace = burst_trace(cfg.traffic, burst_size(cfg, strategy))
     res = run_point(cfg, strategy, rate, 0, backend or make_backend(cfg), trace)
     return saturated_rate(res.requests)
