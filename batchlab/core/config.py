@@ -504,14 +504,14 @@ class RunConfig(_Model):
         if strategy == "server":
             knobs = {"backend.model": self.backend.model, "backend.base_url": self.backend.base_url}
             if self.backend.kind == "hf-cb":   # transformers' manager runs under our budgets
-                knobs |= {f"continuous.{k}": v for k, v in _section(self, "continuous").items()}
+                knobs |= {f"continuous.{k}": v for k, v in quiet_section(self, "continuous").items()}
             return knobs
         if strategy in ("naive", "dynamic", "continuous"):
-            return {f"{strategy}.{k}": v for k, v in _section(self, strategy).items()}
+            return {f"{strategy}.{k}": v for k, v in quiet_section(self, strategy).items()}
         # policies run on the continuous machinery: its budgets, then their own knobs
-        knobs = {f"continuous.{k}": v for k, v in _section(self, "continuous").items()}
+        knobs = {f"continuous.{k}": v for k, v in quiet_section(self, "continuous").items()}
         if strategy in POLICIES:
-            knobs |= {f"{strategy}.{k}": v for k, v in _section(self, strategy).items()}
+            knobs |= {f"{strategy}.{k}": v for k, v in quiet_section(self, strategy).items()}
         return knobs
 
     def tree(self) -> dict[str, Any]:
@@ -533,7 +533,8 @@ class RunConfig(_Model):
 QUIET_DEFAULTS: dict[tuple[str, str], Any] = {("continuous", "prefix_caching"): False, ("backend", "compile"): False}
 
 
-def _section(cfg: RunConfig, name: str) -> dict[str, Any]:
+def quiet_section(cfg: RunConfig, name: str) -> dict[str, Any]:
+    """A section's settings without the QUIET_DEFAULTS keys that hold their default (knobs, point hashes)."""
     return {k: v for k, v in getattr(cfg, name).model_dump().items()
             if QUIET_DEFAULTS.get((name, k), _NO_DEFAULT) != v}
 

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from batchlab.core.breakdown import PHASES
-from batchlab.core.config import BUILTIN_STRATEGIES, STRATEGY_PATTERN, RunConfig
+from batchlab.core.config import BUILTIN_STRATEGIES, STRATEGY_PATTERN, RunConfig, quiet_section
 from batchlab.core.metrics import per_request, prompt_tokens
 from batchlab.core.request import Request
 
@@ -65,7 +65,10 @@ def resolved_paths(tree: dict[str, Any]) -> dict[str, Any]:
 
 def point_hash(cfg: RunConfig, strategy: str) -> str:
     """Digest of everything that shapes one strategy's points (not the list of rates/repeats)."""
-    shape = resolved_paths({"backend": cfg.backend.model_dump(exclude={"api_key_env"}), "knobs": cfg.knobs(strategy),
+    # NOTE: quiet_section: a backend key added later (backend.compile) must not change the digest of
+    # points recorded before it existed while it holds its default, or older directories stop resuming
+    backend = {k: v for k, v in quiet_section(cfg, "backend").items() if k != "api_key_env"}
+    shape = resolved_paths({"backend": backend, "knobs": cfg.knobs(strategy),
                             "traffic": cfg.traffic.model_dump(exclude={"rates", "repeats"}), "slo": cfg.slo.model_dump()})
     return hashlib.sha256(json.dumps(shape, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
