@@ -96,12 +96,13 @@ SIDES = {"sim": 0.0, "sim_lo": -1.0, "sim_hi": 1.0}
 
 
 def simulate_points(cfg: RunConfig, real: pd.DataFrame, profiles: dict[str, Profile],
-                    executor: Executor | None = None, drift: dict[str, Drift] | None = None) -> dict[str, pd.DataFrame]:
+                    executor: Executor | None = None, drift: dict[str, Drift] | None = None,
+                    sides: dict[str, float] = SIDES) -> dict[str, pd.DataFrame]:
     """Replay every real point's trace on the calibrated simulator, once per side (side by side
     on the executor); per side, one summary row per point, in the real summary's order.
     `drift`: level -> the machine's speed now over the profile's (step costs are multiplied by it)."""
     calls = []
-    for side, k in SIDES.items():
+    for side, k in sides.items():
         for _, point in real.iterrows():
             prof = profile_for(point["strategy"], profiles)
             d = (drift or {}).get(level_of(point["strategy"]), NO_DRIFT)
@@ -113,7 +114,7 @@ def simulate_points(cfg: RunConfig, real: pd.DataFrame, profiles: dict[str, Prof
             raise RunFailed(f"validate: a simulated replay was lost: {fin.error}")
         rows[fin.index] = fin.value
     n = len(real)
-    return {side: pd.DataFrame(rows[i * n:(i + 1) * n]) for i, side in enumerate(SIDES)}
+    return {side: pd.DataFrame(rows[i * n:(i + 1) * n]) for i, side in enumerate(sides)}
 
 
 def sim_point(cfg: RunConfig, strategy: str, rate: float, repeat: int, path: str, cost: StepCost) -> dict:
@@ -277,8 +278,9 @@ def validate(cfg: RunConfig, profile_paths: list[str], out: Path, progress=None)
                 lat = accuracy.cells(real, rerun, sims, KEY, accuracy.LATENCY, "latency")
                 lat.insert(1, "workload", name)
                 if drift_on:       # the same replays at the profile's own speed: what the correction earns
-                    lat["sim_uncorrected"] = accuracy.cells(real, rerun, simulate_points(wc, real, profiles, executor),
-                                                            KEY, accuracy.LATENCY, "latency")["sim"]
+                    plain = simulate_points(wc, real, profiles, executor, sides={"sim": 0.0})["sim"]
+                    lat = lat.merge(plain.melt(id_vars=KEY, value_vars=list(accuracy.LATENCY), var_name="metric",
+                                               value_name="sim_uncorrected"), on=KEY + ["metric"], how="left")
                 parts.append(lat)
                 if cfg.validation.saturation:
                     wide = saturation(wc, profiles, out / name / "saturation.csv", noise, real_backend, drift, say)
