@@ -21,11 +21,11 @@ from batchlab.backends.hf_engine import StepEngine  # noqa: E402
 from batchlab.core.clock import RealClock  # noqa: E402
 from batchlab.core.config import ContinuousConfig, load_config  # noqa: E402
 from batchlab.core.request import Request, Status  # noqa: E402
-from batchlab.core.traffic import TraceItem, make_requests  # noqa: E402
+from batchlab.core.traffic import TraceItem  # noqa: E402
 from batchlab.run.driver import Inbox, drive  # noqa: E402
 from batchlab.run.point import run_point  # noqa: E402
-from batchlab.schedulers import make_scheduler  # noqa: E402
 from batchlab.schedulers.continuous import ContinuousScheduler  # noqa: E402
+from tests.backends.test_hf import drive_trace  # noqa: E402
 
 MINI = "random:mini-llama"
 MiB = 1 << 20
@@ -165,15 +165,15 @@ def oversize_burst(n: int) -> list[TraceItem]:
     return [TraceItem(0.0, 1990 + i % 10, 4) for i in range(n)]
 
 
-def drive_burst(cfg, strategy, b, trace):
+def run_engine(engine, reqs, **budgets) -> None:
+    """All of `reqs` arriving now, through a continuous scheduler with `budgets`, on `engine`."""
     clock = RealClock()
 
     async def main():
-        sched = make_scheduler(strategy, cfg, b.memory_budget(), None)
-        reqs = make_requests(trace, clock.now(), b.prepare)
-        await drive(sched, b, clock, Inbox(reqs))
-        return sched, reqs
-    return clock.run(main())
+        for r in reqs:
+            r.arrival_time = clock.now()
+        await drive(ContinuousScheduler(ContinuousConfig(**budgets), 1 << 20), engine, clock, Inbox(reqs))
+    clock.run(main())
 
 
 def test_a_real_out_of_memory_error_halves_dynamics_cap_and_loses_nothing(memory_cap):
@@ -184,7 +184,7 @@ def test_a_real_out_of_memory_error_halves_dynamics_cap_and_loses_nothing(memory
     b._generate = lambda reqs, stamper: (sizes.append(len(reqs)), generate(reqs, stamper))[1]
     try:
         memory_cap(128 * MiB)
-        sched, reqs = drive_burst(cfg, "dynamic", b, oversize_burst(64))
+        sched, reqs = drive_trace(cfg, "dynamic", b, oversize_burst(64))
     finally:
         RealClock().run(b.close())
     assert sizes[0] == 64 and sched.cap < 64                # the allocator refused 64 rows: the cap halved
@@ -197,7 +197,7 @@ def test_a_real_out_of_memory_error_fails_a_naive_batch_with_the_allocators_word
     b = started(cfg)
     try:
         memory_cap(128 * MiB)
-        _, reqs = drive_burst(cfg, "naive", b, oversize_burst(64))
+        _, reqs = drive_trace(cfg, "naive", b, oversize_burst(64))
     finally:
         RealClock().run(b.close())
     assert [r.status for r in reqs] == [Status.FAILED] * 64
@@ -215,14 +215,7 @@ def test_the_step_engine_on_cuda_matches_generate_token_for_token():
     mix = [(5, 9), (23, 6), (40, 5), (3, 14), (17, 8), (31, 7)]
     reqs = [Request(f"r{i}", p, o, 0.0, index=i, prompt_token_ids=torch.randint(10, 1000, (p,), generator=g).tolist())
             for i, (p, o) in enumerate(mix)]
-    clock = RealClock()
-
-    async def main():
-        for r in reqs:
-            r.arrival_time = clock.now()
-        await drive(ContinuousScheduler(ContinuousConfig(max_num_seqs=4, max_num_batched_tokens=32), 1 << 20),
-                    engine, clock, Inbox(reqs))
-    clock.run(main())
+    run_engine(engine, reqs, max_num_seqs=4, max_num_batched_tokens=32)
     finished(reqs)
     for r in reqs:
         ids = torch.tensor([r.prompt_token_ids], device=dev)
@@ -241,14 +234,7 @@ def test_the_step_engine_runs_in_half_precision_on_cuda(dtype):
     model, tok = rm.build(MINI, dev, dtype)
     engine = StepEngine(model, tok, dev)
     reqs = [Request(f"r{i}", 5 + 9 * i, 3 + i, 0.0, index=i, prompt_token_ids=list(range(10, 15 + 9 * i))) for i in range(5)]
-    clock = RealClock()
-
-    async def main():
-        for r in reqs:
-            r.arrival_time = clock.now()
-        await drive(ContinuousScheduler(ContinuousConfig(max_num_seqs=3, max_num_batched_tokens=24), 1 << 20),
-                    engine, clock, Inbox(reqs))
-    clock.run(main())
+    run_engine(engine, reqs, max_num_seqs=3, max_num_batched_tokens=24)
     finished(reqs)
     assert all(0 <= t < len(tok) for r in reqs for t in r.output_token_ids)
 
