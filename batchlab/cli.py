@@ -12,8 +12,8 @@ from pathlib import Path
 
 import click
 
-from batchlab.core.config import load_user_config
 from batchlab.errors import ConfigError, user_errors
+from batchlab.run.config import load_user_config
 
 # Commands defined in other modules, imported only when invoked (they may need torch or a
 # web stack). name -> "module:attribute" of a click command.

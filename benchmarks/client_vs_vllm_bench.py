@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from batchlab.backends.openai import OpenAIBackend, chunk_itls  # noqa: E402
+from batchlab.backends.openai_client import OpenAIBackend, chunk_itls  # noqa: E402
 from batchlab.core.config import TrafficConfig  # noqa: E402
 from batchlab.core.traffic import TraceItem, build_trace  # noqa: E402
 

@@ -26,15 +26,17 @@ import numpy as np
 import torch
 
 from batchlab.backends import hf_common as hc
-from batchlab.backends.hf import HFBackend
-from batchlab.backends.hf_cb import HFCBBackend
+from batchlab.backends.hf import HFOptions
+from batchlab.backends.hf_backend import HFBackend
+from batchlab.backends.hf_cb import HFCBOptions
+from batchlab.backends.hf_cb_backend import HFCBBackend
 from batchlab.backends.hf_engine import backend_efficiency, step_breakdown
 from batchlab.core.clock import RealClock
-from batchlab.core.config import BackendConfig, ContinuousConfig
 from batchlab.core.metrics import summarize
 from batchlab.core.request import Request, Status
 from batchlab.core.traffic import TraceItem, make_requests
 from batchlab.run.driver import Inbox, drive
+from batchlab.schedulers import ContinuousConfig
 from batchlab.schedulers.continuous import ContinuousScheduler
 
 BLOCK = 16
@@ -73,7 +75,7 @@ async def ours(hf: HFBackend, trace, c: int, clock) -> dict:
 
 async def hf_cb(lm: hc.Loaded, trace, c: int, clock) -> dict:
     cont = ContinuousConfig(max_num_seqs=c, block_size=BLOCK, num_kv_blocks=kv_blocks(trace, c))
-    cb = HFCBBackend(BackendConfig(model="tiny", warmup_batches=1), cont, lm)
+    cb = HFCBBackend(HFCBOptions(model="tiny", warmup_batches=1), cont, lm)
     await cb.start(clock)
     try:
         reqs, t0 = await cb.run_trace(trace, clock)
@@ -182,9 +184,8 @@ def main() -> None:
     kinds = {"both": [False, True], "on": [True], "off": [False]}[args.compile]
     engines, lm = {}, None
     for compile in kinds:
-        hf = HFBackend(BackendConfig(model="tiny", device="cpu", dtype="float32", warmup_batches=1, compile=compile),
-                       warmup_shape=(8, 64, 8), decode_rows=max(args.concurrency))
-        hf.loaded = lm
+        hf = HFBackend(HFOptions(model="tiny", device="cpu", dtype="float32", warmup_batches=1, compile=compile),
+                       warmup_shape=(8, 64, 8), decode_rows=max(args.concurrency), loaded=lm)
         engines["ours-compiled" if compile else "ours"] = hf
         lm = hf._ensure_loaded()
     clock = RealClock()

@@ -32,9 +32,9 @@ MiB, GiB = 1 << 20, 1 << 30
 def engine_stage(args) -> dict:
     import torch
 
-    from batchlab.backends.hf import HFBackend
+    from batchlab.backends.hf_backend import HFBackend
     from batchlab.core.clock import RealClock
-    from batchlab.core.config import load_config
+    from batchlab.run.config import load_config
     base = [f"backend.model={args.model}", f"backend.device={args.device}", f"backend.dtype={args.dtype}",
             "backend.kind=hf", "backend.warmup_batches=1"]
     hf = HFBackend(load_config(None, base).backend, warmup_shape=(16, 128, 8))
@@ -69,7 +69,7 @@ def step_speed(hf, clock, levels: list[int], repeats: int) -> dict:
 
 
 def small_budget(hf, base: list[str]) -> dict:
-    from batchlab.core.config import load_config
+    from batchlab.run.config import load_config
     from batchlab.run.point import run_point
     budget = 4 * 600 * hf.kv_bytes_per_token
     cfg = load_config(None, base + [f"backend.memory_budget_bytes={budget}", "strategies=[dynamic,continuous]",
@@ -95,10 +95,10 @@ def small_budget(hf, base: list[str]) -> dict:
 
 def real_oom(hf, base: list[str], torch) -> dict:
     from batchlab.core.clock import RealClock
-    from batchlab.core.config import load_config
     from batchlab.core.traffic import TraceItem, make_requests
+    from batchlab.run.config import load_config
     from batchlab.run.driver import Inbox, drive
-    from batchlab.schedulers import make_scheduler
+    from batchlab.schedulers import Given, make_scheduler
     dev = hf.loaded.device
     trace = [TraceItem(0.0, 1016 + i % 9, 8) for i in range(64)]   # unequal lengths: padded, like real traffic
     sizes, errors = [], []
@@ -125,7 +125,7 @@ def real_oom(hf, base: list[str], torch) -> dict:
             clock = RealClock()
 
             async def main():
-                sched = make_scheduler(strategy, cfg, hf.memory_budget(), None)
+                sched = make_scheduler(strategy, cfg, Given(hf.facts().memory))
                 reqs = make_requests(trace, clock.now(), hf.prepare)
                 await drive(sched, hf, clock, Inbox(reqs))
                 return sched, reqs

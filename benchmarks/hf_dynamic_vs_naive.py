@@ -20,8 +20,8 @@ import time
 from pathlib import Path
 
 from batchlab.backends import make_backend
-from batchlab.core.config import load_config
 from batchlab.core.traffic import build_trace
+from batchlab.run.config import load_config
 from batchlab.run.point import run_point
 
 TTFT_TARGET = 5.0        # naive p50 TTFT / dynamic p50 TTFT at the lowest rate

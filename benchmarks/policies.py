@@ -33,9 +33,9 @@ from pathlib import Path
 import numpy as np
 
 from batchlab.backends import make_backend
-from batchlab.core.config import load_config
 from batchlab.core.metrics import latencies, measured, per_request, percentile
 from batchlab.core.traffic import build_trace
+from batchlab.run.config import load_config
 from batchlab.run.point import run_point
 
 SJF_TARGET, P99_LIMIT, VTC_LIMIT = 0.30, 1.2, 1.5

@@ -29,12 +29,13 @@ import numpy as np
 from batchlab.backends.presets import load_cost
 from batchlab.backends.simulated import SimulatedBackend
 from batchlab.core.clock import RealClock, VirtualClock
-from batchlab.core.config import ContinuousConfig, load_config
 from batchlab.core.metrics import measured, prefix_cache, summarize
 from batchlab.core.request import Request
+from batchlab.run.config import load_config
 from batchlab.run.driver import Inbox, drive
 from batchlab.run.replicas import make_replicas, serve_replicated
 from batchlab.run.router import ROUTERS
+from batchlab.schedulers import ContinuousConfig
 from batchlab.schedulers.continuous import ContinuousScheduler
 
 GROUPS, SYSTEM, USER, OUTPUT, BLOCK = 8, 1024, 64, 32, 16
@@ -76,7 +77,7 @@ def point(reqs: list[Request], warmup: float, t0: float = 0.0) -> dict:
 def simulate(reqs: list[Request], caching: bool, cost) -> list[Request]:
     cfg = ContinuousConfig(block_size=BLOCK, prefix_caching=caching)
     backend = SimulatedBackend(cost)
-    sched = ContinuousScheduler(cfg, backend.num_kv_blocks(BLOCK))
+    sched = ContinuousScheduler(cfg, backend.facts().num_kv_blocks(BLOCK), windows=True, finish_in_window=True)
     reqs = fresh(reqs)
     clock = VirtualClock()
     clock.run(drive(sched, backend, clock, Inbox(reqs)))
@@ -129,7 +130,7 @@ def simulator_part(cost, repeats: int) -> dict:
 async def hf_run(hf, reqs: list[Request], caching: bool, warmup: float, clock) -> dict:
     cfg = ContinuousConfig(block_size=BLOCK, prefix_caching=caching)
     hf.engine = None                                   # a fresh engine: no K/V kept from the last run
-    sched = ContinuousScheduler(cfg, hf.num_kv_blocks(BLOCK))
+    sched = ContinuousScheduler(cfg, hf.facts().num_kv_blocks(BLOCK), windows=True, finish_in_window=True)
     t0 = clock.now()
     reqs = fresh(reqs, t0)
     for r in reqs:
@@ -141,11 +142,11 @@ async def hf_run(hf, reqs: list[Request], caching: bool, warmup: float, clock) -
 def hf_part(repeats: int, burst: int, duration: float, threads: int | None, cost) -> dict:
     import torch
 
-    from batchlab.backends.hf import HFBackend
-    from batchlab.core.config import BackendConfig
+    from batchlab.backends.hf import HFOptions
+    from batchlab.backends.hf_backend import HFBackend
     if threads:
         torch.set_num_threads(threads)
-    hf = HFBackend(BackendConfig(model="tiny", device="cpu", dtype="float32", warmup_batches=1), warmup_shape=(8, 64, 8))
+    hf = HFBackend(HFOptions(model="tiny", device="cpu", dtype="float32", warmup_batches=1), warmup_shape=(8, 64, 8))
     clock = RealClock()
     warmup = 5.0
 
@@ -187,7 +188,8 @@ async def _saturation(hf, burst: int, clock) -> float:
     reqs = fresh(reqs, t0)
     for r in reqs:
         hf.prepare(r)
-    await drive(ContinuousScheduler(cfg, hf.num_kv_blocks(BLOCK)), hf, clock, Inbox(reqs))
+    await drive(ContinuousScheduler(cfg, hf.facts().num_kv_blocks(BLOCK), windows=True, finish_in_window=True), hf, clock,
+                Inbox(reqs))
     return len(reqs) / (max(r.token_times[-1] for r in reqs) - t0)
 
 
@@ -211,7 +213,7 @@ def replicas_part(cost, single_cap: float, repeats: int, kv_blocks: list[int | N
             print(f"replicas kv_blocks={blocks or 'default'} {router}: p50 TTFT "
                   f"{statistics.median(p['ttft_p50_s'] for p in per[router]):.3f} s, hit "
                   f"{statistics.median(p['prefix_hit_rate_tokens'] for p in per[router]):.3f}", flush=True)
-        out.append({"kv_blocks_per_replica": blocks or SimulatedBackend(cost).num_kv_blocks(BLOCK), "routers": per})
+        out.append({"kv_blocks_per_replica": blocks or SimulatedBackend(cost).facts().num_kv_blocks(BLOCK), "routers": per})
     return {"replicas": n, "rate_req_s": rate, "slack": ROUTERS["cache_aware"].slack, "settings": out}
 
 

@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from batchlab.core.config import load_user_config
+from batchlab.run.config import load_user_config
 from batchlab.run.sweep import run_sweep
 
 RATES = [4, 8, 12, 16, 20, 24, 28, 32]

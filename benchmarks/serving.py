@@ -39,15 +39,16 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from batchlab.backends.openai import OpenAIBackend  # noqa: E402
+from batchlab.backends.openai_client import OpenAIBackend  # noqa: E402
 from batchlab.baselines import vllm as servers  # noqa: E402
 from batchlab.baselines.loadtest import closed_loop, open_loop  # noqa: E402
 from batchlab.core.clock import RealClock  # noqa: E402
-from batchlab.core.config import RunConfig, load_config  # noqa: E402
+from batchlab.core.config import RunConfig  # noqa: E402
 from batchlab.core.sustain import SERVED, saturated_rate, saturated_tokens, served_share  # noqa: E402
 from batchlab.core.trace_item import TraceItem  # noqa: E402
 from batchlab.errors import ConfigError  # noqa: E402
 from batchlab.report import stats  # noqa: E402  (the report's growing-queue test, not a copy)
+from batchlab.run.config import load_config  # noqa: E402
 
 PORT = 8010
 SERVER_CPU, CLIENT_CPU = "1", 0   # --pin: every server on core 1, the load generator on core 0
@@ -330,7 +331,7 @@ def overhead(args) -> dict:
                 # NOTE: offline, the simulator jumps whole decode windows in one sleep (every arrival
                 # is known); a server cannot know arrivals ahead, so it sleeps step by step. Same here,
                 # or the in-process side would be idealised rather than the same scheduler.
-                backend.multi_step = False
+                backend.decode_windows = False
                 reqs, _ = run_like_server(run_trace(cfg, strategy, trace, backend, clock))
                 rows["in_process"].append(_lat(reqs))
                 proc = start_batchlab_sim(strategy, sets)

@@ -24,12 +24,12 @@ from pathlib import Path
 from batchlab.backends.presets import load_cost
 from batchlab.backends.simulated import SimulatedBackend
 from batchlab.core.clock import VirtualClock
-from batchlab.core.config import ContinuousConfig, load_user_config
 from batchlab.core.limits import MAX_BATCH
 from batchlab.core.request import Request
+from batchlab.run.config import load_user_config
 from batchlab.run.driver import Inbox, drive
 from batchlab.run.point import run_point
-from batchlab.schedulers import ContinuousScheduler
+from batchlab.schedulers import ContinuousConfig, ContinuousScheduler
 
 ROOT = Path(__file__).resolve().parents[1]
 

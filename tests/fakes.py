@@ -1,16 +1,19 @@
 """Fakes for unit tests: a backend where every step costs exactly one time unit."""
 from __future__ import annotations
 
-from batchlab.backends.base import BatchBackend, OutOfMemory, StepBackend
+from batchlab.backends.base import Engine, EngineFacts, OutOfMemory
 from batchlab.core.request import Request
 from batchlab.core.work import Step
 
 
-class UnitStepBackend(BatchBackend, StepBackend):
+class UnitStepBackend(Engine):
     """Each forward pass takes `step` seconds, whatever it contains. Optionally raises
     OutOfMemory for batches larger than `oom_above` rows."""
 
     virtual_time = True
+
+    def facts(self) -> EngineFacts:
+        return EngineFacts(frozenset({"request", "iteration"}))
 
     def __init__(self, step: float = 1.0, oom_above: int | None = None):
         self.dt = step
@@ -28,11 +31,12 @@ class UnitStepBackend(BatchBackend, StepBackend):
                 if i < r.max_new_tokens:
                     r.stamp_token(clock.now())
 
-    async def step(self, step: Step, clock) -> None:
+    async def step(self, step: Step, clock) -> int:
         await clock.sleep(self.dt)
         for r, n in step.chunks:
             if r.num_computed_tokens + n >= r.num_tokens:
                 r.stamp_token(clock.now())
+        return 1
 
     def release(self, request: Request) -> None:
         self.released.append(request.request_id)

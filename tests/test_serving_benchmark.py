@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from batchlab.core.config import load_config
 from batchlab.core.request import Request, Status
 from batchlab.errors import ConfigError
+from batchlab.run.config import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -1,75 +1,67 @@
-"""Backend registry: `backend.kind` -> the factory that builds it from a RunConfig, and the
-preflight that checks what it will read before anything is written.
+"""Backend registry: `backend.kind` -> the config model that describes, builds and checks that kind.
 
-Factories and preflights are imported lazily, so the simulator path never imports torch or httpx.
+Each kind's model (a `BackendOptions` subclass, backends/base.py) lives in a light module of its
+own: heavy libraries (torch, httpx) are imported only when a backend is built or checked, so the
+simulator path never loads them. Add a kind with one module and one line in KINDS, or from another
+package through the `batchlab.backends` entry-point group, or at run time with `register`.
 """
 from __future__ import annotations
 
 import importlib
-import math
-from collections.abc import Callable
-from dataclasses import fields
+from importlib.metadata import entry_points
 
-from batchlab.backends.base import Backend
-from batchlab.core.applies import config_warnings
+from batchlab.backends.base import ENGINE, TARGET, Backend, BackendOptions, Engine, EngineFacts, LoadTarget
 from batchlab.core.config import RunConfig
-from batchlab.core.traffic import check_inputs
 from batchlab.errors import ConfigError
 
-# backend.kind -> "module:factory"
-BACKENDS: dict[str, str] = {
-    "sim": "batchlab.backends.simulated:from_config",
-    "hf": "batchlab.backends.hf:from_config",
-    "hf-cb": "batchlab.backends.hf_cb:from_config",
-    "openai": "batchlab.backends.openai:from_config",
-}
+__all__ = ["ENGINE", "KINDS", "TARGET", "Backend", "BackendOptions", "Engine", "EngineFacts", "LoadTarget", "kinds",
+           "make_backend", "register", "unregister"]
 
-# backend.kind -> "module:function(cfg) -> list[str]" that checks a real backend's inputs
-# (model path or hub cache, the server and its model list); the simulator's is `_check_cost`.
-PREFLIGHTS: dict[str, str] = {
-    "hf": "batchlab.backends.hf_common:preflight",
-    "hf-cb": "batchlab.backends.hf_common:preflight",
-    "openai": "batchlab.backends.openai:preflight",
+# backend.kind -> "module:OptionsClass"
+KINDS: dict[str, str] = {
+    "sim": "batchlab.backends.simulated:SimOptions",
+    "hf": "batchlab.backends.hf:HFOptions",
+    "hf-cb": "batchlab.backends.hf_cb:HFCBOptions",
+    "openai": "batchlab.backends.openai:OpenAIOptions",
 }
+GROUP = "batchlab.backends"
+_loaded: dict[str, type[BackendOptions]] = {}
+
+
+def register(options: type[BackendOptions]) -> type[BackendOptions]:
+    """Make `options` (a BackendOptions subclass with `kind: Literal["name"]`) a backend kind."""
+    kind = options.model_fields["kind"].default
+    if not (isinstance(options, type) and issubclass(options, BackendOptions)) or not isinstance(kind, str):
+        raise TypeError(f"{options!r} is not a BackendOptions subclass with a default kind")
+    _loaded[kind] = options
+    return options
+
+
+def unregister(kind: str) -> None:
+    """Forget a kind registered at run time (a test's)."""
+    _loaded.pop(kind, None)
+
+
+def kinds() -> dict[str, type[BackendOptions]]:
+    """Every registered kind's config model, built-in kinds first."""
+    for kind, target in KINDS.items():
+        if kind not in _loaded:
+            module, name = target.split(":")
+            register(getattr(importlib.import_module(module), name))
+    for ep in entry_points(group=GROUP):
+        if ep.name not in _loaded:
+            try:
+                register(ep.load())
+            except Exception as e:      # another package's plugin must not break every command
+                raise ConfigError(f"backend kind '{ep.name}' ({ep.value}) could not be loaded: {type(e).__name__}: {e}") from None
+    order = list(KINDS) + sorted(k for k in _loaded if k not in KINDS)
+    return {k: _loaded[k] for k in order if k in _loaded}
 
 
 def make_backend(cfg: RunConfig) -> Backend:
-    factory: Callable[[RunConfig], Backend] = _load(cfg.backend.kind, BACKENDS[cfg.backend.kind])
-    return factory(cfg)
-
-
-def preflight(cfg: RunConfig) -> list[str]:
-    """Check everything a run will read, before its first file is written: the preset or
-    profile, the trace or ShareGPT files (row by row, and the per-point caps with real lengths),
-    the model path or hub cache, the server and its model list. Raises ConfigError (one line)
-    on the first problem; returns warning lines (keys the backend ignores, unchecked facts)."""
-    warnings = config_warnings(cfg)
-    warnings += check_inputs(cfg.traffic)
-    if cfg.backend.kind == "sim":
-        _check_cost(cfg)
-    else:
-        warnings += _load(cfg.backend.kind, PREFLIGHTS[cfg.backend.kind])(cfg)
-    return warnings
-
-
-def _check_cost(cfg: RunConfig) -> None:
-    """The simulator's step-time model: a known preset, or a profile whose numbers are usable."""
-    from batchlab.backends.presets import load_cost
-    cost = load_cost(cfg.backend.preset, cfg.backend.profile)
-    for f in fields(cost):
-        v = getattr(cost, f.name)
-        if f.type in ("float", "int") and not (isinstance(v, int | float) and not isinstance(v, bool)
-                                               and math.isfinite(v) and v >= 0):
-            raise ConfigError(f"{cfg.backend.profile}: {f.name} must be a finite number >= 0 (got {v!r})")
-    if cost.kv_bytes_per_token <= 0:
-        raise ConfigError(f"{cfg.backend.profile}: kv_bytes_per_token must be > 0 (got {cost.kv_bytes_per_token!r})")
-
-
-def _load(kind: str, target: str):
-    module, name = target.split(":")
+    """The run's backend, built by its kind's config model."""
     try:
-        return getattr(importlib.import_module(module), name)
+        return cfg.backend.build(cfg)
     except ImportError as e:
-        extra = "serve" if kind == "openai" else "hf"
-        raise ConfigError(f"backend.kind '{kind}' needs the '{extra}' extra "
-                          f"(pip install 'batchlab[{extra}]'): {e}") from None
+        raise ConfigError(f"backend.kind '{cfg.backend.kind}' needs the '{cfg.backend.extra}' extra "
+                          f"(pip install 'batchlab[{cfg.backend.extra}]'): {e}") from None

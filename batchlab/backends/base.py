@@ -1,79 +1,110 @@
-"""The backend contract: every member any caller uses, declared here with its promise.
+"""The two backend roles, each a small contract: every member a caller uses, with its promise.
 
-Batching happens in one of two places, so there are two shapes:
-- We batch (simulator, Hugging Face): the driver (run/driver.py) hands a `BatchBackend` a whole
-  request-level batch (`run_batch`: padded, lockstep, to the longest output) and a `StepBackend`
-  one iteration over a running set that changes every step (`step`). Both stamp every token
-  through the clock they are given.
-- The server batches (an OpenAI-compatible endpoint, transformers' own continuous batching): a
-  `ServerBackend` receives the whole trace, sends each request at its planned arrival time and
+Batching happens in one of two places, so there are two roles:
+- An `Engine` is driven by batchlab: the driver (run/driver.py) hands it a whole request-level
+  batch (`run_batch`: padded, lockstep, to the longest output) or one iteration over a running set
+  that changes every step (`step`). It states its facts (levels, KV, vocabulary, context) in one
+  `EngineFacts`. The simulator and the Hugging Face engine are engines.
+- A `LoadTarget` batches for itself (an OpenAI-compatible server, transformers' own continuous
+  batching): it receives the whole trace, sends each request at its planned arrival time and
   stamps what comes back (`run_trace`); the send loop is written once, here.
-Every backend produces exactly `max_new_tokens` tokens per request (EOS ignored), so no strategy
-gets shorter answers. Callers never probe a backend with getattr/hasattr: what is not declared
-here is not part of the contract.
+Both stamp every token through the clock they are given and produce exactly `max_new_tokens`
+tokens per request (EOS ignored), so no strategy gets shorter answers. A backend kind's config
+model (`BackendOptions`) says which role it builds, and builds it. Callers never probe a backend
+with getattr/hasattr: what is not declared here is not part of the contract.
 """
 from __future__ import annotations
 
 import asyncio
 import re
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from pydantic import model_validator
+
 from batchlab.core.clock import Clock
+from batchlab.core.config import Model, RunConfig
 from batchlab.core.request import Request, Status
 from batchlab.core.traffic import TraceItem, make_requests
 from batchlab.core.work import MemoryBudget, Step
 
 SPIN_S = 0.0015          # the last stretch before a planned send is waited by yielding, not by a 1 ms timer
-FAIL_FAST_AFTER = 20     # a server run stops sending once this many first requests all failed the same way
+FAIL_FAST_AFTER = 20     # a load target stops sending once this many first requests all failed the same way
+ENGINE, TARGET = "engine", "load target"      # the two roles
 
 
 class OutOfMemory(RuntimeError):
     """The batch did not fit in the device's memory. Dynamic batching backs off and retries."""
 
 
+@dataclass(frozen=True)
+class Holds:
+    """What one point holds while it runs on a cluster, so two points never share what they measure."""
+    cpus: float = 1.0
+    gpus: float = 0.0
+    server: str | None = None      # a server's address: one point at a time is sent to it
+
+
+class BackendOptions(Model):
+    """A backend kind's config section (`backend:` with its `kind`); a subclass per kind, in the
+    kind's own module, registered in backends/__init__.py. It builds the backend and checks what
+    the backend will read before anything is written."""
+    kind: str
+    role: ClassVar[str] = ENGINE
+    """ENGINE or TARGET: what `build` returns."""
+    reads: ClassVar[dict[str, tuple[str, ...] | None]] = {}
+    """A load target: the scheduler sections (and keys, None: all) it honours; an engine reads every one."""
+    extra: ClassVar[str | None] = None
+    """The package extra the backend needs (pip install 'batchlab[extra]')."""
+    knob_keys: ClassVar[tuple[str, ...]] = ("model", "base_url")
+    """A load target: the backend keys that shape its runs, for CSV rows (the served model, and
+    where it is served; an engine's runs are shaped by its strategy's sections)."""
+    strategy: ClassVar[str] = "server"
+    """A load target: the strategy its runs are recorded under (its own batching)."""
+    title: ClassVar[str] = "Server-side"
+    """A load target: how a report names its batching at the start of a sentence."""
+    color: ClassVar[str] = "#CC79A7"
+    """A load target: its colour in every plot."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_secrets(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "api_key" in data:
+            raise ValueError("api_key is never read from a config file or --set (it would be written to "
+                             "config.yaml): export OPENAI_API_KEY, or put the key in another variable and name "
+                             "that variable with backend.api_key_env")
+        return data
+
+    def build(self, cfg: RunConfig) -> Backend:
+        """The backend for a run of `cfg` (heavy libraries are imported here, not at module level)."""
+        raise NotImplementedError
+
+    def preflight(self, cfg: RunConfig) -> list[str]:
+        """Check what the backend will read (a model path, a server) before anything is written:
+        raise ConfigError (one line) for what cannot work; return warning lines."""
+        return []
+
+    def holds(self, gpus_on_node: int, node_cpus: int) -> Holds:
+        """What one of its points holds on a cluster node with these (default: one CPU)."""
+        return Holds()
+
+    def replica_count(self) -> int:
+        """Engine replicas behind a router (run/replicas.py); 1: the engine alone."""
+        return 1
+
+    def model_names(self) -> tuple[str, ...]:
+        """The names `batchlab serve` answers to for this backend's model, by default."""
+        return ()
+
+
 class Backend(ABC):
-    """What the driver, a sweep point, the profiler and the server need from any backend."""
-
-    virtual_time: ClassVar[bool] = False
-    """True: runs on a VirtualClock (the simulator); False: on the RealClock."""
-
-    levels: ClassVar[frozenset[str]] = frozenset()
-    """Scheduler levels this backend executes: "request" (run_batch), "iteration" (step).
-    Empty for a backend that batches for itself (a ServerBackend)."""
-
-    runs_decode_windows: ClassVar[bool] = False
-    """True if `step()` honours `Step.repeat > 1` (the step, then decode steps of every row until
-    it has `max_new_tokens`, in one call; schedulers/decode_window.py) and sets `Step.repeat` to
-    the steps it ran, which may be fewer than offered; the driver only lets a scheduler offer
-    windows then."""
+    """What both roles share: setup facts, preparing a request, start and close, per-point facts."""
 
     def describe(self) -> dict[str, Any]:
         """Setup facts for reports (device, model, dtype, library versions); `model` names the
         model in every CSV row."""
         return {}
-
-    def memory_budget(self) -> MemoryBudget | None:
-        """KV budget for dynamic batching's memory trigger; None disables that trigger."""
-        return None
-
-    def num_kv_blocks(self, block_size: int) -> int | None:
-        """KV capacity in blocks when the config does not set `continuous.num_kv_blocks`."""
-        return None
-
-    def tokenizer(self) -> Any | None:
-        """The tokenizer a server encodes prompts and decodes outputs with; None if the backend
-        has none (the simulator: prompts are counted in words, outputs are placeholders)."""
-        return None
-
-    def max_context(self) -> int | None:
-        """Tokens of context (prompt + output) a request may use; None: no limit of its own."""
-        return None
-
-    def vocab_size(self) -> int | None:
-        """Token ids this backend accepts: a prompt given as ids must use 0..vocab_size-1 (a server
-        answers 400 otherwise). None: no vocabulary of its own (ids are not checked)."""
-        return None
 
     def prepare(self, request: Request) -> None:
         """Called once when a request is created (e.g. tokenize it). Raise ValueError if it is
@@ -86,57 +117,82 @@ class Backend(ABC):
     async def close(self) -> None:
         """Release resources (models, threads, connections). Safe to call more than once."""
 
-    def reset_peak_memory(self) -> None:
-        """Start a new peak-memory window (called before each measured run)."""
-
-    def peak_memory(self) -> dict[str, Any]:
-        """{'peak_mem_bytes': int, 'peak_mem_kind': str} for the window since the last reset, or {}."""
-        return {}
-
     def point_facts(self, measured_from: float, summary: dict[str, Any]) -> dict[str, Any]:
         """Backend-specific numbers about the point just run, for its summary row (e.g. the load
         generator's send lag, the step engine's efficiency); `measured_from` is the clock reading
         where the measured window began. {} if there are none."""
         return {}
 
+    def reset_peak_memory(self) -> None:
+        """Start a new peak-memory window (called before each measured run)."""
+
+    def peak_memory(self) -> dict[str, Any]:
+        """{'peak_mem_bytes': int, 'peak_mem_kind': str} for the window since the last reset, or {}
+        (a remote server's memory is not this process's)."""
+        return {}
+
+
+@dataclass(frozen=True)
+class EngineFacts:
+    """What an engine offers a scheduler and a server (read after `start`)."""
+    levels: frozenset[str]                 # "request" (run_batch) and/or "iteration" (step)
+    decode_windows: bool = False           # step() runs Step.repeat > 1 steps in one call (schedulers/decode_window.py)
+    kv_bytes_per_token: int | None = None  # 2 x layers x kv_heads x head_dim x dtype bytes
+    kv_budget_bytes: int | None = None     # memory for the KV cache (None: no limit of its own)
+    vocab_size: int | None = None          # a prompt given as ids must use 0..vocab_size-1 (None: unchecked)
+    max_context: int | None = None         # tokens of context (prompt + output) a request may use (None: no limit)
+
+    @property
+    def memory(self) -> MemoryBudget | None:
+        """The KV budget dynamic batching's memory trigger uses; None disables that trigger."""
+        if self.kv_budget_bytes is None or not self.kv_bytes_per_token:
+            return None
+        return MemoryBudget(self.kv_budget_bytes, self.kv_bytes_per_token)
+
+    def num_kv_blocks(self, block_size: int) -> int | None:
+        """KV capacity in blocks of `block_size` tokens, when the config sets none."""
+        m = self.memory
+        return None if m is None else max(1, m.budget_bytes // (block_size * m.kv_bytes_per_token))
+
+
+class Engine(Backend):
+    """A backend batchlab drives: request-level batches, iteration-level steps, or both."""
+
+    virtual_time: ClassVar[bool] = False
+    """True: runs on a VirtualClock (the simulator); False: on the RealClock. A class fact: the
+    clock is chosen before the engine starts."""
+
+    @abstractmethod
+    def facts(self) -> EngineFacts:
+        """What this engine offers (after `start`: a model's memory is known once it is loaded)."""
+
+    def tokenizer(self) -> Any | None:
+        """The tokenizer a server encodes prompts and decodes outputs with; None if the engine
+        has none (the simulator: prompts are counted in words, outputs are placeholders)."""
+        return None
+
     async def run_batch(self, requests: list[Request], clock: Clock) -> None:
         """Run a request-level batch to completion: stamp exactly `max_new_tokens` tokens on every
         request. Raise OutOfMemory if it does not fit; any other exception fails the whole batch.
-        Only called when "request" is in `levels`."""
+        Only called when "request" is in the facts' levels."""
         raise NotImplementedError(f"{type(self).__name__} does not run request-level batches")
 
-    async def step(self, step: Step, clock: Clock) -> None:
+    async def step(self, step: Step, clock: Clock) -> int:
         """One forward pass over `step.chunks`: every request whose computed tokens reach its
         `num_tokens` gets one new token stamped at the step's end. Leaves `num_computed_tokens`
-        to the scheduler. Only called when "iteration" is in `levels`."""
+        to the scheduler. With `step.repeat` > 1 (only if the facts say `decode_windows`), up to
+        that many steps, stopping after the first that ends at or after `step.until`. Returns the
+        steps run. Only called when "iteration" is in the facts' levels."""
         raise NotImplementedError(f"{type(self).__name__} does not run iteration-level steps")
 
     def release(self, request: Request) -> None:
         """Free engine-side state (KV) of a finished, failed, cancelled or preempted request.
-        A no-op for backends that keep none."""
+        A no-op for engines that keep none."""
 
 
-class BatchBackend(Backend):
-    """A backend that runs request-level batches (`run_batch`)."""
-
-    levels = frozenset({"request"})
-
-    @abstractmethod
-    async def run_batch(self, requests: list[Request], clock: Clock) -> None: ...
-
-
-class StepBackend(Backend):
-    """A backend that runs iteration-level steps (`step`)."""
-
-    levels = frozenset({"iteration"})
-
-    @abstractmethod
-    async def step(self, step: Step, clock: Clock) -> None: ...
-
-
-class ServerBackend(Backend):
-    """The server batches: requests go out at their planned arrival times, one task each, and
-    come back stamped. Subclasses say how one request is sent (`send`) over what session."""
+class LoadTarget(Backend):
+    """The target batches for itself: requests go out at their planned arrival times, one task
+    each, and come back stamped. Subclasses say how one request is sent (`send`) over what session."""
 
     lead_s: ClassVar[float] = 0.0
     """The first planned arrival is this far after the start, so it can be sent on time."""
@@ -193,6 +249,10 @@ class ServerBackend(Backend):
     async def settle(self, session: Any, clock: Clock) -> None:
         """After every send task returned: wait for results still in flight (a manager that
         streams into handlers). Default: nothing left."""
+
+    def vocab_size(self) -> int | None:
+        """Token ids a prompt may use (None: unknown; prompts then use ids every vocabulary has)."""
+        return None
 
 
 async def wait_until(clock: Clock, t: float) -> None:

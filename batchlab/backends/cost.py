@@ -29,7 +29,7 @@ from batchlab.errors import ConfigError
 # told apart from step times, so a fit reports their sum as overhead_s (weight_s = 0).
 COEFFS = ("overhead_s", "kv_s_per_token", "prefill_s_per_token", "decode_s_per_row", "prefill_step_s",
           "attn_s_per_pair", "admit_s", "warmup_s")
-# The terms added by issue 13 (each measured with and without on held-out traffic, see README):
+# The terms added after the first five (each measured with and without on held-out traffic):
 # zero in presets and in profiles fitted before them, so those simulate exactly as they did.
 LATER_TERMS = ("attn_s_per_pair", "admit_s", "warmup_s")
 WARM_STEPS = 32            # request-level decode steps over which a call's warm-up fades out
@@ -145,3 +145,11 @@ class StepCost:
             return cls(**fields)
         except (json.JSONDecodeError, TypeError) as e:
             raise ConfigError(f"{p}: not a batchlab profile: {e}") from None
+
+
+def linear_cost(step_ms: float, per_seq_ms: float) -> StepCost:
+    """The simplest step-time model, t(b) = step_ms + b x per_seq_ms per step with b sequences
+    running (prompt and context tokens free), with no memory limit."""
+    return StepCost(step_ms / 1e3, 0.0, 0.0, 0.0, per_seq_ms / 1e3, kv_bytes_per_token=1,
+                    kv_budget_bytes=1 << 50, name="linear",
+                    description=f"linear: {step_ms:g} ms + {per_seq_ms:g} ms per sequence")

@@ -21,7 +21,6 @@ import numpy as np
 import torch
 
 from batchlab.backends import random_model
-from batchlab.backends.base import Backend
 from batchlab.backends.hf_hub import check_model, hub_cache_dir, hub_reachable
 from batchlab.backends.tiny import TINY_ALIAS, resolve_model
 from batchlab.core.config import one_line
@@ -258,15 +257,18 @@ def tokenize_checked(request, lm) -> None:
     request.prompt_token_ids = prompt_ids(request, lm.tokenizer, len(lm.tokenizer))
 
 
-class ModelBackend(Backend):
-    """What both HF backends (`hf`, `hf-cb`) share: a model loaded once through
-    `from_pretrained`, its peak-memory window, and tokenizing each request at submission."""
+class LoadedModel:
+    """What both HF backends (`hf`, `hf-cb`) hold: a model loaded once through `from_pretrained`
+    (or handed in by a test or benchmark), its peak-memory window, and tokenizing each request at
+    submission. A part of each backend, not a backend itself."""
 
-    cfg: Any                               # BackendConfig
-    loaded: Loaded | None = None           # may be handed in (tests, benchmarks)
-    peak: PeakMemory | None = None
+    def __init__(self, cfg: Any, loaded: Loaded | None = None):
+        self.cfg = cfg                         # the kind's options (backends/hf.py)
+        self.loaded = loaded
+        self.peak: PeakMemory | None = None
 
-    def _ensure_loaded(self) -> Loaded:
+    def get(self) -> Loaded:
+        """The model, loaded on first use; a model that cannot be loaded is one ConfigError line."""
         if self.loaded is None:
             try:
                 self.loaded = load(self.cfg)
@@ -278,7 +280,7 @@ class ModelBackend(Backend):
         return self.loaded
 
     def reset_peak_memory(self) -> None:
-        self._ensure_loaded()
+        self.get()
         self.peak.reset()
 
     def peak_memory(self) -> dict[str, Any]:
@@ -286,13 +288,10 @@ class ModelBackend(Backend):
 
     def prepare(self, request) -> None:
         """Tokenize once, at submission. A prompt must be non-empty and fit the context."""
-        tokenize_checked(request, self._ensure_loaded())
+        tokenize_checked(request, self.get())
 
-    def tokenizer(self) -> Any:
-        return self._ensure_loaded().tokenizer
-
-    def max_context(self) -> int:
-        return context_length(self._ensure_loaded().model)
-
-    def vocab_size(self) -> int:
-        return len(self._ensure_loaded().tokenizer)
+    def unload(self) -> torch.device | None:
+        """Forget the model (and its peak window); returns the device it was on, if any."""
+        dev = self.loaded.device if self.loaded is not None else None
+        self.loaded, self.peak = None, None
+        return dev

@@ -47,7 +47,6 @@ class StepRecord:
 class StepEngine:
     """Runs `Step`s of the continuous scheduler on `model`; `step_log` keeps one record per pass."""
 
-    runs_decode_windows = True             # see batchlab/schedulers/decode_window.py
 
     def __init__(self, model, tokenizer=None, device=None, compile: bool = False):
         cfg = model.config.get_text_config()
@@ -73,9 +72,10 @@ class StepEngine:
             if self.device.type == "cuda":
                 self.decode = hcomp.GraphedDecode(model, self.suppress, run=self.decode)
 
-    async def step(self, step: Step, clock: Clock) -> None:
-        """One forward pass over `step.chunks`; stamps a greedy token on every row that reached
-        its end. Leaves `num_computed_tokens` to the scheduler."""
+    async def step(self, step: Step, clock: Clock) -> int:
+        """One forward pass over `step.chunks` (a decode window: up to `step.repeat`); stamps a
+        greedy token on every row that reached its end; returns the passes run. Leaves
+        `num_computed_tokens` to the scheduler."""
         start = clock.now()
         gap = 0.0 if self._last_end is None else max(0.0, start - self._last_end)
         repeat = step.repeat
@@ -94,8 +94,6 @@ class StepEngine:
         if step.cache is not None:
             with torch.inference_mode():
                 self.prefix.after(step.cache, self.cache)
-        if repeat > 1 or step.repeat > 1:
-            step.repeat = len(passes)          # tell the scheduler how many steps ran
         for r, n in step.chunks:
             self.cache.lengths[self.cache.slot_of[r]] = r.num_computed_tokens + n * len(passes)
         prefill = sum(n for _, n in step.chunks if n > 1)
@@ -107,6 +105,7 @@ class StepEngine:
             start, gap = end, 0.0
         if passes:
             self._last_end = passes[-1][1]
+        return len(passes)
 
     async def warm(self, rows: int, clock: Clock, prompt: int = 8) -> None:
         """With compile on: build the decode graphs of every rows bucket up to `rows` now (at

@@ -1,9 +1,9 @@
 """Presets of the step-time model (backends/cost.py): coefficients from a model shape and a device.
 
-For a memory-bound decode the model is the seed's t_step(B) ~ (W_bytes + B*T*c_kv) / BW: the
+For a memory-bound decode the model is t_step(B) ~ (W_bytes + B*T*c_kv) / BW: the
 weights are read once per step whatever the batch, every row's KV is read, prompt tokens cost
 compute. A preset derives the coefficients with stated efficiencies; `toy` sets them directly
-(the seed toy simulator's constants). A measured profile (calibrate/profile.py) is the same
+(a linear toy model's constants, kept for the four-mode comparison). A measured profile (calibrate/profile.py) is the same
 `StepCost`, saved as JSON.
 Every preset says what kind it is (`kind`, shown in setup.json and the report): a roofline
 estimate from datasheet numbers, or measured. A profile JSON dropped into
@@ -12,8 +12,9 @@ batchlab/data/presets/<name>.json becomes preset <name> of kind "measured" besid
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 from batchlab.backends.cost import COEFFS, StepCost
@@ -73,10 +74,10 @@ H200 = Device("H200 (141 GB)", mem_bw=4.8e12, flops=989e12, memory_bytes=141 * G
 
 
 def _toy() -> StepCost:
-    # The seed toy's constants: 0.5 ms per decode token, 0.04 ms per prefill token,
+    # A linear toy model: 0.5 ms per decode token, 0.04 ms per prefill token,
     # 0.2 ms per step, 1800 KV blocks of 16 tokens (budget expressed at 1 byte per token).
     return StepCost(2e-4, 0.0, 0.0, 4e-5, 5e-4, kv_bytes_per_token=1, kv_budget_bytes=1800 * 16,
-                    name="toy", description="linear: the seed toy simulator's cost constants")
+                    name="toy", description="linear: toy constants (0.2 ms per step, 0.04 ms per prompt token, 0.5 ms per decode row)")
 
 
 MEASURED_DIR = Path(__file__).resolve().parents[1] / "data" / "presets"
@@ -150,6 +151,19 @@ def load_cost(preset: str, profile: str | None = None) -> StepCost:
     if preset not in PRESETS:
         raise ConfigError(f"backend.preset: unknown preset {preset!r} (choose from {', '.join(PRESETS)})")
     return PRESETS[preset].build()
+
+
+def check_cost(preset: str, profile: str | None = None) -> StepCost:
+    """The step-time model a run will use, refused in one line unless every number is usable."""
+    cost = load_cost(preset, profile)
+    for f in fields(cost):
+        v = getattr(cost, f.name)
+        if f.type in ("float", "int") and not (isinstance(v, int | float) and not isinstance(v, bool)
+                                               and math.isfinite(v) and v >= 0):
+            raise ConfigError(f"{profile}: {f.name} must be a finite number >= 0 (got {v!r})")
+    if cost.kv_bytes_per_token <= 0:
+        raise ConfigError(f"{profile}: kv_bytes_per_token must be > 0 (got {cost.kv_bytes_per_token!r})")
+    return cost
 
 
 def term_ratios(estimate: StepCost, measured: StepCost) -> dict[str, dict[str, float | None]]:

@@ -10,27 +10,82 @@ from __future__ import annotations
 
 import math
 import sys
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import numpy as np
+from pydantic import Field, model_validator
 
-from batchlab.backends.base import Backend, OutOfMemory
-from batchlab.backends.cost import StepCost, attention_pairs, warm_weight
+from batchlab.backends.base import BackendOptions, Engine, EngineFacts, OutOfMemory
+from batchlab.backends.cost import StepCost, attention_pairs, linear_cost, warm_weight
 from batchlab.backends.presets import DEFAULT_VOCAB_SIZE, preset_kind
 from batchlab.core.breakdown import charge_stall
 from batchlab.core.clock import Clock, VirtualClock
+from batchlab.core.config import INPUT_FILE, Model, identity_role
 from batchlab.core.request import Request
-from batchlab.core.work import MemoryBudget, Step
+from batchlab.core.work import Step
 
 
-class SimulatedBackend(Backend):
+class LinearModel(Model):
+    """t(b) = step_ms + b x per_seq_ms for a step with b sequences running (prompt and context
+    tokens free), with no memory limit: the arithmetic of a back-of-the-envelope sizing."""
+    step_ms: Annotated[float, Field(gt=0, le=1e6)]
+    """Every step's fixed cost, milliseconds."""
+    per_seq_ms: Annotated[float, Field(ge=0, le=1e6)] = 0.0
+    """What each running sequence adds to a step, milliseconds."""
+
+
+class SimOptions(BackendOptions):
+    """The simulator: every step charged by the step-time model, in virtual time."""
+    kind: Literal["sim"] = "sim"
+    preset: str = "llama2-7b-a100"
+    """A model and device preset (backends/presets.py), or a measured one from batchlab/data/presets/."""
+    profile: str | None = identity_role(INPUT_FILE)
+    """A measured step-time profile (JSON, `batchlab profile`) instead of the preset."""
+    replicas: Annotated[int, Field(gt=0, le=1024)] = 1
+    """Replicas behind a router."""
+    router: Literal["round_robin", "least_outstanding", "cache_aware"] = "round_robin"
+    """How requests are spread over the replicas."""
+    linear: LinearModel | None = None
+    """A linear step-time model instead of the preset or profile."""
+
+    @model_validator(mode="after")
+    def _one_model(self):
+        if self.linear is not None and self.profile is not None:
+            raise ValueError("give backend.profile or backend.linear, not both")
+        return self
+
+    def cost(self) -> StepCost:
+        """The step-time model these options name: linear, a profile, or the preset."""
+        from batchlab.backends.presets import load_cost
+        if self.linear is not None:
+            return linear_cost(self.linear.step_ms, self.linear.per_seq_ms)
+        return load_cost(self.preset, self.profile)
+
+    def build(self, cfg) -> SimulatedBackend:
+        from batchlab.backends.presets import load_vocab_size
+        return SimulatedBackend(self.cost(), vocab_size=load_vocab_size(self.preset, self.profile))
+
+    def preflight(self, cfg) -> list[str]:
+        from batchlab.backends.presets import check_cost
+        if self.linear is None:
+            check_cost(self.preset, self.profile)
+        return []
+
+    def replica_count(self) -> int:
+        return self.replicas
+
+    def model_names(self) -> tuple[str, ...]:
+        return (self.preset,)
+
+
+class SimulatedBackend(Engine):
     virtual_time = True
-    levels = frozenset({"request", "iteration"})
-    runs_decode_windows = True      # see _window
 
-    def __init__(self, cost: StepCost, enforce_memory: bool = True, vocab_size: int = DEFAULT_VOCAB_SIZE):
+    def __init__(self, cost: StepCost, enforce_memory: bool = True, vocab_size: int = DEFAULT_VOCAB_SIZE,
+                 decode_windows: bool = True):
         self.cost = cost
         self.enforce_memory = enforce_memory
+        self.decode_windows = decode_windows   # False: one step per call (bit-identical, slower; tests compare the two)
         self.vocab = vocab_size     # token ids a prompt may use (the preset's model's vocabulary)
         self.steps = 0              # forward passes charged so far
         self.busy_s = 0.0           # simulated seconds spent in steps
@@ -47,14 +102,10 @@ class SimulatedBackend(Backend):
         return {"backend": "sim", "device": self.cost.description or self.cost.name,
                 "model": self.cost.name, "dtype": "simulated", "preset_kind": preset_kind(self.cost)}
 
-    def memory_budget(self) -> MemoryBudget:
-        return MemoryBudget(self.cost.kv_budget_bytes, self.cost.kv_bytes_per_token)
-
-    def vocab_size(self) -> int:
-        return self.vocab
-
-    def num_kv_blocks(self, block_size: int) -> int:
-        return max(1, self.cost.kv_budget_bytes // (block_size * self.cost.kv_bytes_per_token))
+    def facts(self) -> EngineFacts:
+        return EngineFacts(frozenset({"request", "iteration"}), decode_windows=self.decode_windows,   # see _window
+                           kv_bytes_per_token=self.cost.kv_bytes_per_token,
+                           kv_budget_bytes=self.cost.kv_budget_bytes, vocab_size=self.vocab)
 
     def batch_step_times(self, prompt_lens: list[int], output_lens: list[int]) -> np.ndarray:
         """Durations of each step of a padded request-level batch, as generate() runs it: every
@@ -90,7 +141,7 @@ class SimulatedBackend(Backend):
                 if i < r.max_new_tokens:
                     r.token_times.append(now)
 
-    async def step(self, step: Step, clock: Clock) -> None:
+    async def step(self, step: Step, clock: Clock) -> int:
         if step.repeat > 1:                    # a window, in one jump of the clock
             stamps, starting, shortest = self._window(step, clock.now())
             await clock.sleep_until(stamps[-1])
@@ -104,7 +155,7 @@ class SimulatedBackend(Backend):
                     r.token_times.extend(stamps if left >= ran else stamps[:left])
             for r, _ in starting:              # first token after a (re)prefill: decoding from now
                 self._stall_mark[r] = self._stall_clock
-            return
+            return len(stamps)
         context = prefill = decode = 0
         emit, prefilling, starting = [], [], []
         for r, n in step.chunks:               # NOTE: hot path; properties inlined
@@ -130,6 +181,7 @@ class SimulatedBackend(Backend):
             r.token_times.append(now)
         for r in starting:
             self._stall_mark[r] = self._stall_clock
+        return 1
 
     def _window(self, step: Step, start: float) -> tuple[list[float], list[tuple[Request, int]], int]:
         """The stamps of `step.repeat` steps from `start`: the step as scheduled (every row gets a
@@ -137,7 +189,7 @@ class SimulatedBackend(Backend):
         every row that still needs tokens; the rows that were prefilling; and the fewest tokens a
         row needed. Each step's time and stamp are what `step()` would compute, summed in the same
         order, so the results are bit-identical; the window ends after the first step reaching
-        `until`."""
+        `until`. `len(stamps)` is the steps it ran."""
         chunks = step.chunks
         rows = len(chunks)
         context = prefill = 0
@@ -160,8 +212,7 @@ class SimulatedBackend(Backend):
             stamps += self.cost.decode_ends(first, context + rows, rows, step.repeat - 1, until)
         elif first < until:
             stamps += self._past_finishes(chunks, first, step.repeat, until)
-        step.repeat = len(stamps)
-        self.steps += step.repeat
+        self.steps += len(stamps)
         self.busy_s += stamps[-1] - start
         return stamps, prefilling, shortest
 
@@ -213,9 +264,3 @@ class SimulatedBackend(Backend):
         mark = self._stall_mark.pop(request, None)
         if mark is not None:
             charge_stall(request, self._stall_clock - mark)
-
-
-def from_config(cfg) -> SimulatedBackend:
-    from batchlab.backends.presets import load_cost, load_vocab_size
-    preset, profile = cfg.backend.preset, cfg.backend.profile
-    return SimulatedBackend(load_cost(preset, profile), vocab_size=load_vocab_size(preset, profile))

@@ -20,7 +20,7 @@ from typing import Any
 import click
 from pydantic import ValidationError
 
-from batchlab.backends.openai import OpenAIBackend, api_key, check_server, served_models
+from batchlab.backends.openai_client import OpenAIBackend, api_key, check_server, served_models
 from batchlab.core.clock import RealClock
 from batchlab.core.config import SLOConfig, TrafficConfig, format_error
 from batchlab.core.limits import MAX_BATCH, MAX_LENGTH, MAX_REQUESTS_PER_POINT
@@ -134,7 +134,7 @@ def _levels(text: str) -> list[int]:
 @click.option("--model", default=None, help="Model name (default: the first one /v1/models lists).")
 @click.option("--concurrency", default="1,4,16,64", show_default=True, help="Closed loop: users per level.")
 @click.option("--per-user", default=1, show_default=True, type=click.IntRange(min=1, max=MAX_REQUESTS_PER_POINT),
-              help="Closed loop: requests each user sends (1 = the seed's one-shot burst).")
+              help="Closed loop: requests each user sends (1 = one burst of one request per user).")
 @click.option("--rate", type=click.FloatRange(min=0, min_open=True), multiple=True,
               help="Open loop: arrival rate in req/s (repeatable); replaces the closed loop.")
 @click.option("--arrival", type=click.Choice(["poisson", "gamma", "constant"]), default="poisson", show_default=True)

@@ -28,7 +28,7 @@ SATURATION = ("throughput_tok_s",)                           # judged where the 
 Z90 = 1.6448536269514722                                     # two-sided 90 %: the normal's 95th percentile
 COVERAGE = (0.85, 0.95)                                      # the interval is honest if it covers this often
 
-# metric -> (median bound, P90 bound or None): the issue's targets; p99 TTFT and throughput are
+# metric -> (median bound, P90 bound or None): the accuracy targets; p99 TTFT and throughput are
 # reported against the noise floor alone
 TARGETS = {"e2e_p50": (0.06, 0.10), "ttft_p50": (0.10, None), "tpot_p50": (0.10, None)}
 FLOOR_FACTOR = 1.5             # where the machine's own noise is larger, within 1.5x of it counts
@@ -87,7 +87,7 @@ def summary(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def verdict(metric: str, row: dict) -> dict:
-    """The issue's target for `metric`: each bound is met outright, or, where the machine's own
+    """The target for `metric`: each bound is met outright, or, where the machine's own
     noise at that percentile is larger than the bound, by an error within FLOOR_FACTOR x the noise."""
     if metric not in TARGETS:
         return {"target": "", "met": ""}

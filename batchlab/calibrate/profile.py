@@ -20,17 +20,17 @@ from typing import Any
 import click
 import numpy as np
 
-from batchlab.backends import make_backend
-from batchlab.backends.base import Backend
+from batchlab.backends import TARGET, make_backend
+from batchlab.backends.base import Engine
 from batchlab.backends.cost import COEFFS, StepCost, attention_pairs, warm_weight
 from batchlab.backends.presets import load_cost
 from batchlab.calibrate.fit import Fit, StepSample, fit_step_times
 from batchlab.core.clock import Clock, RealClock, VirtualClock
-from batchlab.core.config import ContinuousConfig, load_user_config
 from batchlab.core.request import Request
 from batchlab.errors import ConfigError, user_errors
+from batchlab.run.config import load_user_config
 from batchlab.run.driver import Inbox, drive
-from batchlab.schedulers import SCHEDULERS, ContinuousScheduler, level_of
+from batchlab.schedulers import SCHEDULERS, ContinuousConfig, ContinuousScheduler, scheduler_class
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,7 @@ def burst(rows: int, prompt: int, new: int, t0: float, tag: int) -> list[Request
     return [Request(f"profile{tag}-{i}", prompt, new, t0, index=tag * 1000 + i) for i in range(rows)]
 
 
-async def time_burst(backend: Backend, level: str, reqs: list[Request], clock: Clock) -> np.ndarray:
+async def time_burst(backend: Engine, level: str, reqs: list[Request], clock: Clock) -> np.ndarray:
     """Durations of the burst's steps, from the token stamps (step 0 is the prefill step)."""
     for r in reqs:
         backend.prepare(r)
@@ -71,7 +71,9 @@ async def time_burst(backend: Backend, level: str, reqs: list[Request], clock: C
     else:
         tokens = sum(r.prompt_len for r in reqs)
         cfg = ContinuousConfig(max_num_seqs=len(reqs), max_num_batched_tokens=max(tokens, 1))
-        await drive(ContinuousScheduler(cfg, num_kv_blocks=1 << 40), backend, clock, Inbox(reqs))
+        # NOTE: decode windows as in a run of a trace, where the engine runs them
+        windows = backend.facts().decode_windows
+        await drive(ContinuousScheduler(cfg, 1 << 40, windows=windows, finish_in_window=windows), backend, clock, Inbox(reqs))
     stamps = reqs[0].token_times
     if len(stamps) != reqs[0].max_new_tokens or any(r.token_times != stamps for r in reqs):
         raise RuntimeError("profile burst: rows did not step together; cannot read step times")
@@ -88,7 +90,7 @@ def step_features(level: str, rows: int, prompt: int, k: int) -> dict[str, float
             "warm": warm_weight(k) if level == "request" else 0.0}
 
 
-async def measure(backend: Backend, level: str, grid: Grid, clock: Clock, progress=None) -> list[StepSample]:
+async def measure(backend: Engine, level: str, grid: Grid, clock: Clock, progress=None) -> list[StepSample]:
     """Warm-up passes, then `repeats` passes over the grid; each step's median over the passes.
     NOTE: passes go round the whole grid rather than repeating one shape back to back, so a burst
     of noise from another process spreads over many shapes and the medians shrug it off."""
@@ -113,13 +115,13 @@ async def measure(backend: Backend, level: str, grid: Grid, clock: Clock, progre
     return samples
 
 
-def profile_backend(backend: Backend, strategy: str, grid: Grid = Grid(), progress=None) -> Profile:
+def profile_backend(backend: Engine, strategy: str, grid: Grid = Grid(), progress=None) -> Profile:
     """Measure `backend` on the path `strategy` uses, fit, and return the calibrated StepCost."""
-    level = level_of(strategy)
+    level = scheduler_class(strategy).level
     clock: Clock = VirtualClock() if backend.virtual_time else RealClock()
     samples = clock.run(measure(backend, level, grid, clock, progress))
     fit = fit_step_times(samples)
-    mem = backend.memory_budget()
+    mem = backend.facts().memory
     base = StepCost(0, 0, 0, 0, 0, kv_bytes_per_token=mem.kv_bytes_per_token if mem else 1,
                     kv_budget_bytes=mem.budget_bytes if mem else 1 << 50)
     described = backend.describe()
@@ -255,7 +257,7 @@ def _profile_main(config, overrides, preset, strategy, batch_sizes, contexts, pr
         prof = profile_backend(backend, strategy, grid, progress=lambda m: click.echo(f"  {m}"))
         # NOTE: other processes' load is the main error source on a shared machine: keep it with the data.
         setup = backend.describe() | {"load_avg_1min": [load_before, os.getloadavg()[0]], "cpu_count": os.cpu_count()}
-        vocab = backend.vocab_size()
+        vocab = backend.facts().vocab_size
     finally:
         asyncio.run(backend.close())
     save(prof, path, setup, grid, vocab)
@@ -272,6 +274,6 @@ def _profile_main(config, overrides, preset, strategy, batch_sizes, contexts, pr
 
 def _load(config, overrides, strategy):
     cfg = load_user_config(config, overrides)
-    if cfg.backend.kind in ("openai", "hf-cb"):
+    if cfg.backend.role == TARGET:
         raise ConfigError(f"backend.kind '{cfg.backend.kind}' batches for itself: profile 'hf' or 'sim' backends")
     return cfg.model_copy(update={"strategies": [strategy]})

@@ -26,20 +26,25 @@ import click
 import numpy as np
 import pandas as pd
 
-from batchlab.backends import make_backend
+from batchlab.backends import TARGET, make_backend
 from batchlab.backends.cost import COEFFS, StepCost
-from batchlab.backends.simulated import SimulatedBackend
+from batchlab.backends.simulated import SimOptions, SimulatedBackend
 from batchlab.calibrate import accuracy
 from batchlab.core.clock import RealClock, VirtualClock
-from batchlab.core.config import RunConfig, load_config
+from batchlab.core.config import RunConfig
 from batchlab.core.sustain import saturated_tokens
 from batchlab.core.traffic import build_trace, burst_trace
 from batchlab.errors import ConfigError, RunFailed, user_errors
+from batchlab.run.config import load_config
 from batchlab.run.executors import Executor, LocalExecutor, make_executor
 from batchlab.run.point import run_point
 from batchlab.run.schema import summary_row
 from batchlab.run.sweep import points, run_sweep
-from batchlab.schedulers import level_of
+from batchlab.schedulers import scheduler_class
+
+
+def level_of(strategy: str) -> str:
+    return scheduler_class(strategy).level
 
 KEY = ["strategy", "rate", "repeat"]
 TIME_TERMS = ("overhead_s", "weight_s") + COEFFS[1:]       # every step-time coefficient a profile can hold
@@ -86,9 +91,8 @@ def sim_cost(cfg: RunConfig, cost: StepCost, scale: float = 1.0) -> StepCost:
     budget, so memory triggers match."""
     if scale != 1.0:
         cost = replace(cost, **{k: scale * getattr(cost, k) for k in TIME_TERMS})
-    if cfg.backend.memory_budget_bytes:
-        return replace(cost, kv_budget_bytes=cfg.backend.memory_budget_bytes)
-    return cost
+    budget = cfg.backend.model_dump().get("memory_budget_bytes")     # the real kind's key, if it has one
+    return replace(cost, kv_budget_bytes=budget) if budget else cost
 
 
 # the simulated sides: the calibrated replay, and the same with every step cost 1 -+ sigma
@@ -119,7 +123,7 @@ def simulate_points(cfg: RunConfig, real: pd.DataFrame, profiles: dict[str, Prof
 
 def sim_point(cfg: RunConfig, strategy: str, rate: float, repeat: int, path: str, cost: StepCost) -> dict:
     """One real point's trace on the simulator with step costs `cost`: its summary row (a pure function)."""
-    sim_cfg = cfg.model_copy(update={"backend": cfg.backend.model_copy(update={"kind": "sim", "profile": path, "replicas": 1})})
+    sim_cfg = cfg.model_copy(update={"backend": SimOptions(profile=path)})
     trace = build_trace(cfg.traffic, rate, repeat)
     res = run_point(sim_cfg, strategy, rate, repeat, SimulatedBackend(cost), trace)
     return summary_row(sim_cfg, strategy, rate, repeat, cost.name, res.summary, {"profile": path, **res.meta})
@@ -127,7 +131,7 @@ def sim_point(cfg: RunConfig, strategy: str, rate: float, repeat: int, path: str
 
 def saturation_burst(cfg: RunConfig, strategy: str):
     """Six full batches of the workload's own requests, arriving at once (at least 64): (rate, trace)."""
-    return burst_trace(cfg.traffic, max(64, 6 * cfg.batch_rows(strategy)))
+    return burst_trace(cfg.traffic, max(64, 6 * scheduler_class(strategy).batch_rows(cfg)))
 
 
 def saturation(cfg: RunConfig, profiles: dict[str, Profile], path: Path, noise: bool, real: "LentBackend",
@@ -370,7 +374,7 @@ def validate_cmd(config, profiles, overrides, out, executor):
         if not Path(p).is_file():
             raise ConfigError(f"--profile: file not found: {p}")
     cfg = load_config(config, list(overrides) + ([f"executor.kind={executor}"] if executor else []))
-    if cfg.backend.kind in ("openai", "hf-cb"):
+    if cfg.backend.role == TARGET:
         raise ConfigError(f"backend.kind '{cfg.backend.kind}' batches for itself; validate 'hf' (or 'sim') backends")
     load_profiles(list(profiles))
     out_dir = Path(out)

@@ -26,11 +26,13 @@ class Step:
     # completes its prompt) and nothing could change the batch for a while, the scheduler may
     # offer `repeat` steps in a row: this one, then decodes of every chunk until it has all its
     # tokens. A backend that runs them (the simulator) stops early after the first step ending at
-    # or after `until` (the next arrival) and sets `repeat` to the steps it ran. Results are
-    # identical to stepping one at a time; it only saves bookkeeping per step.
+    # or after `until` (the next arrival) and returns the steps it ran, which the driver records
+    # in `ran` before handing the step back. Results are identical to stepping one at a time; it
+    # only saves bookkeeping per step.
     repeat: int = 1
     until: float | None = None
     booked: int = 1                   # steps the scheduler booked KV blocks for (the offer)
+    ran: int = 1                      # steps the backend ran (set by the driver)
     cache: CacheOps | None = None     # prefix caching on: what a KV-keeping backend must do
 
     @property

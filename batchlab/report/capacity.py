@@ -5,8 +5,8 @@ A tested rate is sustained when core/sustain.py's rule holds on the medians over
 ATTAINMENT of the measured requests meet every threshold (a failed request meets none), and
 requests completed per second (first arrival to last completion, summary.csv's requests_per_s)
 reach SERVED × the rate offered (arrivals per second over the arrival window). The rule lives in
-core so the tuner and the capacity search ask the same question (docs: DESIGN.md, measured with
-vLLM's comparison). Without an SLO only the throughput condition applies.
+core so the tuner and the capacity search ask the same question. Without an SLO only the
+throughput condition applies.
 A strategy's capacity is the highest sustained tested rate; `limit` says what broke at the next
 rate up (which SLO metric, or the throughput), so a knee is never unexplained.
 """

@@ -18,10 +18,10 @@ import pandas as pd
 
 from batchlab.core.metrics import percentile, tenant_fairness
 from batchlab.report import fmt
+from batchlab.run.strategies import info
 
 METRICS = ("ttft_p50", "ttft_p99", "tpot_p50", "e2e_mean", "e2e_p99", "slo_met", "goodput")
 COLUMNS = ["strategy", "rate", "repeat", "class", "requests", "failed", *METRICS]
-BASELINES = ("naive", "dynamic", "continuous", "server")
 
 
 def has_classes(rows: pd.DataFrame | None) -> bool:
@@ -153,10 +153,9 @@ def _sec(v: float) -> str:
 
 
 def policy_pairs(strategies: list[str]) -> list[tuple[str, str]]:
-    """(policy, continuous) for every policy run beside FCFS continuous batching."""
-    if "continuous" not in strategies:
-        return []
-    return [(s, "continuous") for s in strategies if s not in BASELINES]
+    """(policy, the strategy it is compared with) for every policy run beside that strategy
+    (priority, sjf, vtc and your own beside FCFS continuous batching)."""
+    return [(s, info(s).compared_with) for s in strategies if info(s).compared_with in strategies]
 
 
 def class_verdict(table: pd.DataFrame | None, strategies: list[str], rate: float) -> list[str]:

@@ -27,22 +27,21 @@ from matplotlib.ticker import FuncFormatter  # noqa: E402
 from batchlab.report import stats  # noqa: E402
 from batchlab.report.fmt import RATE_UNIT, num
 from batchlab.report.fmt import rate as rate_text  # noqa: E402
+from batchlab.run.strategies import info  # noqa: E402
 
 # NOTE: Okabe-Ito, a palette whose colours stay apart under every common colour-vision deficiency;
 # every plot takes a strategy's colour from here.
 OKABE_ITO = {"orange": "#E69F00", "sky": "#56B4E9", "green": "#009E73", "yellow": "#F0E442",
              "blue": "#0072B2", "vermillion": "#D55E00", "purple": "#CC79A7", "grey": "#999999"}
-COLORS = {"naive": OKABE_ITO["vermillion"], "dynamic": OKABE_ITO["green"], "continuous": OKABE_ITO["blue"],
-          "server": OKABE_ITO["purple"], "priority": OKABE_ITO["orange"], "sjf": OKABE_ITO["sky"],
-          "vtc": OKABE_ITO["grey"]}
 PCT_STYLE = {50: "-", 90: "--", 99: ":"}
 STYLE = {"font.size": 11, "axes.titlesize": 12, "axes.labelsize": 11, "legend.fontsize": 10,
          "figure.titlesize": 14, "axes.grid": True, "grid.alpha": 0.3, "figure.dpi": 100}
 
 
 def color(strategy: str) -> str:
+    """The strategy's own colour (each declares one from OKABE_ITO), else one picked from its name."""
     extra = [OKABE_ITO[k] for k in ("orange", "sky", "yellow", "grey")]
-    return COLORS.get(strategy, extra[sum(map(ord, strategy)) % len(extra)])   # NOTE: hash() varies per process
+    return info(strategy).color or extra[sum(map(ord, strategy)) % len(extra)]   # NOTE: hash() varies per process
 
 
 def save(fig, path: Path) -> Path:

@@ -3,7 +3,7 @@
 A request is queued from arrival until it is first scheduled and running from then until its
 last token, so queue depth and running set are step functions built from those stamps.
 Request-level batches share a `scheduled_time`, which recovers each batch: its size B, its
-longest output and prompt, hence the seed's useful decode work sum(o_i) / (B x max o_i).
+longest output and prompt, hence the useful share of decode work sum(o_i) / (B x max o_i).
 A burst (traffic.rate_step) is judged against the run before it: peak queue depth, time until
 the windowed p99 TTFT is back to the baseline p99 for good, and seconds spent missing the SLO.
 Every function here copes with a run where nothing finished, or nothing arrived: an empty

@@ -18,10 +18,7 @@ import pandas as pd
 
 from batchlab.report import capacity, fmt, stats
 from batchlab.report.capacity import Capacity
-
-NAMES = {"naive": "Naive", "dynamic": "Dynamic", "continuous": "Continuous", "server": "Server-side",
-         "priority": "Priority", "sjf": "Shortest-job-first", "vtc": "VTC fair-share"}
-LEADS = {"sjf": "SJF", "vtc": "VTC"}      # a strategy's name opening a sentence (acronyms stay upper case)
+from batchlab.run.strategies import info
 
 
 def _comparable(row: pd.Series) -> bool:
@@ -79,7 +76,7 @@ def compare_line(cmp: pd.DataFrame, a: str, b: str, rate: float, setup: dict,
     over = [s for s in (a, b) if (s, float(rate)) in past]
     caveat = (f"; {' and '.join(over)} {'were' if len(over) > 1 else 'was'} past capacity there, so "
               f"{'their' if len(over) > 1 else 'its'} latencies grow with the run's length") if over else ""
-    return (f"{NAMES.get(a, a)} batching {thr} and {lat} compared to {b} batching "
+    return (f"{info(a).title} batching {thr} and {lat} compared to {b} batching "
             f"at {fmt.rate(rate)}{_burst_text(step).removesuffix(',')}{where(setup)}{caveat}{_failure_counts(at.loc['e2e_p50'], a, b)}.")
 
 
@@ -131,7 +128,7 @@ def headline(caps: dict[str, Capacity], slo: dict, step: dict | None = None) -> 
         if c.rate is None:
             return "none"
         return f"≥ {fmt.num(c.rate)}{unit} (highest tried)" if c.highest_tried else f"{fmt.num(c.rate)}{unit}"
-    lead = LEADS.get(best.strategy, best.strategy[:1].upper() + best.strategy[1:])
+    lead = info(best.strategy).short
     text = f"{lead} sustains {at(best, ' ' + fmt.RATE_UNIT.get())}{_burst_text(step)} {within}"
     text += "".join(f"; {s} {at(caps[s])}" for s in order[1:])
     return text + _lead(best, [caps[s] for s in order[1:]]) + "."
@@ -146,7 +143,7 @@ def _burst_text(step: dict | None) -> str:
 
 
 def short_line(duration_s: float | None) -> str | None:
-    """A caveat when points are too short for a growing queue to show (DESIGN.md: >= 30 s)."""
+    """A caveat when points are too short for a growing queue to show (under MIN_DURATION_S)."""
     if duration_s is None or duration_s >= capacity.MIN_DURATION_S:
         return None
     return (f"Each point measured {fmt.num(duration_s)} s of traffic; under {fmt.num(capacity.MIN_DURATION_S)} s a "
@@ -195,10 +192,11 @@ def ranked_pairs(caps: dict[str, Capacity]) -> list[tuple[str, str]]:
     is compared with it alone, not with every other policy: that is the question it answers."""
     order = capacity.ranked(caps)
     pairs = [(a, b) for i, a in enumerate(order) for b in order[i + 1:]]
-    if "continuous" not in order:
+    anchors = {info(s).compared_with for s in order} & set(order)
+    if not anchors:
         return pairs
-    policy = lambda s: s not in ("naive", "dynamic", "continuous", "server")   # noqa: E731
-    return [(a, b) for a, b in pairs if not (policy(a) or policy(b)) or "continuous" in (a, b)]
+    policy = lambda s: info(s).compared_with is not None   # noqa: E731
+    return [(a, b) for a, b in pairs if not (policy(a) or policy(b)) or anchors & {a, b}]
 
 
 def crossover_lines(summary: pd.DataFrame, pairs_: list[tuple[str, str]]) -> list[str]:

@@ -21,12 +21,13 @@ import heapq
 from collections import deque
 from collections.abc import Callable, Iterable
 
-from batchlab.backends.base import Backend, OutOfMemory
+from batchlab.backends.base import Engine, EngineFacts, OutOfMemory
 from batchlab.core.breakdown import charge_launch, charge_stall, finish
 from batchlab.core.clock import Clock
+from batchlab.core.config import RunConfig
 from batchlab.core.request import Request, Status
 from batchlab.core.work import Batch, Idle, Step
-from batchlab.schedulers.base import Scheduler
+from batchlab.schedulers.base import Given, Scheduler
 
 Callback = Callable[[Request], None]
 NextTurn = Callable[[Request], Request | None]
@@ -153,7 +154,16 @@ class Inbox:
         scheduler.add(r)
 
 
-async def drive(scheduler: Scheduler, backend: Backend, clock: Clock, inbox: Inbox,
+def given(cfg: RunConfig, facts: EngineFacts, live: bool, sessions: bool = False) -> Given:
+    """What a scheduler is given by the run: the engine's memory, and decode windows only where
+    the engine runs them and every arrival is known in advance (not live traffic); a window may
+    run past a finish only where nobody acts on one before it ends (no session's next turn)."""
+    windows = facts.decode_windows and not live
+    return Given(facts.memory, facts.num_kv_blocks(cfg.continuous.block_size), windows,
+                 finish_in_window=windows and not sessions)
+
+
+async def drive(scheduler: Scheduler, backend: Engine, clock: Clock, inbox: Inbox,
                 on_done: Callback = lambda r: None, on_progress: Progress | None = None,
                 on_launch: Callable[[int], None] | None = None, occupancy: Occupancy | None = None,
                 next_turn: NextTurn | None = None) -> None:
@@ -168,9 +178,6 @@ async def drive(scheduler: Scheduler, backend: Backend, clock: Clock, inbox: Inb
         on_done = _continuing(on_done, next_turn, inbox)
     idle_since = clock.now()
     stalled: dict[Request, tuple[float, int]] = {}   # preempted -> (when, tokens it had)
-    # Decode windows only where every arrival is known in advance and the backend runs them.
-    scheduler.multi_step = backend.runs_decode_windows and not inbox.open
-    scheduler.finish_in_window = scheduler.multi_step and next_turn is None
     while True:
         now = clock.now()
         inbox.release(now, scheduler, occupancy)
@@ -237,7 +244,7 @@ def _bound_window(step: Step, scheduler: Scheduler, inbox: Inbox) -> None:
         step.until = inbox.next_arrival
 
 
-async def _run_batch(scheduler: Scheduler, backend: Backend, clock: Clock, batch: Batch, on_done: Callback,
+async def _run_batch(scheduler: Scheduler, backend: Engine, clock: Clock, batch: Batch, on_done: Callback,
                      on_progress: Progress | None) -> None:
     watch = asyncio.ensure_future(_watch(batch.requests, clock, on_progress)) if on_progress else None
     try:
@@ -271,12 +278,12 @@ async def _watch(requests: list[Request], clock: Clock, on_progress: Progress) -
             on_progress(moved)
 
 
-async def _run_step(scheduler: Scheduler, backend: Backend, clock: Clock, step: Step, on_done: Callback,
+async def _run_step(scheduler: Scheduler, backend: Engine, clock: Clock, step: Step, on_done: Callback,
                     on_progress: Progress | None, stalled: dict) -> None:
     for r in step.preempted:
         backend.release(r)
     try:
-        await backend.step(step, clock)
+        step.ran = await backend.step(step, clock)
     except Exception as e:
         for r, _ in step.chunks:
             scheduler.abort(r)
@@ -307,7 +314,7 @@ def _charge_preemptions(stalled: dict, step: Step, end: float) -> None:
             charge_stall(r, r.token_times[had] - since, before_first_token=had == 0)
 
 
-def _drop_cancelled(scheduler: Scheduler, backend: Backend, inbox: Inbox, on_done: Callback) -> None:
+def _drop_cancelled(scheduler: Scheduler, backend: Engine, inbox: Inbox, on_done: Callback) -> None:
     """Free waiting or running (iteration-level) requests whose clients went away."""
     while inbox.cancelled:
         r = inbox.cancelled.pop(0)
@@ -318,7 +325,7 @@ def _drop_cancelled(scheduler: Scheduler, backend: Backend, inbox: Inbox, on_don
         on_done(r)
 
 
-def _drain_rejected(scheduler: Scheduler, backend: Backend, on_done: Callback) -> None:
+def _drain_rejected(scheduler: Scheduler, backend: Engine, on_done: Callback) -> None:
     """Hand back what the scheduler failed; one that had run (a policy that broke its contract
     fails its running requests too) gives its KV back to the backend."""
     while scheduler.rejected:

@@ -1,8 +1,8 @@
 """One sweep point: a trace, a strategy, a backend, a clock -> stamped requests and a summary.
 
-The simulator runs on a VirtualClock; real backends on the RealClock. Either way the same
-scheduler class and the same driver run the point; a backend that batches for itself (a
-ServerBackend) is handed the trace instead. Times in the results are seconds from the point's
+The simulator runs on a VirtualClock; real backends on the RealClock. An engine runs the point
+under the strategy's scheduler and the driver; a load target (it batches for itself) is handed
+the trace instead: the choice is made once, here. Times in the results are seconds from the point's
 start (the clock reading when the first planned arrival is offset 0).
 The driver(s) keep their own count of requests in the system (run/driver.py Occupancy) for the
 Little's-law check over [warm-up end, end of traffic]; a server backend has no driver, so there
@@ -14,15 +14,15 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from batchlab.backends.base import Backend, ServerBackend
+from batchlab.backends.base import Backend, Engine, LoadTarget
 from batchlab.core.clock import Clock, RealClock, VirtualClock
 from batchlab.core.config import RunConfig
 from batchlab.core.metrics import measured, prefix_cache, stamped_in_system, summarize
 from batchlab.core.request import Request
 from batchlab.core.sessions import Conversations
 from batchlab.core.traffic import TraceItem, build_trace, make_requests
-from batchlab.run.driver import Inbox, Occupancy, drive
-from batchlab.schedulers import level_of, make_scheduler
+from batchlab.run.driver import Inbox, Occupancy, drive, given
+from batchlab.schedulers import make_scheduler, scheduler_class
 
 
 @dataclass
@@ -42,20 +42,21 @@ def runnable(requests: list[Request]) -> list[Request]:
 
 async def run_trace(cfg: RunConfig, strategy: str, trace: list[TraceItem], backend: Backend,
                     clock: Clock, occupancy: Occupancy | None = None) -> tuple[list[Request], float]:
-    """Drive one strategy over one trace; returns the requests and the run's start time.
-    `occupancy` collects the driver's count of requests in the system (untouched by a server)."""
-    if isinstance(backend, ServerBackend):          # the server batches for itself
+    """Run one strategy over one trace; returns the requests and the run's start time.
+    `occupancy` collects the driver's count of requests in the system (untouched by a load target)."""
+    if isinstance(backend, LoadTarget):             # it batches for itself
         return await backend.run_trace(trace, clock)
-    if cfg.backend.kind == "sim" and cfg.backend.replicas > 1:   # N replicas behind a router
+    if cfg.backend.replica_count() > 1:             # N replicas behind a router
         from batchlab.run.replicas import run_replicas
         return await run_replicas(cfg, strategy, trace, backend, clock, occupancy)
-    scheduler = make_scheduler(strategy, cfg, backend.memory_budget(),
-                               backend.num_kv_blocks(cfg.continuous.block_size))
+    facts = backend.facts()
+    sessions = bool(trace) and trace[0].session is not None
+    scheduler = make_scheduler(strategy, cfg, given(cfg, facts, live=False, sessions=sessions))
     t0 = clock.now()
-    requests = make_requests(trace, t0, backend.prepare, backend.vocab_size())
+    requests = make_requests(trace, t0, backend.prepare, facts.vocab_size)
     talks = None
-    if trace and trace[0].session is not None:      # traffic.sessions: later turns come from the driver
-        talks = Conversations(trace, requests, t0, cfg.traffic.horizon_s, backend.vocab_size(), backend.prepare)
+    if sessions:                                    # traffic.sessions: later turns come from the driver
+        talks = Conversations(trace, requests, t0, cfg.traffic.horizon_s, facts.vocab_size, backend.prepare)
     await drive(scheduler, backend, clock, Inbox(runnable(requests)), occupancy=occupancy,
                 next_turn=talks.next_turn if talks else None)
     return (talks.requests() if talks else requests), t0
@@ -64,7 +65,7 @@ async def run_trace(cfg: RunConfig, strategy: str, trace: list[TraceItem], backe
 def run_point(cfg: RunConfig, strategy: str, rate: float, repeat: int, backend: Backend,
               trace: list[TraceItem] | None = None) -> PointResult:
     trace = trace if trace is not None else build_trace(cfg.traffic, rate, repeat)
-    clock: Clock = VirtualClock() if backend.virtual_time else RealClock()
+    clock: Clock = VirtualClock() if isinstance(backend, Engine) and backend.virtual_time else RealClock()
     occupancy = Occupancy()
 
     async def main():
@@ -83,7 +84,8 @@ def run_point(cfg: RunConfig, strategy: str, rate: float, repeat: int, backend: 
     counted = measured(requests, cfg.traffic.warmup_s)
     summary = summarize(counted, cfg.slo, in_system,
                         (cfg.traffic.warmup_s, traffic_end(cfg, requests))) | {"little_source": source}
-    if cfg.continuous.prefix_caching and level_of(strategy) == "iteration":   # columns only where a cache ran
+    if cfg.continuous.prefix_caching and isinstance(backend, Engine) and scheduler_class(strategy).level == "iteration":
+        # columns only where a cache ran
         summary |= prefix_cache(counted, cfg.continuous.block_size)
     meta = {"wall_s": wall, **backend.peak_memory(),
             **backend.point_facts(t0 + cfg.traffic.warmup_s, summary)}

@@ -15,13 +15,13 @@ import asyncio
 import copy
 from dataclasses import dataclass, field
 
-from batchlab.backends.base import Backend
+from batchlab.backends.base import Engine
 from batchlab.core.clock import Clock
 from batchlab.core.config import RunConfig
 from batchlab.core.request import Request
 from batchlab.core.sessions import Conversations
 from batchlab.core.traffic import TraceItem, make_requests
-from batchlab.run.driver import Inbox, Occupancy, drive
+from batchlab.run.driver import Inbox, Occupancy, drive, given
 from batchlab.run.router import ROUTERS, Router
 from batchlab.schedulers import Scheduler, make_scheduler
 
@@ -29,7 +29,7 @@ from batchlab.schedulers import Scheduler, make_scheduler
 @dataclass(eq=False)
 class Replica:
     index: int
-    backend: Backend
+    backend: Engine
     scheduler: Scheduler
     inbox: Inbox = field(default_factory=lambda: Inbox(live=True))
     outstanding: int = 0              # assigned, not yet finished or failed
@@ -47,13 +47,13 @@ class Replica:
         return self.scheduler.cached_tokens(request)
 
 
-def make_replicas(cfg: RunConfig, strategy: str, backend: Backend, n: int) -> list[Replica]:
-    """n independent copies of `backend` (the simulator holds no shared state), each with a scheduler."""
+def make_replicas(cfg: RunConfig, strategy: str, backend: Engine, n: int) -> list[Replica]:
+    """n independent copies of `backend` (the simulator holds no shared state), each with a scheduler.
+    NOTE: a replica's inbox is live (the router feeds it), so its scheduler offers no decode windows."""
     out = []
     for i in range(n):
         b = backend if i == 0 else copy.deepcopy(backend)
-        sched = make_scheduler(strategy, cfg, b.memory_budget(), b.num_kv_blocks(cfg.continuous.block_size))
-        out.append(Replica(i, b, sched))
+        out.append(Replica(i, b, make_scheduler(strategy, cfg, given(cfg, b.facts(), live=True))))
     return out
 
 
@@ -140,16 +140,17 @@ async def serve_replicated(requests: list[Request], replicas: list[Replica], rou
             d.cancel()
 
 
-async def run_replicas(cfg: RunConfig, strategy: str, trace: list[TraceItem], backend: Backend,
+async def run_replicas(cfg: RunConfig, strategy: str, trace: list[TraceItem], backend: Engine,
                        clock: Clock, occupancy: Occupancy | None = None) -> tuple[list[Request], float]:
     """`run_trace` for `backend.replicas` > 1: same inputs, same outputs, N replicas inside."""
-    replicas = make_replicas(cfg, strategy, backend, cfg.backend.replicas)
+    replicas = make_replicas(cfg, strategy, backend, cfg.backend.replica_count())
     router = ROUTERS[cfg.backend.router]()
     t0 = clock.now()
-    requests = make_requests(trace, t0, backend.prepare, backend.vocab_size())
+    vocab = backend.facts().vocab_size
+    requests = make_requests(trace, t0, backend.prepare, vocab)
     sessions = None
     if trace and trace[0].session is not None:
-        talks = Conversations(trace, requests, t0, cfg.traffic.horizon_s, backend.vocab_size(), backend.prepare)
+        talks = Conversations(trace, requests, t0, cfg.traffic.horizon_s, vocab, backend.prepare)
         sessions = SessionRouting(talks, requests, replicas, router, clock)
     await serve_replicated(requests, replicas, router, clock, occupancy, sessions)
     return (sessions.talks.requests() if sessions else requests), t0

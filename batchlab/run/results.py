@@ -18,7 +18,7 @@ import json
 import os
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,9 +26,10 @@ from typing import Any
 import yaml
 
 from batchlab.errors import ConfigError
-from batchlab.run.experiment import experiment_digest, recorded_config
+from batchlab.run.experiment import SCHEMA, digest
 from batchlab.run.ledger import Point, Scan, append_synced, csv_text, fsync_dir, nonempty, parse_key, read_records, rows_digest, scan_files
 from batchlab.run.schema import KEY, LEDGER, REQUEST_COLUMNS, Key, canonical, cell
+from batchlab.run.strategies import rank
 
 if sys.platform != "win32":
     import fcntl
@@ -114,7 +115,7 @@ class ResultsDir:
         """Record the experiment this directory holds (once, or again while it holds no point)."""
         if self.experiment_json.is_file() and self.recorded_experiment() == exp:
             return
-        record = {"format": 1, "digest": experiment_digest(exp), "experiment": exp}
+        record = {"format": 1, "schema": SCHEMA, "digest": digest(exp), "experiment": exp}
         self.write_text(self.experiment_json, json.dumps(record, indent=2) + "\n")
 
     def repair(self, scan: Scan) -> list[Key]:
@@ -157,7 +158,7 @@ class ResultsDir:
             if config.is_file():
                 tree = yaml.safe_load(config.read_text()) or {}
                 where = Path(tree.get("out") or self.path)
-                self.write_text(config, recorded_config(tree, scan.points, experiment_digest(exp), where))
+                self.write_text(config, recorded_config(tree, scan.points, digest(exp), where))
         return dropped
 
     def put_in_order(self, written: dict[Key, dict] | None = None) -> None:
@@ -294,3 +295,28 @@ def check_location(path: Path) -> None:
             pass
     except OSError as e:
         raise ConfigError(f"output directory {path}: cannot write in {probe} ({e.strerror or e})") from None
+
+
+def recorded_config(tree: dict[str, Any], keys: Iterable[Key], digest: str, where: Path) -> str:
+    """config.yaml: the config `tree` (experiment.config_tree) with strategies, rates and repeats
+    set to those of the points recorded, so the file tells what the directory holds, not what the
+    last command asked for; `out` is the directory itself: `batchlab run config.yaml` reruns it."""
+    keys = sorted(keys, key=canonical)
+    tree = json.loads(json.dumps(tree)) | {"out": str(Path(where).resolve())}   # the real directory
+    tree.get("backend", {}).pop("api_key", None)      # NOTE: a secret is never written to disk
+    strategies = sorted({k[0] for k in keys}, key=rank)
+    rates = sorted({k[1] for k in keys})
+    repeats = max(k[2] for k in keys) + 1
+    tree["strategies"] = strategies
+    tree.setdefault("traffic", {}).update(rates=rates, repeats=repeats)
+    have = set(keys)
+    missing = [(s, r, p) for r in rates for p in range(repeats) for s in strategies if (s, r, p) not in have]
+    head = [f"# Experiment {digest} (identity in experiment.json). strategies, traffic.rates and",
+            "# traffic.repeats are those of the points recorded in summary.csv."]
+    if missing:
+        listed = ", ".join(f"{s} @ {r:g} req/s repeat {p}" for s, r, p in missing[:6])
+        head.append(f"# Not recorded: {listed}" + (f" and {len(missing) - 6} more" if len(missing) > 6 else ""))
+    return "\n".join(head) + "\n" + yaml.dump(tree, Dumper=_DUMPER, sort_keys=False)
+
+
+_DUMPER = yaml.CSafeDumper if yaml.__with_libyaml__ else yaml.SafeDumper   # libyaml: 10x faster, same YAML

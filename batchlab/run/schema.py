@@ -3,19 +3,18 @@ one row per point in summary.csv (`summary_row`), every row carrying the run's s
 canonical order points are written in."""
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 import re
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from batchlab.core.breakdown import PHASES
-from batchlab.core.config import BUILTIN_STRATEGIES, STRATEGY_PATTERN, RunConfig, quiet_section
+from batchlab.core.config import STRATEGY_PATTERN, RunConfig
 from batchlab.core.metrics import per_request, prompt_tokens
 from batchlab.core.request import Request
+from batchlab.run.experiment import knobs, point_hash
+from batchlab.run.strategies import rank
 
 REQUEST_COLUMNS = [
     "request_id", "strategy", "rate", "repeat", "seed", "backend", "model", "knobs", "point_hash",
@@ -30,48 +29,13 @@ REQUEST_COLUMNS = [
 KEY = ("strategy", "rate", "repeat")
 LEDGER = ("num_rows", "rows_digest")      # the last two columns of a summary row: its request rows' count and digest
 Key = tuple[str, float, int]
-_BUILTIN_RANK = {s: i for i, s in enumerate(BUILTIN_STRATEGIES)}
 STRATEGY_NAME = re.compile(STRATEGY_PATTERN)
-
-
-def strategy_rank(strategy: str) -> tuple[int, str]:
-    """Built-in strategies in their order (naive, dynamic, continuous, priority, sjf, vtc, server),
-    then policies of your own by name."""
-    return _BUILTIN_RANK.get(strategy, len(_BUILTIN_RANK)), strategy
 
 
 def canonical(key: Key) -> tuple:
     """The order points are written in: rate, then repeat, then strategy (naive, dynamic, ...)."""
     strategy, rate, repeat = key
-    return rate, repeat, strategy_rank(strategy)
-
-
-INPUT_FILES = ("traffic.trace_file", "backend.profile", "traffic.prompt_len.path", "traffic.output_len.path")
-
-
-def resolved_paths(tree: dict[str, Any]) -> dict[str, Any]:
-    """The config tree with each input file's path made absolute, as the run resolved it (from the
-    working directory). NOTE: so config.yaml names the files that ran wherever it is read from, and
-    the same file named relatively or absolutely is one experiment and one point."""
-    for dotted in INPUT_FILES:
-        node: Any = tree
-        *parents, leaf = dotted.split(".")
-        for k in parents:
-            node = node.get(k) if isinstance(node, dict) else None
-        if isinstance(node, dict) and isinstance(node.get(leaf), (str, Path)) and str(node[leaf]):
-            node[leaf] = str(Path(node[leaf]).resolve())
-    return tree
-
-
-def point_hash(cfg: RunConfig, strategy: str) -> str:
-    """Digest of everything that shapes one strategy's points (not the list of rates/repeats)."""
-    # NOTE: quiet_section: a backend key added later (backend.compile) must not change the digest of
-    # points recorded before it existed while it holds its default, or older directories stop resuming
-    backend = {k: v for k, v in quiet_section(cfg, "backend").items() if k != "api_key_env"}
-    shape = resolved_paths({"backend": backend, "knobs": cfg.knobs(strategy),
-                            "traffic": cfg.traffic.model_dump(exclude={"rates", "repeats"}), "slo": cfg.slo.model_dump()})
-    return hashlib.sha256(json.dumps(shape, sort_keys=True, default=str).encode()).hexdigest()[:12]
-
+    return rate, repeat, rank(strategy)
 
 
 def cell(v: Any) -> Any:
@@ -98,7 +62,7 @@ def request_rows(cfg: RunConfig, strategy: str, rate: float, repeat: int, reques
                  model: str) -> list[dict]:
     common = {"strategy": strategy, "rate": rate, "repeat": repeat, "seed": cfg.traffic.seed,
               "backend": cfg.backend.kind, "model": model, "point_hash": point_hash(cfg, strategy),
-              "knobs": ";".join(f"{k}={v}" for k, v in cfg.knobs(strategy).items())}
+              "knobs": ";".join(f"{k}={v}" for k, v in knobs(cfg, strategy).items())}
     rows = []
     for r in requests:
         m = per_request(r)

@@ -20,18 +20,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from batchlab.backends import make_backend, preflight
+from batchlab.backends import TARGET, make_backend
 from batchlab.backends.base import Backend
-from batchlab.core.applies import config_warnings
 from batchlab.core.config import RunConfig
 from batchlab.core.request import Status
-from batchlab.core.traffic import build_trace, read_trace, trace_rate
+from batchlab.core.traffic import build_trace, check_inputs, read_trace, trace_rate
 from batchlab.errors import ConfigError, RunFailed
+from batchlab.run.config import config_warnings, validate
 from batchlab.run.executors import Executor, LocalExecutor, Need, RayExecutor, make_executor, server_resource
-from batchlab.run.experiment import differences, experiment, experiment_digest, recorded_config
+from batchlab.run.experiment import config_tree, differences, digest, identity, input_files, point_hash, with_absolute_inputs
 from batchlab.run.point import PointResult, run_point
-from batchlab.run.results import RenderedRows, ResultsDir, check_location, render_rows
-from batchlab.run.schema import Key, canonical, point_hash, request_rows, resolved_paths, strategy_rank, summary_row
+from batchlab.run.results import RenderedRows, ResultsDir, check_location, recorded_config, render_rows
+from batchlab.run.schema import Key, canonical, request_rows, summary_row
+from batchlab.run.strategies import rank
 from batchlab.schedulers import scheduler_class
 
 LINK_NAME = "latest"
@@ -45,7 +46,7 @@ def points(cfg: RunConfig) -> Iterator[Key]:
         rates = [round(trace_rate(read_trace(cfg.traffic).items), 6)]
     else:
         rates = sorted(set(cfg.traffic.rates))
-    strategies = sorted(set(cfg.strategies), key=strategy_rank)
+    strategies = sorted(set(cfg.strategies), key=rank)
     for rate in rates:
         for repeat in range(cfg.traffic.repeats):
             for strategy in strategies:
@@ -88,7 +89,7 @@ class SweepPlan:
     cfg: RunConfig
     results: ResultsDir                 # the experiment's directory
     link: Path | None                   # `latest`, to point at it (None: out is the directory itself)
-    experiment: dict[str, Any]          # its identity (run/results.py `experiment`)
+    experiment: dict[str, Any]          # its identity (run/experiment.py)
     total: int                          # points in this command's sweep
     todo: list[Key]                     # of them, not yet recorded
     backend: Backend | None = None      # made only when there is something to run here (local executor)
@@ -115,10 +116,11 @@ class PointDone:
 def plan_sweep(cfg: RunConfig, out: str | Path, backend: Backend | None = None) -> SweepPlan:
     """Check the whole sweep and open nothing for writing; raises ConfigError for a user mistake.
     `backend`: use this one (already made by the caller, who closes it) for local points."""
-    for strategy in cfg.strategies:                     # a policy of your own is imported here
-        scheduler_class(strategy)
+    if cfg.backend.role != TARGET:
+        for strategy in cfg.strategies:                 # a policy of your own is imported here
+            scheduler_class(strategy)
     grid = list(points(cfg))                            # a replayed trace is read (and checked) here
-    exp = experiment(cfg)
+    exp = identity(cfg)
     results, link = _choose_directory(cfg, Path(out), exp)
     check_location(results.path)
     if link is not None:
@@ -141,10 +143,19 @@ def plan_sweep(cfg: RunConfig, out: str | Path, backend: Backend | None = None) 
     return plan
 
 
+def preflight(cfg: RunConfig) -> list[str]:
+    """Check everything a run will read, before its first file is written: the keys it ignores,
+    the trace or ShareGPT files (row by row, and the per-point caps with real lengths), and the
+    backend's own inputs (a preset or profile, a model path or hub cache, a server and its model
+    list). Raises ConfigError (one line) on the first problem; returns warning lines."""
+    return config_warnings(cfg) + check_inputs(cfg.traffic) + cfg.backend.preflight(cfg)
+
+
 def _declared_resources(cfg: RunConfig) -> dict[str, float]:
     """Custom resources a Ray started here declares: one unit per server points are sent to."""
-    if cfg.executor.kind == "ray" and cfg.backend.kind == "openai" and cfg.backend.base_url:
-        return {server_resource(cfg.backend.base_url): 1.0}
+    server = cfg.backend.holds(0, 1).server
+    if cfg.executor.kind == "ray" and server:
+        return {server_resource(server): 1.0}
     return {}
 
 
@@ -270,25 +281,20 @@ def point_task(cfg: RunConfig, key: Key) -> PointRows:
 
 
 def point_need(cfg: RunConfig, executor: Executor) -> Need:
-    """What a point holds while it runs, so two never share what they measure: one CPU for the
-    simulator; a GPU, or as many CPUs as it runs torch threads, for a model; and a server's own
-    resource for points against an OpenAI-compatible server (one at a time per server)."""
-    kind = cfg.backend.kind
-    if kind == "sim" or not isinstance(executor, RayExecutor):
+    """What a point holds while it runs on Ray, as its backend kind says (`holds`): e.g. one CPU
+    for the simulator; a GPU, or its torch threads' CPUs, for a model; a server's own resource
+    (one point at a time per server). Locally points run one after another."""
+    if not isinstance(executor, RayExecutor):
         return Need(1)
-    if kind == "openai":
-        return Need(1, resources=((server_resource(cfg.backend.base_url or ""), 1.0),))
-    device = cfg.backend.device
-    if device.startswith("cuda") or (device == "auto" and executor.gpus() > 0):
-        return Need(1, num_gpus=1)
-    return Need(cfg.backend.threads or executor.node_cpus())
+    h = cfg.backend.holds(executor.gpus(), executor.node_cpus())
+    extra = ((server_resource(h.server), 1.0),) if h.server is not None else ()
+    return Need(h.cpus, num_gpus=h.gpus, resources=extra)
 
 
 def absolute_inputs(cfg: RunConfig) -> RunConfig:
     """The config with input files named by absolute paths: a Ray worker may start elsewhere
     (on a cluster the files must be at the same path on every node)."""
-    tree = resolved_paths(cfg.model_dump(mode="json"))
-    return RunConfig.model_validate(tree)
+    return validate(with_absolute_inputs(cfg.model_dump(mode="json"), input_files(cfg)))
 
 
 def _announced(fn: Callable, progress: Callable[[str], None] | None) -> Callable:
@@ -324,7 +330,7 @@ def _choose_directory(cfg: RunConfig, out: Path, exp: dict[str, Any]) -> tuple[R
 
 def experiment_dirname(cfg: RunConfig, exp: dict[str, Any]) -> str:
     slug = re.sub(r"[^A-Za-z0-9._-]+", "-", cfg.name).strip("-.") or "batchlab"
-    return f"{slug}-{experiment_digest(exp)}"
+    return f"{slug}-{digest(exp)}"
 
 
 def _recorded_points(results: ResultsDir, exp: dict[str, Any], cfg: RunConfig) -> dict[Key, str]:
@@ -349,7 +355,7 @@ def _recorded_points(results: ResultsDir, exp: dict[str, Any], cfg: RunConfig) -
 def _write_config(plan: SweepPlan, done: set[Key]) -> None:
     path = plan.path / "config.yaml"
     if done:
-        text = recorded_config(plan.cfg.tree(), done, experiment_digest(plan.experiment), plan.path)
+        text = recorded_config(config_tree(plan.cfg), done, digest(plan.experiment), plan.path)
         plan.results.write_text(path, text)
     else:
         path.unlink(missing_ok=True)

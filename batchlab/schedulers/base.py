@@ -9,16 +9,30 @@ passes `now` in and executes what `schedule()` returns:
     calls `finish_step()`;
   - `Idle`: nothing to do until `wake_at` (or until a request arrives, if None).
 The same object therefore runs unchanged in virtual time and in real time.
+A scheduler class describes itself: its strategy name, level, options model (its own config
+section, named after it), the sections it runs under, the knob that caps a batch's rows, and how
+reports name and draw it; schedulers/__init__.py registers it with one line.
 """
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections import deque
-from typing import ClassVar
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
-from batchlab.core.config import RunConfig
+from batchlab.core.config import Model, RunConfig
 from batchlab.core.request import Request, Status
 from batchlab.core.work import Batch, Idle, MemoryBudget, Step
+
+
+@dataclass(frozen=True)
+class Given:
+    """What a run gives a scheduler besides its config: the backend's memory, and whether it may
+    offer decode windows (schedulers/decode_window.py)."""
+    memory: MemoryBudget | None = None   # the backend's KV memory, for padded request-level batches
+    num_kv_blocks: int | None = None     # the backend's KV capacity in blocks, when the config sets none
+    windows: bool = False                # may offer decode windows: the engine runs them and every arrival is known
+    finish_in_window: bool = False       # a window may run past a finish: nobody acts on one before it ends
 
 
 class Scheduler(ABC):
@@ -26,11 +40,15 @@ class Scheduler(ABC):
     every request handed out in a Batch or Step is later passed back through `finish_batch()`
     or `finish_step()`. `draining` means no more requests will arrive."""
 
+    name: ClassVar[str]               # the strategy name (a policy of your own: its import path)
     level: ClassVar[str]              # "request" or "iteration"
-    multi_step: bool = False          # may offer decode windows (Step.repeat > 1); set by the driver
-    # A window may run past a request's last token (the request leaves the window there): nobody
-    # acts on a finish before the window ends (no session plans its next turn); set by the driver.
-    finish_in_window: bool = False
+    options_model: ClassVar[type[Model] | None] = None   # its own config section's model, the section named `name`
+    runs_under: ClassVar[tuple[str, ...]] = ()     # other sections whose settings shape its runs (a policy's budgets)
+    cap: ClassVar[str] = ""           # the dotted knob that caps the rows of one batch or step
+    title: ClassVar[str] = ""         # how a report names it at the start of a sentence ("Naive batching ...")
+    short: ClassVar[str] = ""         # how a sentence opens with it when shorter than the title ("SJF cut ...")
+    color: ClassVar[str | None] = None   # its colour in every plot (None: one picked from its name)
+    compared_with: ClassVar[str | None] = None   # a policy: the strategy reports pair it with
 
     def __init__(self) -> None:
         self.waiting: deque[Request] = deque()
@@ -38,11 +56,21 @@ class Scheduler(ABC):
         self.rejected: list[Request] = []     # failed by the scheduler (can never fit); driver drains it
 
     @classmethod
-    def from_config(cls, cfg: RunConfig, memory: MemoryBudget | None, num_kv_blocks: int | None) -> Scheduler:
-        """Build from a run's config: `memory` is the backend's KV memory (request-level
-        policies), `num_kv_blocks` its KV capacity in blocks when continuous.num_kv_blocks is
-        unset. A policy of your own overrides this to read its settings."""
+    def from_config(cls, cfg: RunConfig, given: Given) -> Scheduler:
+        """Build from a run's config and what the run gives it (`Given`). A policy of your own
+        overrides this to read its settings."""
         return cls()
+
+    @classmethod
+    def sections(cls) -> tuple[str, ...]:
+        """The config sections whose settings shape this strategy's runs (its CSV `knobs`)."""
+        return cls.runs_under + ((cls.name,) if cls.options_model is not None else ())
+
+    @classmethod
+    def batch_rows(cls, cfg: Any) -> int:
+        """The most requests one batch (or step) holds under `cfg`: what a burst is sized by."""
+        section, _, key = cls.cap.partition(".")
+        return getattr(getattr(cfg, section), key)
 
     def add(self, request: Request) -> None:
         self.waiting.append(request)
@@ -70,6 +98,8 @@ class Scheduler(ABC):
         raise NotImplementedError(f"{type(self).__name__} does not run request-level batches")
 
     def finish_step(self, step: Step, now: float) -> list[Request]:
+        """Take back a step the backend ran (`step.ran` steps of it: more than one only for a
+        decode window); returns the requests that have all their tokens."""
         raise NotImplementedError(f"{type(self).__name__} does not run iteration-level steps")
 
 

@@ -13,13 +13,16 @@ with them computed (schedulers/prefix_cache.py); each Step then carries the cach
 from __future__ import annotations
 
 import sys
-from typing import ClassVar
+from typing import Annotated, Literal
 
-from batchlab.core.config import ContinuousConfig, RunConfig
+from pydantic import Field
+
+from batchlab.core.config import Model, RunConfig
+from batchlab.core.limits import BatchSize, Tokens
 from batchlab.core.request import Request, Status
-from batchlab.core.work import Idle, MemoryBudget, Step
+from batchlab.core.work import Idle, Step
 from batchlab.errors import ConfigError
-from batchlab.schedulers.base import Scheduler
+from batchlab.schedulers.base import Given, Scheduler
 from batchlab.schedulers.decode_window import return_unused, window_length
 from batchlab.schedulers.kv_blocks import BlockPool
 from batchlab.schedulers.prefix_cache import PrefixBlockPool
@@ -27,13 +30,36 @@ from batchlab.schedulers.prefix_cache import PrefixBlockPool
 UNCHUNKED = sys.maxsize     # no chunked prefill: a prompt is computed in one step
 
 
-class ContinuousScheduler(Scheduler):
-    level = "iteration"
-    options_section: ClassVar[str | None] = None   # a built-in policy's own config section (passed as `options`)
+class ContinuousConfig(Model):
+    """Continuous batching's budgets (every policy on its machinery runs under them too)."""
+    max_num_seqs: BatchSize = 256
+    """Sequences in one step."""
+    max_num_batched_tokens: Annotated[int, Field(gt=0, le=1 << 24)] = 8192
+    """Tokens (prompt and decode) computed in one step."""
+    num_kv_blocks: Annotated[int, Field(gt=0, le=1 << 24)] | None = None
+    """KV cache size in blocks (unset: from the backend's memory)."""
+    block_size: Tokens = 16
+    """Tokens per KV block."""
+    chunk_size: Tokens | None = None
+    """Chunked prefill: prompt tokens per request per step (unset: a whole prompt in one step)."""
+    preemption: Literal["recompute", "reserve"] = "recompute"
+    """Out of blocks: preempt the newest and recompute it later (vLLM's way), or book prompt + output at admission."""
+    prefix_caching: bool = False
+    """Reuse the KV blocks of equal prompt prefixes (vLLM's automatic prefix caching)."""
 
-    def __init__(self, cfg: ContinuousConfig, num_kv_blocks: int, policy: str = "recompute"):
+
+class ContinuousScheduler(Scheduler):
+    name, level, options_model, cap = "continuous", "iteration", ContinuousConfig, "continuous.max_num_seqs"
+    title, color = "Continuous", "#0072B2"
+
+    def __init__(self, cfg: ContinuousConfig, num_kv_blocks: int, policy: str = "recompute",
+                 windows: bool = False, finish_in_window: bool = False, options: Model | None = None):
         super().__init__()
         self.cfg = cfg
+        # a policy's own section (priority, sjf, vtc), its defaults when not given
+        self.options = options if options is not None or not self.runs_under else self.options_model()
+        self.windows = windows                     # may offer decode windows (Given.windows)
+        self.finish_in_window = windows and finish_in_window
         pool = PrefixBlockPool if cfg.prefix_caching else BlockPool
         self.pool = pool(num_kv_blocks, cfg.block_size, reserve=policy == "reserve")
         self.chunk = cfg.chunk_size or UNCHUNKED
@@ -42,14 +68,15 @@ class ContinuousScheduler(Scheduler):
         self.fcfs = type(self).next_waiting is ContinuousScheduler.next_waiting
 
     @classmethod
-    def from_config(cls, cfg: RunConfig, memory: MemoryBudget | None, num_kv_blocks: int | None) -> ContinuousScheduler:
-        """Every policy on this machinery runs under the continuous section's budgets; the
-        built-in ones (priority, sjf, vtc) also get their own section as `options`."""
-        blocks = cfg.continuous.num_kv_blocks or num_kv_blocks
+    def from_config(cls, cfg: RunConfig, given: Given) -> ContinuousScheduler:
+        """Every policy on this machinery runs under the continuous section's budgets; one with a
+        section of its own (priority, sjf, vtc) also gets that section as `options`."""
+        budgets = cfg.continuous
+        blocks = budgets.num_kv_blocks or given.num_kv_blocks
         if blocks is None:
             raise ConfigError("continuous.num_kv_blocks must be set for this backend")
-        extra = {"options": getattr(cfg, cls.options_section)} if cls.options_section else {}
-        return cls(cfg.continuous, blocks, cfg.continuous.preemption, **extra)
+        return cls(budgets, blocks, budgets.preemption, windows=given.windows, finish_in_window=given.finish_in_window,
+                   options=getattr(cfg, cls.name) if cls.runs_under else None)
 
     @property
     def free_blocks(self) -> int:
@@ -87,7 +114,7 @@ class ContinuousScheduler(Scheduler):
         if not chunks:
             return Idle()
         window = 1
-        if self.multi_step and self.fcfs and not preempted:
+        if self.windows and self.fcfs and not preempted:
             # A window may start with this step's prefills only if admission cannot change once
             # they are done: tokens free up then, and (with a prefix cache) prompts become hits.
             steady = held_back in (None, "seqs") or held_back == "blocks" and not self.cfg.prefix_caching
@@ -184,7 +211,7 @@ class ContinuousScheduler(Scheduler):
         """Advance the step's requests; those with all their tokens leave and free their blocks
         (the driver finishes them)."""
         done = []
-        window = step.booked > 1               # every row got a token from each step it ran
+        window = step.booked > 1               # every row got a token from each step it ran (step.ran of them)
         for r, n in step.chunks:
             had = len(r.token_times)
             if window:                         # all its KV but the newest token's (rows may leave early)
@@ -195,7 +222,7 @@ class ContinuousScheduler(Scheduler):
                 done.append(r)
         if step.cache is not None:
             self.pool.commit(step)             # blocks this step completed become cache entries
-        if step.booked > step.repeat:
+        if step.booked > step.ran:
             return_unused(step, self.pool)
         for r in done:
             self.running.remove(r)

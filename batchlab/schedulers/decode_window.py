@@ -5,7 +5,7 @@ prompt) and nothing can change the batch for k steps, the k - 1 steps after it a
 decode steps but for their context length. A backend that declares `runs_decode_windows` (the
 simulator, the HF step engine) then runs them in one call (`Step.repeat = k`), stopping early at
 the next arrival (`Step.until`, set by the driver); it may also run fewer (the HF engine runs a
-window that starts with prefills as one step). Results are bit-identical to stepping one at a
+window that starts with prefills as one step), and returns how many it ran (`Step.ran`). Results are bit-identical to stepping one at a
 time (tests/backends/test_simulated.py).
 Admission cannot change inside the window: whoever waits now is blocked by sequences, tokens
 or blocks, none of which free up before a running request finishes. A window that starts with
@@ -89,7 +89,7 @@ def _extra_blocks(chunks: list[tuple[Request, int]], pool: BlockPool, steps: int
 def return_unused(step: Step, pool: BlockPool) -> None:
     """The backend cut the window short (an arrival): give back blocks booked for steps that
     did not run."""
-    if step.booked <= step.repeat:
+    if step.booked <= step.ran:
         return
     for r, _ in step.chunks:
         if r in pool.held:

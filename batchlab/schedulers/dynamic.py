@@ -11,16 +11,33 @@ batches later the cap grows by one again (back off fast, probe slowly).
 from __future__ import annotations
 
 from itertools import islice
+from typing import Annotated
 
-from batchlab.core.config import DynamicConfig
+from pydantic import Field
+
+from batchlab.core.config import Model
+from batchlab.core.limits import MAX_SECONDS, BatchSize
 from batchlab.core.work import Batch, Idle, MemoryBudget
-from batchlab.schedulers.base import RequestLevelScheduler
+from batchlab.schedulers.base import Given, RequestLevelScheduler
+
+
+class DynamicConfig(Model):
+    """Dynamic batching: launch on size, age or memory, whichever comes first."""
+    max_batch_size: BatchSize = 16
+    """Size trigger and hard cap, requests."""
+    max_wait_ms: Annotated[float, Field(ge=0, le=MAX_SECONDS * 1000)] = 50.0
+    """Age trigger: the oldest waiting request's wait, milliseconds."""
+    oom_probe_after: Annotated[int, Field(gt=0, le=1_000_000)] = 20
+    """Clean batches before the cap, halved on out-of-memory, grows by one."""
 
 
 class DynamicScheduler(RequestLevelScheduler):
+    name, options_model, cap = "dynamic", DynamicConfig, "dynamic.max_batch_size"
+    title, color = "Dynamic", "#009E73"
+
     @classmethod
-    def from_config(cls, cfg, memory, num_kv_blocks):
-        return cls(cfg.dynamic, memory)
+    def from_config(cls, cfg, given: Given) -> DynamicScheduler:
+        return cls(cfg.dynamic, given.memory)
 
     def __init__(self, cfg: DynamicConfig, memory: MemoryBudget | None = None):
         super().__init__()

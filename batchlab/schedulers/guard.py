@@ -10,11 +10,12 @@ run goes on, so nothing is lost and the report says what happened.
 """
 from __future__ import annotations
 
-from batchlab.core.config import ContinuousConfig, one_line
+from batchlab.core.config import one_line
 from batchlab.core.limits import MAX_BATCH
 from batchlab.core.request import Request
 from batchlab.core.work import Batch, Idle, Step
 from batchlab.schedulers.base import Scheduler
+from batchlab.schedulers.continuous import ContinuousConfig
 
 
 class Guarded(Scheduler):
@@ -28,10 +29,6 @@ class Guarded(Scheduler):
     # What the driver and routers read, from the policy itself.
     waiting = property(lambda self: self.inner.waiting, lambda self, v: None)
     running = property(lambda self: self.inner.running, lambda self, v: None)
-    multi_step = property(lambda self: self.inner.multi_step,
-                          lambda self, v: setattr(self.inner, "multi_step", v))
-    finish_in_window = property(lambda self: self.inner.finish_in_window,
-                                lambda self, v: setattr(self.inner, "finish_in_window", v))
 
     def __getattr__(self, name: str):
         # NOTE: only for what this class does not define: read-only facts a caller may look at

@@ -6,14 +6,24 @@ At shutdown (`draining`) the remainder is flushed as a smaller batch, or it woul
 """
 from __future__ import annotations
 
-from batchlab.core.config import NaiveConfig
+from batchlab.core.config import Model
+from batchlab.core.limits import BatchSize
 from batchlab.core.work import Batch, Idle
-from batchlab.schedulers.base import RequestLevelScheduler
+from batchlab.schedulers.base import Given, RequestLevelScheduler
+
+
+class NaiveConfig(Model):
+    """Naive batching: wait for exactly `batch_size` requests, run them to the end."""
+    batch_size: BatchSize = 16
+    """Requests per batch; a batch waits for exactly this many."""
 
 
 class NaiveScheduler(RequestLevelScheduler):
+    name, options_model, cap = "naive", NaiveConfig, "naive.batch_size"
+    title, color = "Naive", "#D55E00"
+
     @classmethod
-    def from_config(cls, cfg, memory, num_kv_blocks):
+    def from_config(cls, cfg, given: Given) -> NaiveScheduler:
         return cls(cfg.naive)
 
     def __init__(self, cfg: NaiveConfig):

@@ -11,9 +11,10 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+from collections.abc import Iterable
 from importlib.metadata import entry_points
 
-from batchlab.core.config import BUILTIN_STRATEGIES, one_line
+from batchlab.core.config import one_line
 from batchlab.errors import ConfigError
 from batchlab.schedulers.base import Scheduler
 
@@ -22,8 +23,9 @@ HOWTO = ("a policy of your own is named by import path 'pkg.module:Class' or by 
          f"'{GROUP}' group (README: Bring your own scheduler)")
 
 
-def load_policy(name: str) -> type[Scheduler]:
-    """The Scheduler subclass `name` names; ConfigError (one line) if it cannot be had."""
+def load_policy(name: str, builtin: Iterable[str] = ()) -> type[Scheduler]:
+    """The Scheduler subclass `name` names; ConfigError (one line) if it cannot be had.
+    `builtin`: the registered names, for the message when `name` is none of them."""
     if ":" in name:
         module, _, attr = name.partition(":")
         if os.getcwd() not in sys.path:
@@ -34,18 +36,18 @@ def load_policy(name: str) -> type[Scheduler]:
             raise ConfigError(f"strategies: policy '{name}': no module named '{e.name}'") from None
         except AttributeError:
             raise ConfigError(f"strategies: policy '{name}': module '{module}' has no '{attr}'") from None
-        except Exception as e:   # the module's own code failed as it was imported
+        except (Exception, SystemExit) as e:   # the module's own code failed (or exited) as it was imported
             raise ConfigError(one_line(f"strategies: policy '{name}': importing '{module}' raised "
                                        f"{type(e).__name__}: {e}")) from None
     else:
         found = entry_points(group=GROUP, name=name)
         if not found:
-            raise ConfigError(f"strategies: unknown strategy '{name}' (built in: {', '.join(BUILTIN_STRATEGIES)}; "
+            raise ConfigError(f"strategies: unknown strategy '{name}' (built in: {', '.join(builtin)}; "
                               f"{HOWTO})")
         ep = next(iter(found))
         try:
             obj = ep.load()
-        except Exception as e:
+        except (Exception, SystemExit) as e:
             raise ConfigError(one_line(f"strategies: entry point '{name}' ({ep.value}) could not be loaded: "
                                        f"{type(e).__name__}: {e}")) from None
     if not (isinstance(obj, type) and issubclass(obj, Scheduler)):

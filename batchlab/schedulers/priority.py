@@ -10,11 +10,19 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from batchlab.core.config import ContinuousConfig, PriorityConfig
+from batchlab.core.config import Model
 from batchlab.core.request import Request
 from batchlab.core.work import Idle, Step
 from batchlab.schedulers.continuous import ContinuousScheduler
 from batchlab.schedulers.queues import KeyedAdmission
+
+
+class PriorityConfig(Model):
+    """Iteration-level priority (traffic.classes' `priority`, lower first): admission by priority,
+    then arrival; out of room, the lowest-priority running request is preempted, as vLLM's
+    `--scheduling-policy priority` does."""
+    preempt: bool = True
+    """Preempt lower-priority running requests for a waiting higher one."""
 
 
 def urgency(r: Request) -> tuple[int, float, int]:
@@ -22,12 +30,8 @@ def urgency(r: Request) -> tuple[int, float, int]:
 
 
 class PriorityScheduler(KeyedAdmission):
-    options_section = "priority"
-
-    def __init__(self, cfg: ContinuousConfig, num_kv_blocks: int, policy: str = "recompute",
-                 options: PriorityConfig = PriorityConfig()):
-        super().__init__(cfg, num_kv_blocks, policy)
-        self.options = options
+    name, options_model, runs_under = "priority", PriorityConfig, ("continuous",)
+    title, color, compared_with = "Priority", "#E69F00", "continuous"
 
     def order_key(self, r: Request) -> tuple:
         return urgency(r)

@@ -13,22 +13,37 @@ seeded per request, with sigma set so the mean absolute relative error is `error
 from __future__ import annotations
 
 import math
+from typing import Annotated, Literal
 
 import numpy as np
+from pydantic import Field
 
-from batchlab.core.config import ContinuousConfig, SJFConfig
+from batchlab.core.config import Model
+from batchlab.core.limits import MAX_SECONDS
 from batchlab.core.request import Request
 from batchlab.schedulers.queues import KeyedAdmission, KeyedQueue
 
 
-class SJFScheduler(KeyedAdmission):
-    options_section = "sjf"
+class SJFConfig(Model):
+    """Shortest predicted remaining output first, with an aging cap: a request that has waited
+    `aging_s` goes ahead of every younger one (first come, first served among the aged)."""
+    aging_s: Annotated[float, Field(gt=0, le=MAX_SECONDS)] = 5.0
+    """Seconds of waiting after which a request goes ahead of every younger one."""
+    predictor: Literal["oracle", "noisy"] = "oracle"
+    """oracle: the true output length; noisy: a seeded guess."""
+    error: Annotated[float, Field(gt=0, le=10)] = 0.5
+    """noisy: the guess's mean absolute relative error."""
+    seed: Annotated[int, Field(ge=0, le=2**63 - 1)] = 0
+    """noisy: the predictor's own seed."""
 
-    def __init__(self, cfg: ContinuousConfig, num_kv_blocks: int, policy: str = "recompute",
-                 options: SJFConfig = SJFConfig()):
-        super().__init__(cfg, num_kv_blocks, policy)
-        self.options = options
-        self.sigma = sigma_for_error(options.error) if options.predictor == "noisy" else None
+
+class SJFScheduler(KeyedAdmission):
+    name, options_model, runs_under = "sjf", SJFConfig, ("continuous",)
+    title, short, color, compared_with = "Shortest-job-first", "SJF", "#56B4E9", "continuous"
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.sigma = sigma_for_error(self.options.error) if self.options.predictor == "noisy" else None
         self.by_age = KeyedQueue()               # the same waiting requests, oldest first
 
     def predicted(self, r: Request) -> int:

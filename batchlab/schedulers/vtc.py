@@ -14,11 +14,24 @@ Out of KV blocks, the newest running request is preempted, as under FCFS.
 from __future__ import annotations
 
 from collections import deque
+from typing import Annotated
 
-from batchlab.core.config import ContinuousConfig, VTCConfig
+from pydantic import Field
+
+from batchlab.core.config import Model
 from batchlab.core.request import Request
 from batchlab.core.work import Step
 from batchlab.schedulers.continuous import ContinuousScheduler
+
+
+class VTCConfig(Model):
+    """Virtual token counter fair share across tenants (Sheng et al., "Fairness in Serving Large
+    Language Models", OSDI 2024): admit from the tenant that has received the least weighted
+    service; a tenant returning from idle is lifted to the least backlogged counter."""
+    prefill_weight: Annotated[float, Field(gt=0, le=1000)] = 1.0
+    """The paper's w_p, per prompt token."""
+    decode_weight: Annotated[float, Field(gt=0, le=1000)] = 2.0
+    """The paper's w_q, per output token."""
 
 
 def tenant_of(r: Request) -> str:
@@ -26,12 +39,11 @@ def tenant_of(r: Request) -> str:
 
 
 class VTCScheduler(ContinuousScheduler):
-    options_section = "vtc"
+    name, options_model, runs_under = "vtc", VTCConfig, ("continuous",)
+    title, short, color, compared_with = "VTC fair-share", "VTC", "#999999", "continuous"
 
-    def __init__(self, cfg: ContinuousConfig, num_kv_blocks: int, policy: str = "recompute",
-                 options: VTCConfig = VTCConfig()):
-        super().__init__(cfg, num_kv_blocks, policy)
-        self.options = options
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
         self.counter: dict[str, float] = {}
         self.queues: dict[str, deque[Request]] = {}  # each tenant's waiting requests, in order
         self.generated: dict[Request, int] = {}

@@ -13,7 +13,6 @@ from __future__ import annotations
 import math
 import sys
 from contextlib import asynccontextmanager
-from pathlib import Path
 
 import click
 from fastapi import FastAPI
@@ -22,10 +21,13 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from batchlab.backends import make_backend, preflight
+from batchlab.backends import make_backend
 from batchlab.core.clock import RealClock
-from batchlab.core.config import RunConfig, load_user_config
+from batchlab.core.config import RunConfig
 from batchlab.errors import ConfigError, user_errors
+from batchlab.run.config import load_user_config
+from batchlab.run.sweep import preflight
+from batchlab.schedulers import SCHEDULERS
 from batchlab.server.engine import Engine
 from batchlab.server.middleware import CloseConnections, LimitBody, StampArrival
 from batchlab.server.protocol import APIError, ChatBody, CompletionBody, validation_message
@@ -121,31 +123,27 @@ def build_server(cfg: RunConfig, strategy: str, names: tuple[str, ...] = (), max
                  engine_thread: bool = False, flush_idle_s: float | None = 1.0,
                  max_body_bytes: int = 1 << 20) -> Server:
     """The scheduler, backend and engine for `strategy` under `cfg`, not yet started."""
-    from batchlab.schedulers import make_scheduler
+    from batchlab.backends import ENGINE
+    from batchlab.run.driver import given
+    from batchlab.schedulers import SCHEDULERS, make_scheduler
 
-    if strategy == "server" or strategy not in ("naive", "dynamic", "continuous"):
-        raise ConfigError(f"--strategy must be naive, dynamic or continuous (got {strategy!r})")
-    if cfg.backend.kind not in ("sim", "hf"):
-        raise ConfigError(f"batchlab serve runs backend.kind sim or hf, not {cfg.backend.kind!r}")
+    if strategy not in SCHEDULERS:
+        raise ConfigError(f"--strategy must be one of {', '.join(SCHEDULERS)} (got {strategy!r})")
+    if cfg.backend.role != ENGINE:
+        raise ConfigError(f"batchlab serve drives an engine (backend.kind sim or hf), not {cfg.backend.kind!r}, "
+                          "which batches for itself")
     if max_model_len is not None and default_max_tokens >= max_model_len:
         raise ConfigError(f"--default-max-tokens ({default_max_tokens}) must be below --max-model-len "
                           f"({max_model_len}): a prompt needs at least one token")
     backend = make_backend(cfg)
-    scheduler = make_scheduler(strategy, cfg, backend.memory_budget(),
-                               backend.num_kv_blocks(cfg.continuous.block_size))
-    if scheduler.level not in backend.levels:
-        raise ConfigError(f"backend.kind {cfg.backend.kind!r} cannot run continuous batching")
-    names = names or _default_names(cfg)
+    facts = backend.facts()
+    scheduler = make_scheduler(strategy, cfg, given(cfg, facts, live=True))
+    if scheduler.level not in facts.levels:
+        raise ConfigError(f"backend.kind {cfg.backend.kind!r} cannot run {scheduler.level}-level batching")
+    names = names or cfg.backend.model_names()
     opts = ServeOptions(tuple(names), max_queue, max_model_len, default_max_tokens, engine_thread=engine_thread,
                         flush_idle_s=flush_idle_s, max_body_bytes=max_body_bytes)
     return Server(Engine(scheduler, backend, RealClock(), flush_idle_s=flush_idle_s), opts)
-
-
-def _default_names(cfg: RunConfig) -> tuple[str, ...]:
-    if cfg.backend.kind == "sim":
-        return (cfg.backend.preset,)
-    name = cfg.backend.model or "tiny"
-    return tuple(dict.fromkeys([name, Path(name).name]))
 
 
 class OneLineUsageErrors(click.Command):
@@ -166,7 +164,7 @@ LOG_LEVELS = ["critical", "error", "warning", "info", "debug", "trace"]
 @click.command("serve", cls=OneLineUsageErrors)
 @click.argument("config", required=False, type=click.Path(dir_okay=False))
 @click.option("--strategy", default="dynamic", show_default=True,
-              type=click.Choice(["naive", "dynamic", "continuous"]), help="Batching policy.")
+              type=click.Choice(list(SCHEDULERS)), help="Batching policy.")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Override a config key (repeatable).")
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535),

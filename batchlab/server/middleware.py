@@ -24,8 +24,8 @@ class StampArrival:
 class CloseConnections:
     """ASGI middleware: answer every response with `Connection: close`.
 
-    NOTE: for clients that share one connection pool across event loops (the seed's load-test
-    script calls asyncio.run() per level with one AsyncOpenAI client): a kept-alive connection
+    NOTE: for clients that share one connection pool across event loops (a load-test script that
+    calls asyncio.run() per level with one AsyncOpenAI client): a kept-alive connection
     from a closed loop breaks their next request, against any keep-alive server."""
 
     def __init__(self, app):

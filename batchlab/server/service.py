@@ -54,7 +54,7 @@ class Server:
         self.engine, self.opts = engine, opts
         self.codec = TextCodec()              # the backend's tokenizer once it has loaded (start)
         self.max_model_len = opts.max_model_len or 4096
-        self.vocab: int | None = None         # prompt token ids must be below this (backend.vocab_size())
+        self.vocab: int | None = None         # prompt token ids must be below this (the engine's facts)
         self.draining = False                 # shutting down: new requests get 503
         self.clock = engine.clock
         self.streams: dict[Request, Stream] = {}
@@ -73,9 +73,10 @@ class Server:
         notify = (lambda reqs: loop.call_soon_threadsafe(self._wake, reqs)) if threaded else self._wake
         await self.engine.start(notify, threaded=threaded)
         backend = self.engine.backend
+        facts = backend.facts()
         self.codec = TextCodec(backend.tokenizer())
-        self.max_model_len = self.opts.max_model_len or backend.max_context() or 4096
-        self.vocab = backend.vocab_size()
+        self.max_model_len = self.opts.max_model_len or facts.max_context or 4096
+        self.vocab = facts.vocab_size
         self.engine.backend.reset_peak_memory()   # peaks are measured from here: loaded and warm
 
     def _wake(self, reqs: list[Request]) -> None:

@@ -6,11 +6,12 @@ from __future__ import annotations
 from batchlab.core.config import RunConfig
 from batchlab.core.sustain import saturated_rate
 from batchlab.core.traffic import burst_trace
+from batchlab.schedulers import scheduler_class
 
 
 def burst_size(cfg: RunConfig, strategy: str) -> int:
     """Eight full batches per replica (at least 400): enough for a steady middle to measure."""
-    return min(20_000, max(400, 8 * cfg.batch_rows(strategy) * cfg.backend.replicas))
+    return min(20_000, max(400, 8 * scheduler_class(strategy).batch_rows(cfg) * cfg.backend.replica_count()))
 
 
 def saturated(cfg: RunConfig, strategy: str, backend=None) -> float:

@@ -87,7 +87,7 @@ def check_plan(cfg: RunConfig, strategies: list[str], low: float, high: float, t
     unknown = [s for s in strategies if s not in cfg.strategies]
     if unknown:
         raise ConfigError(f"capacity: --strategy {', '.join(unknown)} is not in the config's strategies ({', '.join(cfg.strategies)})")
-    from batchlab.core.config import load_config
+    from batchlab.run.config import load_config
     load_config(None, [], base=cfg.model_dump(mode="json") | {"traffic": cfg.traffic.model_dump(mode="json") | {"rates": [high]}})
     return CapacityPlan(cfg, strategies or list(cfg.strategies), low, high, tolerance, width)
 

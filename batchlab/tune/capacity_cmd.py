@@ -13,9 +13,10 @@ from pathlib import Path
 
 import click
 
-from batchlab.core.config import load_user_config
 from batchlab.errors import user_errors
+from batchlab.run.config import load_user_config
 from batchlab.run.executors import make_executor
+from batchlab.run.experiment import config_tree
 from batchlab.tune.capacity import check_plan, search, summary_lines
 
 
@@ -51,7 +52,7 @@ def capacity_cmd(config, overrides, strategies, low, high, tolerance, probes, ex
         runner.close()
     out_dir = Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    record = {"config": cfg.tree(), "low": plan.low, "high": plan.high, "tolerance": tolerance, "probes_per_round": plan.width,
+    record = {"config": config_tree(cfg), "low": plan.low, "high": plan.high, "tolerance": tolerance, "probes_per_round": plan.width,
               "executor": where, "rule": "core/sustain.py",
               "strategies": {f.strategy: {"sustains": f.lo, "fails_at": f.hi, "saturated_req_s": f.saturated_req_s,
                                           "probes": [asdict(p) for p in f.probes]}

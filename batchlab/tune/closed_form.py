@@ -1,4 +1,4 @@
-"""The seed's closed form: batch cap and replica count by arithmetic, before any simulation.
+"""The closed form: batch cap and replica count by arithmetic, before any simulation.
 
 With b sequences running, one decode step costs t(b) = fixed + b x per-sequence cost (the step-time
 model at the traffic's mean lengths). The largest cap under a TPOT budget is the largest b with
@@ -49,12 +49,12 @@ def closed_form(cost: StepCost, target: Target) -> ClosedForm:
     step = fixed + cap * per_seq
     thru = cap / (step / 1e3)
     need = target.qps * o
-    replicas = max(1, -(-int(need) // int(thru))) if thru >= 1 else math.ceil(need / thru)  # the seed's arithmetic
+    replicas = max(1, -(-int(need) // int(thru))) if thru >= 1 else math.ceil(need / thru)  # whole replicas, rounded up
     return ClosedForm(fixed, per_seq, budget, cap, why, step, thru, need, replicas)
 
 
 def max_batch_under(step_ms, budget_ms: float | None, limit: int) -> tuple[int, str]:
-    """The seed's max_batch_under: grow b while t(b + 1) fits the budget."""
+    """The largest batch under the budget: grow b while t(b + 1) fits it."""
     if budget_ms is not None and step_ms(1) > budget_ms:
         return 1, "infeasible"
     if budget_ms is None:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from batchlab.tune.target import BATCH_BOUND, KNOB
+from batchlab.tune.target import BATCH_BOUND
 
 if TYPE_CHECKING:
     from batchlab.tune.search import TuneResult
@@ -42,7 +42,7 @@ def _draw(res: TuneResult, ax):
     caps = np.array([p.cap for p in res.sweep])
     ax.plot(caps, [p.served_tok_s for p in res.sweep], "o-", color="tab:blue", label="throughput, simulated")
     ax.plot(caps, caps / (cf.step(caps) / 1e3), "--", color="tab:blue", alpha=0.5, label="throughput, closed form b/t(b)")
-    ax.set_xlabel(f"batch cap ({KNOB[t.strategy]}, sequences)")
+    ax.set_xlabel(f"batch cap ({t.knob}, sequences)")
     ax.set_ylabel("throughput per replica (output tokens/s)")
     ax2 = ax.twinx()
     ax2.plot(caps, [1e3 * p.summary["tpot_p95"] for p in res.sweep], "s-", color="tab:red", label="p95 TPOT, simulated")

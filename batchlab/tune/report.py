@@ -1,6 +1,6 @@
 """What `batchlab tune` tells the user: the report lines on the terminal and tune.json.
 
-The report reads top-down like the seed's recipe: the step-time model and the SLO, the closed
+The report reads top-down like the sizing recipe it checks: the step-time model and the SLO, the closed
 form's arithmetic, the simulator's verdict on that setting, the searched cap and each replica count
 tried at the target traffic, then one verdict line with the knob to set (or a hint when nothing
 held). tune.json holds the same numbers, every simulated point with its SLO checks.
@@ -10,8 +10,9 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
+from batchlab.schedulers import scheduler_class
 from batchlab.tune.simulate import SimPoint
-from batchlab.tune.target import KNOB, mean_length
+from batchlab.tune.target import mean_length
 
 if TYPE_CHECKING:
     from batchlab.tune.search import TuneResult
@@ -44,7 +45,7 @@ def _closed_form_lines(res: TuneResult) -> list[str]:
         f"model: {res.cost.description or res.cost.name}; decode step t(b) = {cf.fixed_ms:.2f} + {cf.per_seq_ms:.3f} b ms "
         f"at mean prompt {mean_length(t.prompt_len):.0f}, output {mean_length(t.output_len):.0f} tokens",
         f"SLO: {_slo_text(t.slos)}; traffic {t.qps:g} req/s",
-        "closed form (the seed's arithmetic):",
+        "closed form (arithmetic on the step-time model):",
         f"  budget {cf.budget_ms:g} ms/token -> max batch {cf.cap} (step {cf.step_ms:.1f} ms; limited by {cf.limited_by})"
         if cf.budget_ms is not None else f"  no TPOT budget -> batch {cf.cap} (limited by {cf.limited_by})",
         f"  one replica: {cf.cap} / {cf.step_ms:.1f} ms = {cf.tok_s_per_replica:.0f} tok/s; need {t.qps:g} x "
@@ -54,10 +55,10 @@ def _closed_form_lines(res: TuneResult) -> list[str]:
 
 def _simulated_lines(res: TuneResult) -> list[str]:
     cf, t = res.closed, res.target
-    knob = KNOB[t.strategy]
+    knob = t.knob
     lines = [
         f"simulated, closed-form setting ({knob}={cf.cap}, {cf.replicas} replicas, {t.router}, {t.duration_s:g} s of "
-        f"Poisson traffic): " + _point_text(res.closed_check, t.slos),
+        f"{t.arrival} traffic): " + _point_text(res.closed_check, t.slos),
         f"simulated search (1 replica, saturated, caps {res.sweep[0].cap}..{res.sweep[-1].cap}): {knob}={res.cap} "
         f"({res.cap_reason})",
     ]
@@ -66,12 +67,13 @@ def _simulated_lines(res: TuneResult) -> list[str]:
 
 def _verdict_line(res: TuneResult) -> str:
     cf, t = res.closed, res.target
-    knob = KNOB[t.strategy]
+    knob = t.knob
     if res.replicas is None:
         last = res.replica_runs[-1]
         breached = [k for k, ok in last.slo_ok.items() if not ok] or ["keeping up"]
         hint = ("a request-level batch holds new arrivals until it finishes: try --strategy continuous"
-                if t.strategy != "continuous" and any(k.split("_")[0] in ("ttft", "queue_wait", "e2e") for k in breached)
+                if scheduler_class(t.strategy).level == "request"
+                and any(k.split("_")[0] in ("ttft", "queue_wait", "e2e") for k in breached)
                 else "shrink the batch or relax the SLO")
         return (f"verdict: no replica count up to {last.replicas} holds {', '.join(breached)} at "
                 f"{knob}={res.cap}; {hint}")

@@ -1,6 +1,6 @@
 """Tune to a latency budget: the largest batch that keeps the SLO, then replicas for the traffic.
 
-The seed's recipe, one file per part: target.py (the traffic, SLOs and step-time model),
+The sizing recipe, one file per part: target.py (the traffic, SLOs and step-time model),
 closed_form.py (t(b) = fixed + b x per-sequence, the largest b under the TPOT budget and the replicas
 for qps x output tokens/s), simulate.py (the simulator checks the cap on a grid at saturation, then
 the replica count at the target traffic), this file (the search's outline and its result),
@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from batchlab.backends.cost import StepCost
 from batchlab.run.executors import Executor, LocalExecutor
+from batchlab.schedulers import DynamicScheduler
 from batchlab.tune.closed_form import ClosedForm, closed_form, replicas_for
 from batchlab.tune.simulate import SimPoint, cap_grid, check_replicas, default_max_wait_ms, pick_cap, simulate, sweep_caps
 from batchlab.tune.target import Target
@@ -43,5 +44,5 @@ def tune(cost: StepCost, target: Target, executor: Executor | None = None) -> Tu
     if closed_check is None:
         closed_check = simulate(cost, target, cf.cap, cf.replicas, target.qps, target.slos,
                                 default_max_wait_ms(cf.cap, target, cf.replicas))
-    wait = default_max_wait_ms(cap, target, n or cf.replicas) if target.strategy == "dynamic" else None
+    wait = default_max_wait_ms(cap, target, n or cf.replicas) if target.strategy == DynamicScheduler.name else None
     return TuneResult(cost, target, cf, sweep, cap, why, closed_check, runs, n, wait)

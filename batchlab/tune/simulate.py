@@ -22,7 +22,9 @@ from batchlab.backends.cost import StepCost
 from batchlab.core.config import RunConfig, format_error
 from batchlab.core.sustain import served_share, stable, sustains
 from batchlab.errors import ConfigError
+from batchlab.run.config import config_model
 from batchlab.run.executors import Executor, LocalExecutor
+from batchlab.schedulers import ContinuousScheduler, DynamicScheduler
 from batchlab.tune.burst import saturated
 from batchlab.tune.closed_form import ClosedForm, step_model
 from batchlab.tune.target import BATCH_BOUND, Target, mean_length
@@ -53,21 +55,24 @@ class SimPoint:
 
 # ---------------------------------------------------------------- one simulated setting
 def sim_config(target: Target, cap: int, replicas: int, rate: float, max_wait_ms: float) -> RunConfig:
+    """The run config of one simulated setting: the cap on the strategy's knob, a token budget every
+    prompt fits in, dynamic batching's age trigger, the target's traffic at `rate`."""
     p_max = target.prompt_len.high or target.prompt_len.value or 8192
+    section, key = target.knob.split(".")
     tree = {
         "backend": {"kind": "sim", "replicas": replicas, "router": target.router},
         "strategies": [target.strategy],
-        "naive": {"batch_size": cap},
-        "dynamic": {"max_batch_size": cap, "max_wait_ms": max_wait_ms},
-        "continuous": {"max_num_seqs": cap, "max_num_batched_tokens": max(8192, p_max)},
-        "traffic": {"arrival": "poisson", "rates": [rate], "duration_s": target.duration_s,
-                    "warmup_s": target.warmup_s, "seed": target.seed,
+        section: {key: cap},
+        ContinuousScheduler.name: {"max_num_batched_tokens": max(8192, p_max)} | ({key: cap} if section == "continuous" else {}),
+        DynamicScheduler.name: {"max_wait_ms": max_wait_ms} | ({key: cap} if section == "dynamic" else {}),
+        "traffic": {"arrival": target.arrival, "burstiness": target.burstiness, "rates": [rate],
+                    "duration_s": target.duration_s, "warmup_s": target.warmup_s, "seed": target.seed,
                     "prompt_len": target.prompt_len.model_dump(exclude_none=True),
                     "output_len": target.output_len.model_dump(exclude_none=True)},
         "report": False,
     }
     try:
-        return RunConfig.model_validate(tree)
+        return config_model().model_validate(tree)
     except ValidationError as e:       # e.g. a tuned rate past the per-point request cap
         raise ConfigError(f"tune: a simulated check is out of bounds: {format_error(e)}") from None
 

@@ -1,28 +1,30 @@
 """What `batchlab tune` aims at: the traffic, its SLOs, and the step-time model to size it with.
 
 A Target is the peak traffic (req/s, prompt and output lengths) plus the latency SLOs as summary
-keys (tpot_p95 -> seconds). The step-time model is a measured profile, a simulator preset, or the
-seed's linear t(b) = step_ms + b x per_seq_ms. This file turns the command's text into those, with
-errors a user can act on; mean_length is the one number per length distribution the closed form uses.
+keys (tpot_p95 -> seconds), read from a run config: its highest rate is the peak, its simulator
+backend the step-time model (a preset, a measured profile, or `backend.linear`: t(b) = step_ms +
+b x per_seq_ms), its `slo` section the SLO unless `--slo` gives percentile limits. Errors name the
+key to change; mean_length is the one number per length distribution the closed form uses.
 """
 from __future__ import annotations
 
 import functools
 import re
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
 from batchlab.backends.cost import StepCost
-from batchlab.backends.presets import load_cost
-from batchlab.core.config import LengthDist
+from batchlab.backends.simulated import SimOptions
+from batchlab.core.config import LengthDist, RunConfig
+from batchlab.core.sustain import ATTAINMENT
 from batchlab.errors import ConfigError
+from batchlab.schedulers import SCHEDULERS, ContinuousScheduler, scheduler_class
 
 SLO_KEY = re.compile(r"^(ttft|tpot|itl|e2e|queue_wait)_(p50|p90|p95|p99|mean)$")
 UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0}
 BATCH_BOUND = ("tpot", "itl")       # SLOs a batch cap controls; the rest need capacity (replicas)
-KNOB = {"continuous": "continuous.max_num_seqs", "dynamic": "dynamic.max_batch_size", "naive": "naive.batch_size"}
+SLO_PERCENTILE = f"p{round(100 * ATTAINMENT)}"   # the config's thresholds hold for this share of requests
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,42 @@ class Target:
     warmup_s: float = 10.0
     seed: int = 0
     max_cap: int = 1024
+    arrival: str = "poisson"         # poisson, gamma or constant
+    burstiness: float = 1.0          # gamma's shape
+
+    @property
+    def knob(self) -> str:
+        """The dotted config key the cap sets (`continuous.max_num_seqs`)."""
+        return scheduler_class(self.strategy).cap
+
+
+def target_of(cfg: RunConfig, slos: tuple[str, ...] = (), strategy: str | None = None,
+              max_cap: int = 1024) -> tuple[Target, StepCost]:
+    """What `batchlab tune CONFIG` sizes: the config's peak rate and lengths under its SLO (or the
+    `--slo` percentile limits), for `strategy` (default: continuous if listed, else the first)."""
+    if not isinstance(cfg.backend, SimOptions):
+        raise ConfigError(f"tune: sizes in simulation: backend.kind sim (a preset, backend.profile or backend.linear), "
+                          f"not '{cfg.backend.kind}'")
+    t = cfg.traffic
+    if t.arrival == "trace" or t.sessions is not None:
+        raise ConfigError("tune: needs synthetic arrivals at a rate (poisson, gamma or constant), without sessions")
+    strategy = strategy or (ContinuousScheduler.name if ContinuousScheduler.name in cfg.strategies else cfg.strategies[0])
+    if strategy not in SCHEDULERS:
+        raise ConfigError(f"tune: --strategy {strategy!r}: one of {', '.join(SCHEDULERS)}")
+    limits = dict(parse_slo(s) for s in slos) or config_slos(cfg)
+    if not limits:
+        raise ConfigError("tune: needs an SLO: set slo.ttft_s / slo.tpot_s / slo.e2e_s, or give --slo tpot_p95=50ms")
+    if max_cap < 1:
+        raise ConfigError(f"tune: --max-cap must be at least 1 (got {max_cap})")
+    target = Target(max(t.rates), t.prompt_len, t.output_len, limits, strategy, cfg.backend.router, t.duration_s,
+                    t.warmup_s, t.seed, max_cap, t.arrival, t.burstiness)
+    return target, cfg.backend.cost()
+
+
+def config_slos(cfg: RunConfig) -> dict[str, float]:
+    """The config's thresholds as percentile limits: slo.tpot_s = 0.05 -> tpot_p90 <= 50 ms (the
+    share of requests that must meet a threshold, as the sustain rule counts it)."""
+    return {f"{k.removesuffix('_s')}_{SLO_PERCENTILE}": v for k, v in cfg.slo.model_dump().items() if v is not None}
 
 
 def parse_slo(text: str) -> tuple[str, float]:
@@ -52,42 +90,6 @@ def parse_slo(text: str) -> tuple[str, float]:
     if not value > 0:
         raise ConfigError(f"--slo {text!r}: the limit must be > 0")
     return m.group(1), value
-
-
-def parse_length(text: str, flag: str) -> LengthDist:
-    """'200', or a mapping like '{dist: uniform, low: 50, high: 300}'."""
-    import yaml
-    from pydantic import ValidationError
-
-    from batchlab.core.config import _as_length
-    try:
-        return LengthDist.model_validate(_as_length(yaml.safe_load(text)))
-    except (yaml.YAMLError, ValidationError, ValueError) as e:
-        why = e.errors()[0]["msg"].removeprefix("Value error, ") if isinstance(e, ValidationError) else str(e)
-        raise ConfigError(f"{flag} {text!r}: expected a token count like 200 or "
-                          f"'{{dist: uniform, low: 50, high: 300}}' ({why})") from None
-
-
-def linear_cost(step_ms: float, per_seq_ms: float) -> StepCost:
-    """The seed's model t(b) = step_ms + b x per_seq_ms, with no memory limit."""
-    return StepCost(step_ms / 1e3, 0.0, 0.0, 0.0, per_seq_ms / 1e3, kv_bytes_per_token=1,
-                    kv_budget_bytes=1 << 50, name="linear",
-                    description=f"linear: {step_ms:g} ms + {per_seq_ms:g} ms per sequence")
-
-
-def choose_cost(profile: str | None, preset: str | None, step_ms: float | None, per_seq_ms: float | None) -> StepCost:
-    given = [x for x in (profile, preset, step_ms) if x is not None]
-    if len(given) != 1:
-        raise ConfigError("give exactly one step-time model: --profile FILE, --preset NAME, or --step-ms X [--per-seq-ms Y]")
-    if step_ms is not None:
-        if step_ms <= 0 or (per_seq_ms or 0) < 0:
-            raise ConfigError("--step-ms must be > 0 and --per-seq-ms >= 0")
-        return linear_cost(step_ms, per_seq_ms or 0.0)
-    if per_seq_ms is not None:
-        raise ConfigError("--per-seq-ms goes with --step-ms")
-    if profile is not None and not Path(profile).is_file():
-        raise ConfigError(f"--profile: file not found: {profile}")
-    return load_cost(preset or "", profile)
 
 
 @functools.lru_cache(maxsize=16)

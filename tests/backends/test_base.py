@@ -1,4 +1,4 @@
-"""ServerBackend's send loop: fail fast when the first requests all fail the same way.
+"""LoadTarget's send loop: fail fast when the first requests all fail the same way.
 
 A fake server backend on the RealClock (a server run is real time by nature: the send loop
 yields until each planned arrival), no sockets. Its `send` takes `latency_s` and fails or
@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import contextlib
 
-from batchlab.backends.base import FAIL_FAST_AFTER, ServerBackend, common_failure
+from batchlab.backends.base import FAIL_FAST_AFTER, LoadTarget, common_failure
 from batchlab.core.breakdown import finish
 from batchlab.core.clock import RealClock
 from batchlab.core.request import Request, Status
 from batchlab.core.traffic import TraceItem
 
 
-class FakeServer(ServerBackend):
+class FakeServer(LoadTarget):
     def __init__(self, outcome, latency_s: float = 0.01):
         super().__init__()
         self.outcome, self.latency_s = outcome, latency_s    # outcome(request) -> error text or None
@@ -38,7 +38,7 @@ class FakeServer(ServerBackend):
         finish(r)
 
 
-def run(backend: ServerBackend, n: int = 100, gap_s: float = 0.02) -> list[Request]:
+def run(backend: LoadTarget, n: int = 100, gap_s: float = 0.02) -> list[Request]:
     clock = RealClock()
     trace = [TraceItem(i * gap_s, 4, 2) for i in range(n)]
     requests, _ = clock.run(backend.run_trace(trace, clock))

@@ -15,15 +15,16 @@ pytestmark = [pytest.mark.hf,
 
 from batchlab.backends import hf_common as hc  # noqa: E402
 from batchlab.backends import random_model as rm  # noqa: E402
-from batchlab.backends.hf import HFBackend  # noqa: E402
-from batchlab.backends.hf_cb import HFCBBackend  # noqa: E402
+from batchlab.backends.hf_backend import HFBackend  # noqa: E402
+from batchlab.backends.hf_cb_backend import HFCBBackend  # noqa: E402
 from batchlab.backends.hf_engine import StepEngine  # noqa: E402
 from batchlab.core.clock import RealClock  # noqa: E402
-from batchlab.core.config import ContinuousConfig, load_config  # noqa: E402
 from batchlab.core.request import Request, Status  # noqa: E402
 from batchlab.core.traffic import TraceItem  # noqa: E402
+from batchlab.run.config import load_config  # noqa: E402
 from batchlab.run.driver import Inbox, drive  # noqa: E402
 from batchlab.run.point import run_point  # noqa: E402
+from batchlab.schedulers import ContinuousConfig  # noqa: E402
 from batchlab.schedulers.continuous import ContinuousScheduler  # noqa: E402
 from tests.backends.test_hf import drive_trace  # noqa: E402
 
@@ -118,7 +119,7 @@ def test_the_backend_on_cuda_measures_its_reserve_stamps_after_sync_and_runs_a_p
         assert facts["device"].startswith("cuda") and facts["dtype"] == dtype and facts["gpu"]
         assert facts["model"] == "random:mini-llama (random weights)"
         assert isinstance(b.reserve_bytes, int) and b.reserve_bytes >= 0          # measured by the warm-up batch
-        assert 0 < b.memory_budget().budget_bytes == hc.device_memory_budget(b.loaded.device, None, b.reserve_bytes)
+        assert 0 < b.facts().kv_budget_bytes == hc.device_memory_budget(b.loaded.device, None, b.reserve_bytes)
         clock = RealClock()
         reqs = [Request(f"r{i}", 3 + 5 * i, 2 + i, clock.now(), index=i) for i in range(4)]
         for r in reqs:

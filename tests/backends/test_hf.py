@@ -8,13 +8,14 @@ import torch  # noqa: E402
 
 from batchlab.backends import hf_common as hc  # noqa: E402
 from batchlab.backends import hf_hub  # noqa: E402
-from batchlab.backends.hf import HFBackend  # noqa: E402
+from batchlab.backends.hf_backend import HFBackend  # noqa: E402
 from batchlab.core.clock import RealClock  # noqa: E402
 from batchlab.core.config import RunConfig  # noqa: E402
 from batchlab.core.request import Request, Status  # noqa: E402
 from batchlab.core.traffic import TraceItem, make_requests  # noqa: E402
 from batchlab.errors import ConfigError  # noqa: E402
-from batchlab.run.driver import Inbox, drive  # noqa: E402
+from batchlab.run.config import validate  # noqa: E402
+from batchlab.run.driver import Inbox, drive, given  # noqa: E402
 from batchlab.run.point import run_point  # noqa: E402
 from batchlab.schedulers import make_scheduler  # noqa: E402
 
@@ -32,7 +33,7 @@ def make_cfg(model_dir, **over) -> RunConfig:
     for key, value in over.items():
         section, name = key.split("__")
         tree.setdefault(section, {})[name] = value
-    return RunConfig.model_validate(tree)
+    return validate(tree)
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +52,7 @@ def drive_trace(cfg, strategy, backend, trace):
     clock = RealClock()
 
     async def main():
-        sched = make_scheduler(strategy, cfg, backend.memory_budget(), None)
+        sched = make_scheduler(strategy, cfg, given(cfg, backend.facts(), live=False))
         reqs = make_requests(trace, clock.now(), backend.prepare)
         await drive(sched, backend, clock, Inbox(reqs))
         return sched, reqs
@@ -150,7 +151,7 @@ def test_memory_trigger_with_small_budget(backend, tiny_model_dir):
     cfg = make_cfg(tiny_model_dir, backend__memory_budget_bytes=budget)
     backend.cfg, saved = cfg.backend, backend.cfg
     try:
-        assert backend.memory_budget().budget_bytes == budget
+        assert backend.facts().kv_budget_bytes == budget
         _, reqs = drive_trace(cfg, "dynamic", backend, [TraceItem(0.0, 8, 4) for _ in range(7)])
     finally:
         backend.cfg = saved
@@ -190,10 +191,10 @@ def test_device_and_dtype_choice():
 
 
 def test_tiny_alias_and_threads_setting(tiny_model_dir):
-    from batchlab.core.config import BackendConfig
+    from batchlab.backends.hf import HFOptions
     before = torch.get_num_threads()
     try:
-        lm = hc.load(BackendConfig(kind="hf", model="tiny", device="cpu", threads=1))
+        lm = hc.load(HFOptions(model="tiny", device="cpu", threads=1))
         assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)
@@ -206,7 +207,7 @@ def test_tokens_reach_their_requests_while_the_batch_is_still_generating():
     server streams request-level batches token by token instead of in one burst at the end."""
     import torch
 
-    from batchlab.backends.hf import StampEveryToken
+    from batchlab.backends.hf_backend import StampEveryToken
     from batchlab.core.request import Request
 
     class Tick:
@@ -286,13 +287,13 @@ def test_a_cached_hub_name_passes_and_loads_offline(no_hub, tiny_model_dir):
     (repo / "refs" / "main").write_text("0" * 40)
     warnings = bounded(lambda: hf_hub.check_model("someorg/tiny-cached"))
     assert warnings == ["backend.model 'someorg/tiny-cached': the hub is unreachable; loading the cached copy"]
-    from batchlab.core.config import BackendConfig
-    lm = bounded(lambda: hc.load(BackendConfig(kind="hf", model="someorg/tiny-cached", device="cpu")))
+    from batchlab.backends.hf import HFOptions
+    lm = bounded(lambda: hc.load(HFOptions(model="someorg/tiny-cached", device="cpu")))
     assert lm.name == "someorg/tiny-cached" and lm.model.config.num_hidden_layers == 4
 
 
 def test_preflight_checks_device_and_model_and_load_errors_are_config_errors(tmp_path):
-    from batchlab.backends import preflight
+    from batchlab.run.sweep import preflight
     with pytest.raises(ConfigError, match="no such directory"):
         preflight(make_cfg("/no/such/model/dir"))
     if not torch.cuda.is_available():

@@ -9,12 +9,12 @@ pytestmark = pytest.mark.hf
 
 from batchlab.backends import hf_common as hc  # noqa: E402
 from batchlab.backends import make_backend  # noqa: E402
-from batchlab.backends.hf_cb import HFCBBackend, _Tracker, from_config  # noqa: E402
+from batchlab.backends.hf_cb_backend import HFCBBackend, _Tracker  # noqa: E402
 from batchlab.core.clock import RealClock  # noqa: E402
-from batchlab.core.config import load_config  # noqa: E402
 from batchlab.core.request import Request, Status  # noqa: E402
 from batchlab.core.traffic import TraceItem  # noqa: E402
 from batchlab.errors import ConfigError  # noqa: E402
+from batchlab.run.config import load_config  # noqa: E402
 
 CB = ["backend.kind=hf-cb", "strategies=[server]", "continuous.num_kv_blocks=64", "backend.warmup_batches=0"]
 
@@ -94,7 +94,7 @@ def test_config_selects_hf_cb_only_with_the_server_strategy():
     assert isinstance(backend, HFCBBackend) and backend.manager is None     # nothing loaded yet
     with pytest.raises(ConfigError, match="server"):
         load_config(None, ["backend.kind=hf-cb", "strategies=[continuous]"])
-    assert isinstance(from_config(load_config(None, CB)), HFCBBackend)
+    assert isinstance(make_backend(load_config(None, CB)), HFCBBackend)
 
 
 def test_it_refuses_a_virtual_clock():

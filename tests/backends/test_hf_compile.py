@@ -11,7 +11,7 @@ pytestmark = pytest.mark.hf
 
 from batchlab.backends import hf_compile as hcomp  # noqa: E402
 from batchlab.backends.hf_engine import StepEngine  # noqa: E402
-from batchlab.core.config import ContinuousConfig  # noqa: E402
+from batchlab.schedulers import ContinuousConfig  # noqa: E402
 from batchlab.schedulers.continuous import ContinuousScheduler  # noqa: E402
 from tests.backends.test_hf_engine import MIX, make, reference, step_by_hand  # noqa: E402
 
@@ -113,18 +113,18 @@ def test_cuda_graph_decode_matches_eager_tokens(lm):
 
 
 def test_backend_compile_validates_and_stays_out_of_identities_at_its_default():
-    """Off by default and quiet there (QUIET_DEFAULTS): results directories keep their digest."""
-    from batchlab.core.config import load_config
+    """Off by default and out of identities there (a key added after schema 1): results
+    directories keep their digest."""
     from batchlab.errors import ConfigError
-    from batchlab.run.experiment import experiment
-    from batchlab.run.schema import point_hash
+    from batchlab.run.config import load_config
+    from batchlab.run.experiment import identity, point_hash
     off, on = load_config(None, ["backend.kind=hf"]), load_config(None, ["backend.kind=hf", "backend.compile=true"])
     assert off.backend.compile is False and on.backend.compile is True
-    assert "compile" not in experiment(off)["backend"] and experiment(on)["backend"]["compile"] is True
+    assert "compile" not in identity(off)["backend"] and identity(on)["backend"]["compile"] is True
     # the digests points had before backend.compile existed (computed at the commit before it): an
     # older results directory must keep resuming
     assert point_hash(off, "continuous") == "e6c8df704483"
     assert point_hash(load_config(None, []), "naive") == "4c1cf2454136"
     assert point_hash(on, "continuous") != point_hash(off, "continuous")
     with pytest.raises(ConfigError):
-        load_config(None, ["backend.compile=sometimes"])
+        load_config(None, ["backend.kind=hf", "backend.compile=sometimes"])

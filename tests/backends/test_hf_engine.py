@@ -18,10 +18,10 @@ pytestmark = pytest.mark.hf
 from batchlab.backends.hf_engine import StepEngine  # noqa: E402
 from batchlab.core.breakdown import finish  # noqa: E402
 from batchlab.core.clock import RealClock  # noqa: E402
-from batchlab.core.config import ContinuousConfig  # noqa: E402
 from batchlab.core.request import Request, Status  # noqa: E402
 from batchlab.core.work import Step  # noqa: E402
 from batchlab.run.driver import Inbox, drive  # noqa: E402
+from batchlab.schedulers import ContinuousConfig  # noqa: E402
 from batchlab.schedulers.continuous import ContinuousScheduler  # noqa: E402
 
 # (prompt tokens, output tokens, step at which the request arrives)
@@ -50,8 +50,7 @@ def reference(lm, r: Request) -> list[int]:
 def step_by_hand(engine, scheduler, requests, arrive_at, windows=False, past_finishes=False):
     """The driver's loop with arrivals at given step numbers instead of times (deterministic)."""
     clock, k, steps = RealClock(), 0, []
-    scheduler.multi_step = windows
-    scheduler.finish_in_window = past_finishes
+    scheduler.windows, scheduler.finish_in_window = windows, windows and past_finishes
 
     async def main():
         nonlocal k
@@ -65,8 +64,8 @@ def step_by_hand(engine, scheduler, requests, arrive_at, windows=False, past_fin
                 continue
             for r in out.preempted:
                 engine.release(r)
-            await engine.step(out, clock)
-            steps.extend([[(r.request_id, n) for r, n in out.chunks]] * out.repeat)
+            out.ran = await engine.step(out, clock)          # the driver's job: record what ran
+            steps.extend([[(r.request_id, n) for r, n in out.chunks]] * out.ran)
             for r in scheduler.finish_step(out, clock.now()):
                 engine.release(r)
                 finish(r)                       # the driver's job: the scheduler only lets go
@@ -133,7 +132,7 @@ def test_decode_windows_run_several_passes_per_call_and_still_match_generate(lm,
 
     async def spy(step, clock):
         offered.append(step.repeat)
-        await real_step(step, clock)
+        return await real_step(step, clock)
     engine.step = spy
     steps = step_by_hand(engine, sched, reqs, [a for *_, a in MIX], windows=True, past_finishes=past_finishes)
     assert max(offered) > 1 and len(offered) < len(steps)     # fewer calls than passes

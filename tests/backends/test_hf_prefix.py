@@ -10,10 +10,10 @@ from batchlab.backends.cost import StepCost  # noqa: E402
 from batchlab.backends.hf_engine import StepEngine  # noqa: E402
 from batchlab.backends.simulated import SimulatedBackend  # noqa: E402
 from batchlab.core.clock import RealClock, VirtualClock  # noqa: E402
-from batchlab.core.config import ContinuousConfig  # noqa: E402
 from batchlab.core.metrics import prefix_cache  # noqa: E402
 from batchlab.core.request import Request, Status  # noqa: E402
 from batchlab.run.driver import Inbox, drive  # noqa: E402
+from batchlab.schedulers import ContinuousConfig  # noqa: E402
 from batchlab.schedulers.continuous import ContinuousScheduler  # noqa: E402
 from tests.backends.test_hf_engine import drive_all_at_once, reference, step_by_hand  # noqa: E402
 

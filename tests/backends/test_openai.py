@@ -9,14 +9,15 @@ import socket
 import httpx
 import pytest
 
-from batchlab.backends import preflight
+from batchlab.backends import make_backend
 from batchlab.backends.base import FAIL_FAST_AFTER
-from batchlab.backends.openai import OpenAIBackend, check_server, chunk_itls, from_config, token_stamps
+from batchlab.backends.openai_client import OpenAIBackend, check_server, chunk_itls, token_stamps
 from batchlab.core.clock import RealClock
-from batchlab.core.config import load_config
 from batchlab.core.request import Request, Status
 from batchlab.core.traffic import TraceItem
 from batchlab.errors import ConfigError
+from batchlab.run.config import load_config
+from batchlab.run.sweep import preflight
 
 
 def sse(*events) -> bytes:
@@ -203,7 +204,7 @@ def test_run_trace_sends_at_planned_times_and_reports_send_lag():
 def test_config_needs_url_and_model():
     cfg = load_config(None, ["backend.kind=openai", "strategies=[server]"])
     with pytest.raises(ConfigError, match="base_url"):
-        from_config(cfg)
+        make_backend(cfg)
 
 
 # -- fail fast, keys, preflight -------------------------------------------------------------------
@@ -242,13 +243,13 @@ def openai_cfg(*extra):
 
 def test_the_key_comes_from_the_environment_only(monkeypatch):
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
-    assert from_config(openai_cfg()).api_key == "EMPTY"
+    assert make_backend(openai_cfg()).api_key == "EMPTY"
     monkeypatch.setenv("OPENAI_API_KEY", "sk-from-env")
-    assert from_config(openai_cfg()).api_key == "sk-from-env"
+    assert make_backend(openai_cfg()).api_key == "sk-from-env"
     monkeypatch.setenv("MY_KEY", "sk-mine")
-    assert from_config(openai_cfg("backend.api_key_env=MY_KEY")).api_key == "sk-mine"
+    assert make_backend(openai_cfg("backend.api_key_env=MY_KEY")).api_key == "sk-mine"
     with pytest.raises(ConfigError, match="backend.api_key_env: the environment variable NOT_SET_HERE is not set"):
-        from_config(openai_cfg("backend.api_key_env=NOT_SET_HERE"))
+        make_backend(openai_cfg("backend.api_key_env=NOT_SET_HERE"))
     assert "sk-" not in json.dumps(openai_cfg("backend.api_key_env=MY_KEY").model_dump())
 
 

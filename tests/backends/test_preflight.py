@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from batchlab.backends import preflight
-from batchlab.core.config import load_user_config
 from batchlab.errors import ConfigError
+from batchlab.run.config import load_user_config
+from batchlab.run.sweep import preflight
 
 
 def test_the_default_sweep_passes_with_no_warnings():

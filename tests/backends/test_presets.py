@@ -2,11 +2,10 @@
 presets folder becomes a measured preset beside the rooflines."""
 import pytest
 
-from batchlab.backends import presets
+from batchlab.backends import make_backend, presets
 from batchlab.backends.cost import StepCost
 from batchlab.backends.presets import MEASURED, ROOFLINE, TOY, load_cost, measured_presets, preset_kind, term_ratios
-from batchlab.backends.simulated import from_config
-from batchlab.core.config import load_config
+from batchlab.run.config import load_config
 
 
 def test_every_builtin_preset_has_a_kind_and_rooflines_say_so_in_their_description():
@@ -42,7 +41,7 @@ def test_a_profile_in_the_presets_folder_is_a_measured_preset(tmp_path):
 
 
 def test_the_simulator_names_its_preset_kind_in_setup(monkeypatch):
-    assert from_config(load_config(None, [])).describe()["preset_kind"] == ROOFLINE
+    assert make_backend(load_config(None, [])).describe()["preset_kind"] == ROOFLINE
     custom = StepCost(1e-3, 0, 0, 0, 0, 1, 1, name="mine-iteration")
     assert preset_kind(custom) == "measured (profile)"
     monkeypatch.setitem(presets.PRESETS, "h200-measured", presets.Preset(lambda: custom, MEASURED))

@@ -15,8 +15,8 @@ pytestmark = pytest.mark.hf
 from batchlab.backends import hf_common as hc  # noqa: E402
 from batchlab.backends import hf_hub  # noqa: E402
 from batchlab.backends import random_model as rm  # noqa: E402
-from batchlab.core.config import load_config  # noqa: E402
 from batchlab.errors import ConfigError  # noqa: E402
+from batchlab.run.config import load_config  # noqa: E402
 
 PUBLISHED = ["mistral-7b", "llama2-7b", "llama3-8b", "tinyllama-1.1b"]
 REPO = Path(__file__).resolve().parents[2]

@@ -3,8 +3,8 @@ import pytest
 from batchlab.backends.cost import StepCost
 from batchlab.backends.presets import PRESETS, load_cost
 from batchlab.backends.simulated import SimulatedBackend
-from batchlab.core.config import load_config
 from batchlab.errors import ConfigError
+from batchlab.run.config import load_config
 from batchlab.run.point import run_point
 
 
@@ -28,13 +28,12 @@ def test_decode_windows_are_bit_identical_to_single_steps(overrides):
                              "traffic.prompt_len={dist: uniform, low: 16, high: 400}",
                              "traffic.output_len={dist: uniform, low: 4, high: 300}", *overrides])
     fast = SimulatedBackend(load_cost("llama2-7b-a100"))
-    slow = SimulatedBackend(load_cost("llama2-7b-a100"))
-    slow.runs_decode_windows = False           # the driver then never lets the scheduler offer windows
+    slow = SimulatedBackend(load_cost("llama2-7b-a100"), decode_windows=False)   # its scheduler then offers none
     calls, step = [], fast.step
 
     async def counted(s, clock):
         calls.append(s)
-        await step(s, clock)
+        return await step(s, clock)
     fast.step = counted
     a = run_point(cfg, "continuous", 30.0, 0, fast)
     b = run_point(cfg, "continuous", 30.0, 0, slow)
@@ -90,6 +89,5 @@ def test_decode_windows_never_evict_a_cached_prefix_that_single_steps_keep(block
         " message_len: {dist: lognormal, median: 64, sigma: 0.6, low: 8, high: 512}}",
         "continuous.prefix_caching=true", f"continuous.num_kv_blocks={blocks}"])
     fast = SimulatedBackend(load_cost("llama2-7b-a100"))
-    slow = SimulatedBackend(load_cost("llama2-7b-a100"))
-    slow.runs_decode_windows = False
+    slow = SimulatedBackend(load_cost("llama2-7b-a100"), decode_windows=False)
     assert stamps(run_point(cfg, "continuous", 1.0, 0, fast)) == stamps(run_point(cfg, "continuous", 1.0, 0, slow))

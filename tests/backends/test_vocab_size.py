@@ -1,20 +1,26 @@
-"""Backend.vocab_size(): the token ids a prompt may use, on every backend (a server checks them)."""
+"""The vocabulary an engine states in its facts (EngineFacts.vocab_size) and a load target through
+`vocab_size()`: the token ids a prompt may use, on every backend (a server checks them)."""
 from __future__ import annotations
 
 import json
 
 import pytest
 
-from batchlab.backends.base import Backend
+from batchlab.backends import make_backend
+from batchlab.backends.base import LoadTarget
 from batchlab.backends.presets import PRESETS, VOCAB_SIZES, load_cost, load_vocab_size
-from batchlab.backends.simulated import SimulatedBackend, from_config
-from batchlab.core.config import load_config
+from batchlab.backends.simulated import SimulatedBackend
 from batchlab.errors import ConfigError
+from batchlab.run.config import load_config
 
 
-def test_a_backend_without_a_vocabulary_says_none():
-    class Bare(Backend):
-        pass
+def test_a_load_target_without_a_vocabulary_says_none():
+    class Bare(LoadTarget):
+        def session(self, concurrency):
+            raise NotImplementedError
+
+        async def send(self, request, session, clock):
+            raise NotImplementedError
     assert Bare().vocab_size() is None
 
 
@@ -22,7 +28,7 @@ def test_a_backend_without_a_vocabulary_says_none():
                                          ("tinyllama-3090", 32000), ("toy", 32000)])
 def test_simulator_answers_its_presets_vocabulary(preset, size):
     cfg = load_config(None, ["backend.kind=sim", f"backend.preset={preset}"])
-    assert from_config(cfg).vocab_size() == size
+    assert make_backend(cfg).facts().vocab_size == size
     assert set(VOCAB_SIZES) == set(PRESETS)          # a new preset must say its vocabulary
 
 
@@ -33,8 +39,8 @@ def test_a_profile_gives_its_vocab_size_or_the_default(tmp_path):
     assert load_vocab_size("toy", str(with_size)) == 50257
     assert load_vocab_size("llama2-7b-a100", str(without)) == 32000
     cfg = load_config(None, ["backend.kind=sim", f"backend.profile={with_size}"])
-    backend = from_config(cfg)
-    assert backend.vocab_size() == 50257 and backend.cost == load_cost("toy")
+    backend = make_backend(cfg)
+    assert backend.facts().vocab_size == 50257 and backend.cost == load_cost("toy")
 
 
 @pytest.mark.parametrize("value", [0, -5, 1.5, "32000", None])
@@ -56,8 +62,8 @@ def test_a_profile_that_is_not_json_is_a_config_error(tmp_path):
 
 
 def test_the_simulators_default_vocabulary():
-    assert SimulatedBackend(load_cost("toy")).vocab_size() == 32000
-    assert SimulatedBackend(load_cost("toy"), vocab_size=100).vocab_size() == 100
+    assert SimulatedBackend(load_cost("toy")).facts().vocab_size == 32000
+    assert SimulatedBackend(load_cost("toy"), vocab_size=100).facts().vocab_size == 100
 
 
 def test_hf_backends_answer_the_length_of_their_tokenizer():
@@ -68,7 +74,6 @@ def test_hf_backends_answer_the_length_of_their_tokenizer():
         def __len__(self):
             return 3001
 
-    class Model(hc.ModelBackend):
-        loaded = hc.Loaded(model=None, tokenizer=Tokenizer(), device=torch.device("cpu"), dtype=torch.float32,
-                           name="fake")
-    assert Model().vocab_size() == 3001
+    from batchlab.backends.hf_cb_backend import HFCBBackend
+    loaded = hc.Loaded(model=None, tokenizer=Tokenizer(), device=torch.device("cpu"), dtype=torch.float32, name="fake")
+    assert HFCBBackend(None, None, loaded=loaded).vocab_size() == 3001

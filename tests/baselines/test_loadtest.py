@@ -8,7 +8,7 @@ from click.testing import CliRunner
 
 pytest.importorskip("fastapi")
 
-from batchlab.backends.openai import OpenAIBackend  # noqa: E402
+from batchlab.backends.openai_client import OpenAIBackend  # noqa: E402
 from batchlab.baselines.loadtest import closed_loop, loadtest_cmd, open_loop  # noqa: E402
 from batchlab.core.config import TrafficConfig  # noqa: E402
 from tests.server.conftest import running_server  # noqa: E402

@@ -111,9 +111,9 @@ def test_cli_bad_input_is_one_line_and_exit_2(args, needle, tmp_path, monkeypatc
 @pytest.mark.hf
 @pytest.mark.parametrize("strategy", ["dynamic", "continuous"])
 def test_profiles_the_tiny_hf_model_on_both_paths(strategy, tiny_model_dir):
-    from batchlab.backends.hf import HFBackend
-    from batchlab.core.config import BackendConfig
-    backend = HFBackend(BackendConfig(kind="hf", model=str(tiny_model_dir), device="cpu", dtype="float32",
+    from batchlab.backends.hf import HFOptions
+    from batchlab.backends.hf_backend import HFBackend
+    backend = HFBackend(HFOptions(model=str(tiny_model_dir), device="cpu", dtype="float32",
                                       memory_budget_bytes=1 << 26, warmup_batches=0))
     grid = Grid(batch_sizes=(1, 2), contexts=(8,), prompts=(16,), new_tokens=3, repeats=1, warmup=0)
     prof = profile_backend(backend, strategy, grid)

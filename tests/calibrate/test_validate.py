@@ -6,8 +6,8 @@ from click.testing import CliRunner
 
 from batchlab.backends.presets import load_cost
 from batchlab.calibrate.validate import load_profiles, profile_for, report_lines, sim_cost, validate, validate_cmd
-from batchlab.core.config import load_config
 from batchlab.errors import ConfigError
+from batchlab.run.config import load_config
 
 TIME_FIELDS = ("overhead_s", "weight_s", "kv_s_per_token", "prefill_s_per_token", "decode_s_per_row", "prefill_step_s")
 
@@ -158,7 +158,7 @@ def test_the_interval_reads_the_fits_error_from_the_profile(tmp_path):
 
 
 def test_the_real_runs_memory_budget_carries_over():
-    cfg = load_config(None, ["backend.memory_budget_bytes=4096"])
+    cfg = load_config(None, ["backend.kind=hf", "backend.memory_budget_bytes=4096"])
     assert sim_cost(cfg, load_cost("toy")).kv_budget_bytes == 4096
 
 

@@ -4,9 +4,10 @@ from collections import Counter
 
 import pytest
 
-from batchlab.core.config import load_config
 from batchlab.core.traffic import build_trace, make_requests
 from batchlab.errors import ConfigError
+from batchlab.run.config import load_config
+from batchlab.run.experiment import config_tree
 
 MIX = ("traffic.classes=[{name: chat, weight: 3, output_len: 16, tenant: alice, priority: 0},"
        " {name: batch, weight: 1, output_len: {dist: uniform, low: 200, high: 400}, priority: 2}]")
@@ -47,7 +48,7 @@ def test_plain_traffic_is_unchanged_by_the_feature():
     _, plain = trace()
     assert all(i.klass is None for i in plain)
     cfg = load_config(None, [])
-    assert "classes" not in cfg.tree()["traffic"]
+    assert "classes" not in config_tree(cfg)["traffic"]
 
 
 @pytest.mark.parametrize("value, message", [

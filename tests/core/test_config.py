@@ -1,9 +1,10 @@
 import pytest
 
-from batchlab.core.applies import config_warnings
-from batchlab.core.config import LengthDist, RunConfig, load_config, load_user_config
+from batchlab.core.config import LengthDist
 from batchlab.core.limits import MAX_REQUESTS_PER_POINT, MAX_TOKENS_PER_POINT
 from batchlab.errors import ConfigError
+from batchlab.run.config import config_warnings, load_config, load_user_config, validate
+from batchlab.run.experiment import config_tree
 
 
 def test_defaults_and_overrides(tmp_path):
@@ -70,8 +71,10 @@ def test_file_errors(tmp_path):
     ("backend.base_url=localhost:8000", "backend.base_url: expected http://HOST[:PORT]/PATH"),
 ])
 def test_non_finite_and_out_of_bounds_values_are_refused_with_the_bound(override, message):
-    with pytest.raises(ConfigError) as e:
-        load_config(None, [override])
+    kind = {"timeout_s": "openai", "base_url": "openai", "device": "hf", "dtype": "hf"}.get(override.split("=")[0].split(".")[-1])
+    with pytest.raises(ConfigError) as e:          # a backend key is checked by the kind that reads it
+        load_config(None, [override] + ([f"backend.kind={kind}", "strategies=[server]"] if kind == "openai" else
+                                        [f"backend.kind={kind}"] if kind else []))
     assert message in str(e.value)
     assert "\n" not in str(e.value)
 
@@ -121,8 +124,11 @@ def test_an_api_key_in_a_config_is_refused_without_echoing_it(tmp_path):
                                       "backend.base_url=http://user:sk-secret-123@host:8000/v1"])
 def test_a_key_put_in_the_wrong_place_is_refused_without_echoing_it(override):
     with pytest.raises(ConfigError) as e:
-        load_config(None, [override])
+        load_config(None, ["backend.kind=openai", "strategies=[server]", override])
     assert "sk-secret-123" not in str(e.value)
+    # on a kind that never reads it, the key is dropped: named in a warning, its value nowhere
+    cfg = load_config(None, [override])
+    assert "sk-secret-123" not in str(config_warnings(cfg)) + config_tree(cfg).__repr__()
 
 
 def test_api_key_env_names_a_variable_and_is_written_as_a_name():
@@ -160,8 +166,8 @@ def test_keys_that_apply_or_come_from_the_packaged_defaults_give_no_warning(tmp_
     f.write_text("backend: {kind: sim, model: x}\n")
     assert config_warnings(load_config(f)) == ["backend.model does not apply to backend.kind 'sim' (ignored)"]
     # Built directly (no load_config): the fields that were set count.
-    assert config_warnings(RunConfig.model_validate({"backend": {"threads": 2}})) == [
-        "backend.threads does not apply to backend.kind 'sim' (ignored)"]
+    assert config_warnings(validate({"traffic": {"burstiness": 0.5}})) == [
+        "traffic.burstiness does not apply to arrival 'poisson' (only gamma has a shape) (ignored)"]
 
 
 # -- one line, whatever the input -------------------------------------------------------------------

@@ -25,11 +25,11 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
-from batchlab.core.applies import config_warnings
-from batchlab.core.config import RunConfig, TrafficConfig, load_config, load_user_config
+from batchlab.core.config import RunConfig, TrafficConfig
 from batchlab.core.limits import MAX_LENGTH, MAX_RATE, MAX_REQUESTS_PER_POINT, MAX_SECONDS, MAX_TOKENS_PER_POINT, MIN_RATE
 from batchlab.core.traffic import build_trace, check_inputs, read_trace_file
 from batchlab.errors import ConfigError
+from batchlab.run.config import config_warnings, load_config, load_user_config
 
 FUZZ = settings(derandomize=True, deadline=None, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])

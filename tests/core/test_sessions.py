@@ -5,12 +5,14 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from batchlab.core.config import RunConfig, TrafficConfig, load_config
+from batchlab.core.config import TrafficConfig
 from batchlab.core.content import id_range, ideal_prefix_hits, segment_ids, token_ids
 from batchlab.core.request import Request, Status
 from batchlab.core.sessions import Conversations
 from batchlab.core.traffic import build_trace, make_requests, zipf_groups
 from batchlab.errors import ConfigError
+from batchlab.run.config import load_config
+from batchlab.run.experiment import identity
 
 BASE = dict(duration_s=200, warmup_s=0, seed=3, prompt_len={"dist": "uniform", "low": 10, "high": 50},
             output_len={"dist": "uniform", "low": 4, "high": 9})
@@ -141,10 +143,10 @@ def test_combinations_that_cannot_work_are_refused_in_one_line(sets, message):
         load_config(None, sets)
 
 
-def test_unset_traffic_keys_stay_out_of_the_dump_so_old_digests_hold():
-    tree = RunConfig().model_dump()["traffic"]
+def test_unset_traffic_keys_stay_out_of_identities_so_old_digests_hold():
+    tree = identity(load_config(None, []))["traffic"]
     assert not {"replay", "prefix", "sessions"} & set(tree)
-    assert "sessions" in load_config(None, ["traffic.sessions={turns: 2}"]).model_dump()["traffic"]
+    assert "sessions" in identity(load_config(None, ["traffic.sessions={turns: 2}"]))["traffic"]
 
 
 def test_the_request_cap_counts_every_turn():

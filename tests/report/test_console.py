@@ -7,9 +7,9 @@ import pandas as pd
 import pytest
 from rich.console import Console
 
-from batchlab.core.config import load_user_config
 from batchlab.report import console
 from batchlab.report.timeline import BurstResult
+from batchlab.run.config import load_user_config
 from batchlab.run.sweep import run_sweep
 
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from batchlab.core.config import load_user_config
 from batchlab.report.report import build_report
+from batchlab.run.config import load_user_config
 from batchlab.run.sweep import run_sweep
 
 CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")

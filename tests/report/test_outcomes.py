@@ -21,9 +21,9 @@ import pytest
 from click.testing import CliRunner
 
 from batchlab.cli import main
-from batchlab.core.config import load_user_config
 from batchlab.report import fmt, pareto, plots, run_plots
 from batchlab.report.report import build_report
+from batchlab.run.config import load_user_config
 from batchlab.run.sweep import run_sweep
 
 SHORT = ["traffic.duration_s=5", "traffic.warmup_s=1", "report=false"]

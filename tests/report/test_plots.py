@@ -4,9 +4,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from batchlab.core.config import load_user_config
 from batchlab.report import pareto, plots, run_plots
 from batchlab.report.load import load_requests
+from batchlab.run.config import load_user_config
 from batchlab.run.sweep import run_sweep
 
 SLO = {"ttft_s": 1.0, "tpot_s": 0.05}

@@ -4,9 +4,9 @@ import pytest
 from click.testing import CliRunner
 
 from batchlab.cli import main
-from batchlab.core.config import load_user_config
 from batchlab.errors import ConfigError
 from batchlab.report.report import build_report
+from batchlab.run.config import load_user_config
 from batchlab.run.sweep import run_sweep
 
 TINY = ["traffic.rates=[5, 20]", "traffic.duration_s=15", "traffic.warmup_s=3", "report=false"]

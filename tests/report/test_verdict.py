@@ -107,9 +107,9 @@ def test_a_strategy_that_failed_every_request_is_named_with_the_recorded_reason(
     # The toy preset holds 28,800 KV tokens: naive's batches of 16 prompts of 8,000 tokens padded
     # to 8,492 never fit, while dynamic backs off to batches that do. Through the CSV files, as
     # the report reads them.
-    from batchlab.core.config import load_config
     from batchlab.report import stats
     from batchlab.report.report import load_requests, load_results
+    from batchlab.run.config import load_config
     from batchlab.run.sweep import run_sweep
     cfg = load_config(None, ["backend.preset=toy", "strategies=[naive,dynamic]", "traffic.rates=[1]",
                              "traffic.duration_s=40", "traffic.warmup_s=0", "traffic.prompt_len=8000",

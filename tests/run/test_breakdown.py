@@ -3,11 +3,12 @@
 breakdown's own arithmetic. That the phases add up to E2E is only a secondary check."""
 import pytest
 
+from batchlab.backends import make_backend
 from batchlab.backends.cost import StepCost
-from batchlab.backends.simulated import SimulatedBackend, from_config
-from batchlab.core.config import load_config
+from batchlab.backends.simulated import SimulatedBackend
 from batchlab.core.metrics import per_request
 from batchlab.core.traffic import TraceItem
+from batchlab.run.config import load_config
 from batchlab.run.point import run_point
 from tests.fakes import UnitStepBackend
 
@@ -74,7 +75,7 @@ def run(strategy, *overrides):
     cfg = load_config(None, ["backend.preset=toy", "traffic.rates=[40]", "traffic.duration_s=8",
                              "traffic.warmup_s=0", "traffic.prompt_len={dist: uniform, low: 32, high: 256}",
                              "traffic.output_len={dist: uniform, low: 32, high: 256}", *overrides])
-    return run_point(cfg, strategy, 40.0, 0, from_config(cfg)).requests
+    return run_point(cfg, strategy, 40.0, 0, make_backend(cfg)).requests
 
 
 @pytest.mark.parametrize("strategy", ["naive", "dynamic", "continuous"])

@@ -5,18 +5,18 @@ import contextlib
 
 import pytest
 
-from batchlab.backends.base import ServerBackend
+from batchlab.backends.base import LoadTarget
 from batchlab.core.breakdown import finish
 from batchlab.core.clock import VirtualClock
-from batchlab.core.config import ContinuousConfig, NaiveConfig, load_config
 from batchlab.core.metrics import littles_law
 from batchlab.core.request import Status
 from batchlab.core.traffic import TraceItem
+from batchlab.run.config import load_config
 from batchlab.run.driver import Inbox, Occupancy, drive
 from batchlab.run.point import run_point
 from batchlab.run.replicas import make_replicas, serve_replicated
 from batchlab.run.router import LeastOutstanding
-from batchlab.schedulers import ContinuousScheduler, NaiveScheduler
+from batchlab.schedulers import ContinuousConfig, ContinuousScheduler, NaiveConfig, NaiveScheduler
 from tests.fakes import UnitStepBackend, make_requests
 
 ARRIVALS = [0, 1, 5, 6, 7]
@@ -72,6 +72,7 @@ class LateStamps(UnitStepBackend):
         for r, n in step.chunks:
             if r.num_computed_tokens + n >= r.num_tokens:
                 r.stamp_token(clock.now() + 0.5)
+        return 1
 
 
 def test_a_backend_that_stamps_late_is_flagged():
@@ -111,7 +112,7 @@ def test_a_point_uses_the_drivers_count_and_rebases_it():
     assert res.summary["little_L"] == pytest.approx(20 / 20) and abs(res.summary["little_gap"]) < 1e-12
 
 
-class FakeServer(ServerBackend):
+class FakeServer(LoadTarget):
     """Batches for itself: 1 ms per token, every request at once (real time: a server's sends
     spin on the clock, which virtual time cannot)."""
 

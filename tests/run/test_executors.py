@@ -12,8 +12,9 @@ import pytest
 from click.testing import CliRunner
 
 from batchlab.cli import main
-from batchlab.core.config import ExecutorConfig, load_config
+from batchlab.core.config import ExecutorConfig
 from batchlab.errors import ConfigError, RunFailed
+from batchlab.run.config import load_config
 from batchlab.run.executors import LocalExecutor, Need, RayExecutor, server_resource
 from batchlab.run.results import ResultsDir
 from batchlab.run.sweep import execute, plan_sweep, point_need, point_task, run_sweep

@@ -5,7 +5,7 @@ import json
 
 import pandas as pd
 
-from batchlab.core.config import load_config
+from batchlab.run.config import load_config
 from batchlab.run.sweep import run_sweep
 
 # Mooncake blocks of 64 tokens, the scheduler's of 16: each Mooncake block is 4 cache blocks.

@@ -1,5 +1,5 @@
-from batchlab.core.config import load_config
 from batchlab.core.traffic import TraceItem
+from batchlab.run.config import load_config
 from batchlab.run.point import run_point
 from tests.fakes import UnitStepBackend
 

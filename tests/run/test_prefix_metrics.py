@@ -2,12 +2,12 @@
 report's lines, and a default run that records nothing new about a cache it did not run."""
 import pandas as pd
 
-from batchlab.core.config import load_config
 from batchlab.core.traffic import TraceItem
 from batchlab.report.report import prefix_cache_lines
-from batchlab.run.experiment import experiment
+from batchlab.run.config import load_config
+from batchlab.run.experiment import identity, knobs, point_hash
 from batchlab.run.point import run_point
-from batchlab.run.schema import REQUEST_COLUMNS, point_hash, request_rows
+from batchlab.run.schema import REQUEST_COLUMNS, request_rows
 from tests.fakes import UnitStepBackend
 
 
@@ -42,10 +42,10 @@ def test_without_prefix_caching_the_summary_has_no_cache_columns_and_the_config_
     assert not any(k.startswith("prefix_") for k in res.summary)
     assert all(r.num_cached_tokens == 0 for r in res.requests)
     # the key is left out while at its default: knobs, point hashes and identities stay as they were
-    assert "continuous.prefix_caching" not in off.knobs("continuous")
-    assert "prefix_caching" not in experiment(off)["continuous"]
+    assert "continuous.prefix_caching" not in knobs(off, "continuous")
+    assert "prefix_caching" not in identity(off)["continuous"]
     on = load_config(None, ON)
-    assert on.knobs("continuous")["continuous.prefix_caching"] is True
+    assert knobs(on, "continuous")["continuous.prefix_caching"] is True
     assert point_hash(on, "continuous") != point_hash(off, "continuous")
 
 

@@ -5,8 +5,8 @@ import pytest
 
 from batchlab.backends.cost import StepCost
 from batchlab.backends.simulated import SimulatedBackend
-from batchlab.core.config import load_config
 from batchlab.core.metrics import batch_sizes, measured, summarize
+from batchlab.run.config import load_config
 from batchlab.run.point import run_point
 
 FAST = StepCost(overhead_s=1e-4, weight_s=0.0, kv_s_per_token=0.0, prefill_s_per_token=0.0,

@@ -3,8 +3,8 @@ import pytest
 from batchlab.backends.cost import StepCost
 from batchlab.backends.simulated import SimulatedBackend
 from batchlab.core.clock import VirtualClock
-from batchlab.core.config import load_config
 from batchlab.core.request import Status
+from batchlab.run.config import load_config
 from batchlab.run.point import run_point
 from batchlab.run.replicas import make_replicas, serve_replicated
 from batchlab.run.router import LeastOutstanding, RoundRobin

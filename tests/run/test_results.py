@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from batchlab.core.config import load_config
 from batchlab.errors import ConfigError
-from batchlab.run.experiment import differences, experiment, experiment_digest, recorded_config
-from batchlab.run.results import ResultsDir, check_location
+from batchlab.run.config import load_config
+from batchlab.run.experiment import differences, digest, identity
+from batchlab.run.results import ResultsDir, check_location, recorded_config
 from batchlab.run.schema import REQUEST_COLUMNS
 
 
@@ -35,32 +35,32 @@ def two_points(tmp_path: Path, error: str = "") -> ResultsDir:
 # ---- identity --------------------------------------------------------------------------------------
 
 def test_identity_ignores_what_may_grow_and_what_changes_no_result():
-    base = experiment(load_config(None, []))
-    same = experiment(load_config(None, ["traffic.rates=[1, 2]", "traffic.repeats=3", "strategies=[naive]",
+    base = identity(load_config(None, []))
+    same = identity(load_config(None, ["traffic.rates=[1, 2]", "traffic.repeats=3", "strategies=[naive]",
                                          "name=x", "out=elsewhere", "report=false", "backend.api_key_env=MY_KEY"]))
-    assert same == base and experiment_digest(same) == experiment_digest(base)
+    assert same == base and digest(same) == digest(base)
     assert "sk-secret" not in str(base) and "rates" not in base["traffic"]
     for change in ["dynamic.max_wait_ms=20", "traffic.seed=1", "traffic.duration_s=30", "slo.ttft_s=2",
                    "backend.preset=toy", "continuous.block_size=32"]:
-        assert experiment_digest(experiment(load_config(None, [change]))) != experiment_digest(base), change
+        assert digest(identity(load_config(None, [change]))) != digest(base), change
 
 
 def test_an_edited_input_file_is_another_experiment(tmp_path):
     trace = tmp_path / "t.csv"
     trace.write_text("arrival_time,prompt_len,output_len\n0.0,10,3\n")
     cfg = load_config(None, ["traffic.arrival=trace", f"traffic.trace_file={trace}"])
-    before = experiment(cfg)
+    before = identity(cfg)
     trace.write_text("arrival_time,prompt_len,output_len\n0.0,10,4\n")
-    after = experiment(cfg)
+    after = identity(cfg)
     assert before != after
     assert "input_files.traffic.trace_file" in differences(before, after)
 
 
 def test_differences_name_each_key_with_both_values():
-    a = experiment(load_config(None, []))
-    b = experiment(load_config(None, ["dynamic.max_wait_ms=20", "traffic.seed=7"]))
+    a = identity(load_config(None, []))
+    b = identity(load_config(None, ["dynamic.max_wait_ms=20", "traffic.seed=7"]))
     assert differences(a, b) == "dynamic.max_wait_ms: 50.0 there, 20.0 now; traffic.seed: 0 there, 7 now"
-    many = experiment(load_config(None, [f"continuous.{k}" for k in
+    many = identity(load_config(None, [f"continuous.{k}" for k in
                                          ["max_num_seqs=3", "block_size=8", "chunk_size=4", "max_num_batched_tokens=9",
                                           "num_kv_blocks=5"]]))
     assert differences(a, many).endswith("; and 1 more")

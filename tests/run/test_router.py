@@ -2,8 +2,8 @@
 from dataclasses import dataclass, field
 
 from batchlab.core.clock import VirtualClock
-from batchlab.core.config import load_config
 from batchlab.core.request import Request, Status
+from batchlab.run.config import load_config
 from batchlab.run.replicas import make_replicas, serve_replicated
 from batchlab.run.router import CacheAware, LeastOutstanding
 from tests.fakes import UnitStepBackend

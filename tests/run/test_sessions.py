@@ -2,12 +2,12 @@
 (and on the tiny Hugging Face model in real time), and the results directory around it."""
 import pytest
 
-from batchlab.backends.simulated import from_config
-from batchlab.core.config import load_config
+from batchlab.backends import make_backend
 from batchlab.core.request import Status
 from batchlab.core.traffic import build_trace
 from batchlab.report.load import load_requests
 from batchlab.report.turns import ttft_by_turn
+from batchlab.run.config import load_config
 from batchlab.run.point import run_point
 from batchlab.run.sweep import run_sweep
 
@@ -21,7 +21,7 @@ SESSIONS = ["traffic.rates=[2]", "traffic.duration_s=40", "traffic.warmup_s=5",
 def test_each_turn_arrives_think_time_after_the_previous_answer_and_resends_it(strategy):
     cfg = load_config(None, SESSIONS)
     trace = build_trace(cfg.traffic, 2.0)
-    res = run_point(cfg, strategy, 2.0, 0, from_config(cfg), trace=trace)
+    res = run_point(cfg, strategy, 2.0, 0, make_backend(cfg), trace=trace)
     by = {(r.session_id, r.turn): r for r in res.requests}
     assert len(by) == len(res.requests) and {t for _, t in by} == {1, 2, 3, 4}
     assert all(r.status is Status.FINISHED for r in res.requests)
@@ -92,7 +92,7 @@ def test_on_a_real_model_the_next_turn_resends_the_models_own_answer(tiny_model_
         n = prev.prompt_len + prev.output_len
         assert r.prompt_token_ids[:n] == prev.prompt_token_ids + prev.output_token_ids
         assert r.arrival_time >= prev.completion_time
-    vocab = backend.vocab_size()
+    vocab = backend.facts().vocab_size
     assert all(10 <= t < vocab for r in res.requests for t in r.prompt_token_ids)
 
 
@@ -100,7 +100,7 @@ def test_on_a_real_model_the_next_turn_resends_the_models_own_answer(tiny_model_
 def test_sessions_across_replicas_close_the_loop_through_the_router(router):
     cfg = load_config(None, SESSIONS + ["backend.replicas=2", f"backend.router={router}"])
     trace = build_trace(cfg.traffic, 2.0)
-    runs = [run_point(cfg, "continuous", 2.0, 0, from_config(cfg), trace=trace) for _ in range(2)]
+    runs = [run_point(cfg, "continuous", 2.0, 0, make_backend(cfg), trace=trace) for _ in range(2)]
     res = runs[0]
     by = {(r.session_id, r.turn): r for r in res.requests}
     assert max(k for _, k in by) == 4 and all(r.status is Status.FINISHED for r in res.requests)
@@ -117,7 +117,7 @@ def test_naive_batching_across_replicas_drains_when_only_its_own_answers_could_f
     # 2 replicas, batches of 8: near the end the waiting turns can only be joined by answers
     # to the very requests that wait, so each replica must launch a partial batch.
     cfg = load_config(None, SESSIONS + ["backend.replicas=2", "backend.router=least_outstanding", "naive.batch_size=8"])
-    res = run_point(cfg, "naive", 2.0, 0, from_config(cfg))
+    res = run_point(cfg, "naive", 2.0, 0, make_backend(cfg))
     assert res.requests and all(r.status is Status.FINISHED for r in res.requests)
     assert max(r.turn for r in res.requests) == 4
 

@@ -6,9 +6,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from batchlab.core.config import load_config, load_user_config
 from batchlab.errors import ConfigError
 from batchlab.run import sweep
+from batchlab.run.config import load_config, load_user_config
 from batchlab.run.results import ResultsDir
 from batchlab.run.schema import REQUEST_COLUMNS
 from batchlab.run.sweep import execute, plan_sweep, run_sweep

@@ -1,11 +1,10 @@
 import pytest
 
 from batchlab.core.clock import VirtualClock
-from batchlab.core.config import ContinuousConfig
 from batchlab.core.request import Request
 from batchlab.core.work import Step
 from batchlab.run.driver import Inbox, drive
-from batchlab.schedulers import ContinuousScheduler
+from batchlab.schedulers import ContinuousConfig, ContinuousScheduler
 from tests.fakes import UnitStepBackend, make_requests
 
 
@@ -97,8 +96,7 @@ def test_max_num_seqs_caps_the_running_set():
 
 
 def test_a_window_may_start_with_prefills_that_complete_their_prompts():
-    s = ContinuousScheduler(ContinuousConfig(), num_kv_blocks=100)
-    s.multi_step = True
+    s = ContinuousScheduler(ContinuousConfig(), num_kv_blocks=100, windows=True)
     s.add(Request("a", 4, 5, 0.0)), s.add(Request("b", 4, 3, 0.0))
     step = s.schedule(0.0)
     # both prompts whole in the first step, then decodes until b's last token
@@ -106,8 +104,7 @@ def test_a_window_may_start_with_prefills_that_complete_their_prompts():
 
 
 def test_no_window_starts_with_prefills_while_the_token_budget_holds_someone_back():
-    s = ContinuousScheduler(ContinuousConfig(max_num_batched_tokens=10), num_kv_blocks=100)
-    s.multi_step = True
+    s = ContinuousScheduler(ContinuousConfig(max_num_batched_tokens=10), num_kv_blocks=100, windows=True)
     s.add(Request("a", 6, 5, 0.0)), s.add(Request("b", 6, 5, 0.0))
     step = s.schedule(0.0)
     # b fits in the next step, once a's prompt no longer takes the budget
@@ -115,8 +112,7 @@ def test_no_window_starts_with_prefills_while_the_token_budget_holds_someone_bac
 
 
 def test_with_nobody_waiting_a_window_runs_past_finishes():
-    s = ContinuousScheduler(ContinuousConfig(), num_kv_blocks=100, policy="reserve")
-    s.multi_step = s.finish_in_window = True
+    s = ContinuousScheduler(ContinuousConfig(), num_kv_blocks=100, policy="reserve", windows=True, finish_in_window=True)
     s.add(Request("a", 4, 5, 0.0)), s.add(Request("b", 4, 3, 0.0))
     assert s.schedule(0.0).repeat == 5         # to a's last token; b leaves after its third
 
@@ -125,8 +121,8 @@ def test_with_nobody_waiting_a_window_runs_past_finishes():
 def test_a_window_ends_at_the_finish_that_frees_room_for_the_head_of_the_queue(waiting_out, repeat):
     # blocks of 4 tokens, booked whole under reserve: a holds 2, b 3, 1 of 6 is free; a's finish
     # (after 4 tokens) frees 2, b's (after 8) 3 more. c needs 2 blocks (fits after a) or 6 (after b).
-    s = ContinuousScheduler(ContinuousConfig(block_size=4), num_kv_blocks=6, policy="reserve")
-    s.multi_step = s.finish_in_window = True
+    s = ContinuousScheduler(ContinuousConfig(block_size=4), num_kv_blocks=6, policy="reserve", windows=True,
+                            finish_in_window=True)
     for r in (Request("a", 4, 4, 0.0), Request("b", 4, 8, 0.0), Request("c", 4, waiting_out, 0.0)):
         s.add(r)
     step = s.schedule(0.0)

@@ -1,9 +1,8 @@
 from batchlab.core.clock import VirtualClock
-from batchlab.core.config import DynamicConfig
 from batchlab.core.request import Request
 from batchlab.core.work import Batch, Idle, MemoryBudget
 from batchlab.run.driver import Inbox, drive
-from batchlab.schedulers import DynamicScheduler
+from batchlab.schedulers import DynamicConfig, DynamicScheduler
 from tests.fakes import UnitStepBackend, make_requests
 
 

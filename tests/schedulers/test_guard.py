@@ -3,10 +3,10 @@ held fails with an error naming the policy, later arrivals too, the run goes on,
 import pytest
 
 from batchlab.backends import make_backend
-from batchlab.core.config import load_config
 from batchlab.errors import ConfigError
+from batchlab.run.config import load_config
 from batchlab.run.point import run_point
-from batchlab.schedulers import make_scheduler
+from batchlab.schedulers import Given, make_scheduler
 
 BAD = "tests.schedulers.bad_policies"
 
@@ -51,7 +51,7 @@ def test_a_policy_that_keeps_the_contract_runs_unguarded_results():
 def test_a_policy_that_cannot_be_loaded_is_one_clear_line(strategy, says):
     cfg = load_config(None, [f"strategies=[{strategy}]"])
     with pytest.raises(ConfigError, match="strategies: ") as e:
-        make_scheduler(strategy, cfg, None, 100)
+        make_scheduler(strategy, cfg, Given(num_kv_blocks=100))
     assert says in str(e.value) and "\n" not in str(e.value)
 
 
@@ -72,5 +72,5 @@ def test_entry_point_policies_load_by_name(tmp_path, monkeypatch):
 
 def test_the_guard_shows_the_policy_s_own_facts():
     cfg = load_config(None, ["strategies=[batchlab.schedulers:ContinuousScheduler]", "continuous.num_kv_blocks=77"])
-    s = make_scheduler("batchlab.schedulers:ContinuousScheduler", cfg, None, None)
+    s = make_scheduler("batchlab.schedulers:ContinuousScheduler", cfg)
     assert s.free_blocks == s.num_kv_blocks == 77 and s.level == "iteration"

@@ -1,6 +1,5 @@
-from batchlab.core.config import NaiveConfig
 from batchlab.core.work import Batch, Idle
-from batchlab.schedulers import NaiveScheduler
+from batchlab.schedulers import NaiveConfig, NaiveScheduler
 from tests.fakes import make_requests
 
 

@@ -8,10 +8,18 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from batchlab.core.clock import VirtualClock
-from batchlab.core.config import ContinuousConfig, PriorityConfig, SJFConfig, VTCConfig
 from batchlab.core.request import Request
 from batchlab.run.driver import Inbox, drive
-from batchlab.schedulers import ContinuousScheduler, PriorityScheduler, SJFScheduler, VTCScheduler
+from batchlab.schedulers import (
+    ContinuousConfig,
+    ContinuousScheduler,
+    PriorityConfig,
+    PriorityScheduler,
+    SJFConfig,
+    SJFScheduler,
+    VTCConfig,
+    VTCScheduler,
+)
 from batchlab.schedulers.sjf import sigma_for_error
 from tests.fakes import UnitStepBackend
 

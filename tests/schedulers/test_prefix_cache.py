@@ -4,11 +4,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from batchlab.core.clock import VirtualClock
-from batchlab.core.config import ContinuousConfig
 from batchlab.core.request import Request
 from batchlab.core.work import Step
 from batchlab.run.driver import Inbox, drive
-from batchlab.schedulers import ContinuousScheduler
+from batchlab.schedulers import ContinuousConfig, ContinuousScheduler
 from batchlab.schedulers.kv_blocks import BlockPool
 from batchlab.schedulers.prefix_cache import PrefixBlockPool, block_hashes
 from tests.fakes import UnitStepBackend
@@ -119,8 +118,7 @@ traffic = st.lists(st.tuples(st.integers(0, 2), st.integers(0, 9), st.integers(1
        st.booleans())
 def test_random_traffic_never_leaks_or_double_frees_blocks(items, blocks, chunk, policy, windows):
     cfg = ContinuousConfig(block_size=4, max_num_seqs=4, chunk_size=chunk, preemption=policy, prefix_caching=True)
-    s = ContinuousScheduler(cfg, num_kv_blocks=blocks)
-    s.multi_step = windows
+    s = ContinuousScheduler(cfg, num_kv_blocks=blocks, windows=windows)
     reqs = [req(f"r{i}", PREFIXES[p][:cut + 2] + [1000 + i] * tail, out=out, at=float(i % 4))
             for i, (p, cut, out, tail, _) in enumerate(items)]
     abort_at = {r: r.arrival_time + a for r, (*_, a) in zip(reqs, items) if a >= 0}

@@ -42,7 +42,7 @@ def test_readme_policy_runs_on_the_simulator_from_the_command_line(tmp_path):
 @pytest.mark.hf
 def test_readme_policy_runs_unchanged_on_the_hf_step_engine(tmp_path, monkeypatch):
     from batchlab.backends import make_backend
-    from batchlab.core.config import load_config
+    from batchlab.run.config import load_config
     from batchlab.run.point import run_point
     (tmp_path / "my_policy.py").write_text(example())
     monkeypatch.chdir(tmp_path)

@@ -3,9 +3,8 @@ and 5 decode steps, room for four, dynamic waiting at most 2 steps. Exact start 
 import pytest
 
 from batchlab.core.clock import VirtualClock
-from batchlab.core.config import ContinuousConfig, DynamicConfig, NaiveConfig
 from batchlab.run.driver import Inbox, drive
-from batchlab.schedulers import ContinuousScheduler, DynamicScheduler, NaiveScheduler
+from batchlab.schedulers import ContinuousConfig, ContinuousScheduler, DynamicConfig, DynamicScheduler, NaiveConfig, NaiveScheduler
 from tests.fakes import UnitStepBackend, make_requests
 
 ARRIVALS = [0, 1, 5, 6, 7]

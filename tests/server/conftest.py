@@ -21,7 +21,7 @@ def free_port() -> int:
 @contextlib.contextmanager
 def running_server(strategy: str = "continuous", overrides: list[str] = (), names=("toy", "local-model"), **opts):
     """Yield (base_url, server) for a live server; shut it down afterwards."""
-    from batchlab.core.config import load_config
+    from batchlab.run.config import load_config
     from batchlab.server.app import build_server, create_app
 
     cfg = load_config(None, ["backend.kind=sim", "backend.preset=toy", *overrides])

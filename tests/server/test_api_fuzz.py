@@ -20,7 +20,7 @@ schemathesis = pytest.importorskip("schemathesis")
 from hypothesis import HealthCheck, settings  # noqa: E402
 from schemathesis.checks import positive_data_acceptance  # noqa: E402
 
-from batchlab.core.config import load_config  # noqa: E402
+from batchlab.run.config import load_config  # noqa: E402
 from batchlab.server.app import build_server, create_app  # noqa: E402
 
 # Per operation and phase; ~30 s for both strategies here. BATCHLAB_FUZZ_EXAMPLES=1000 for a deeper run.

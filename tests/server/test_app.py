@@ -8,7 +8,7 @@ import httpx
 import openai
 import pytest
 
-from batchlab.backends.openai import OpenAIBackend
+from batchlab.backends.openai_client import OpenAIBackend
 from batchlab.core.clock import RealClock
 from batchlab.core.request import Status
 from batchlab.core.traffic import TraceItem

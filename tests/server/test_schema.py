@@ -6,7 +6,7 @@ import pytest
 
 pytest.importorskip("fastapi")
 
-from batchlab.core.config import load_config  # noqa: E402
+from batchlab.run.config import load_config  # noqa: E402
 from batchlab.server.app import build_server, create_app  # noqa: E402
 from batchlab.server.schema import openapi  # noqa: E402
 

@@ -6,9 +6,10 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from batchlab.core.config import ExecutorConfig, load_user_config
+from batchlab.core.config import ExecutorConfig
 from batchlab.report.capacity import capacities
 from batchlab.report.load import load_requests, load_results
+from batchlab.run.config import load_user_config
 from batchlab.run.executors import RayExecutor
 from batchlab.run.sweep import run_sweep
 from batchlab.tune.capacity import check_plan, inside, ladder, search

@@ -3,12 +3,19 @@ import json
 import pytest
 from click.testing import CliRunner
 
+from batchlab.backends.cost import linear_cost
 from batchlab.core.config import LengthDist
 from batchlab.errors import ConfigError
+from batchlab.run.config import load_user_config
 from batchlab.tune.closed_form import closed_form, max_batch_under
 from batchlab.tune.command import tune_cmd
 from batchlab.tune.search import tune
-from batchlab.tune.target import Target, choose_cost, linear_cost, parse_length, parse_slo
+from batchlab.tune.target import Target, parse_slo, target_of
+
+# The back-of-the-envelope sizing, as a config: 25 ms per step + 0.4 ms per sequence, 40 req/s
+# of 16-token prompts and 200-token answers, a p95 TPOT of 60 ms.
+RECIPE = ["backend.linear={step_ms: 25, per_seq_ms: 0.4}", "traffic.rates=[40]", "traffic.prompt_len=16",
+          "traffic.output_len=200", "strategies=[continuous]", "backend.router=least_outstanding"]
 
 
 def seed_target(**kw):
@@ -25,12 +32,16 @@ def test_parse_slo_units_and_errors():
             parse_slo(bad)
 
 
-def test_parse_length_forms():
-    assert parse_length("200", "--output-len").value == 200
-    d = parse_length("{dist: uniform, low: 50, high: 300}", "--output-len")
-    assert (d.dist, d.low, d.high) == ("uniform", 50, 300)
-    with pytest.raises(ConfigError, match="--output-len"):
-        parse_length("-3", "--output-len")
+def test_the_target_comes_from_the_config():
+    target, cost = target_of(load_user_config(None, RECIPE), ("tpot_p95=60ms",))
+    assert target == seed_target(duration_s=60.0, warmup_s=10.0, router="least_outstanding")
+    assert cost == linear_cost(25, 0.4)
+    # without --slo, the config's thresholds hold for 90 % of requests: its p90
+    target, _ = target_of(load_user_config(None, RECIPE + ["slo.ttft_s=2", "slo.tpot_s=0.05"]))
+    assert target.slos == {"ttft_p90": 2.0, "tpot_p90": 0.05}
+    # a preset or a profile is the step model too; the strategy defaults to continuous when listed
+    target, cost = target_of(load_user_config(None, []))
+    assert target.strategy == "continuous" and target.qps == 50.0 and cost.name == "llama2-7b-a100"
 
 
 def test_max_batch_under_matches_the_seed_table():
@@ -73,29 +84,29 @@ def test_a_ttft_slo_needs_more_replicas_than_division_says():
     assert res.closed.replicas == 6 and res.replicas is not None and res.replicas > 6
 
 
-def test_choose_cost_rejects_ambiguous_or_missing_models(tmp_path):
-    with pytest.raises(ConfigError, match="exactly one"):
-        choose_cost(None, None, None, None)
-    with pytest.raises(ConfigError, match="exactly one"):
-        choose_cost(None, "toy", 25.0, None)
-    with pytest.raises(ConfigError, match="not found"):
-        choose_cost(str(tmp_path / "missing.json"), None, None, None)
+def sets(*items):
+    return [a for item in items for a in ("--set", item)]
 
 
 @pytest.mark.parametrize("args, needle", [
-    (["--slo", "foo", "--qps", "40", "--step-ms", "25"], "--slo"),
-    (["--slo", "tpot_p95=50ms", "--qps", "-1", "--step-ms", "25"], "--qps must be > 0"),
-    (["--slo", "tpot_p95=50ms", "--qps", "4", "--profile", "missing.json"], "not found"),
+    (["--slo", "foo"], "--slo"),
+    (sets("traffic.rates=[-1]"), "traffic.rates.0"),
+    (sets("backend.profile=missing.json"), "not found"),
+    (sets("backend.kind=hf"), "backend.kind sim"),
+    (sets("slo.ttft_s=null", "slo.tpot_s=null"), "needs an SLO"),
+    (["--strategy", "fifo"], "--strategy"),
+    (sets("traffic.arrival=trace", "traffic.trace_file=t.csv"), "synthetic arrivals"),
+    (["--out", "/dev/null/x"], "output directory"),
 ])
-def test_cli_bad_input_is_one_line_and_exit_2(args, needle):
-    res = CliRunner().invoke(tune_cmd, args)
-    assert res.exit_code == 2
+def test_cli_bad_input_is_one_line_and_exit_2_before_any_work(args, needle, tmp_path):
+    res = CliRunner().invoke(tune_cmd, args, catch_exceptions=False)
+    assert res.exit_code == 2, res.output
     assert needle in res.output and len(res.output.strip().splitlines()) == 1
+    assert not (tmp_path / "tune.json").exists()
 
 
 def test_cli_writes_json_and_plot(tmp_path):
-    res = CliRunner().invoke(tune_cmd, ["--step-ms", "25", "--per-seq-ms", "0.4", "--qps", "40", "--output-len", "200",
-                                        "--prompt-len", "16", "--slo", "tpot_p95=60ms", "--duration", "12",
+    res = CliRunner().invoke(tune_cmd, [*sets(*RECIPE, "traffic.duration_s=12"), "--slo", "tpot_p95=60ms",
                                         "--out", str(tmp_path)])
     assert res.exit_code == 0, res.output
     assert "max batch 87" in res.output and "6 replicas" in res.output

@@ -1,0 +1,304 @@
+"""The client of the `openai` kind: any OpenAI-compatible endpoint, measured from the client side.
+
+Each request is sent at its planned arrival time to `/v1/completions` with streaming; every SSE
+event is stamped through the clock as it is parsed (not once per network read: a read can hold
+several events), and the exact token counts come from the final usage report (a chunk may carry
+several tokens). The definitions match `vllm bench serve`: TTFT = first chunk with a choice, TPOT
+= (last chunk - first chunk) / (tokens - 1), ITL = one gap per chunk (`chunk_itls`); token stamps
+inside a multi-token chunk are spread evenly between chunk stamps (see `token_stamps`). The latency clock starts at the
+*planned* arrival, so time lost in the load generator or waiting for a pooled connection counts
+against the server's numbers, never in its favour; the generator's own send lag is recorded
+(`point_facts()`) and a run where it is large is flagged; the send loop is LoadTarget's.
+When httpx began writing each request to the socket is kept too (`sent_at`, from httpcore's
+trace hook), so what the client library spends before a request leaves (1.5-2 ms here) can be
+told apart from what the server adds.
+
+NOTE: httpx rather than the official `openai` client: one parsed JSON line per chunk costs far
+less CPU than the client's pydantic objects (the load generator shares two cores with the server),
+its pool limits and timeouts are explicit, it never retries behind our back, and
+`httpx.MockTransport` fakes servers in unit tests. Server tests use the official client.
+Before a run, `preflight` asks the server's `/models` whether it serves the configured model, so
+a wrong name fails in one line instead of in thousands of recorded requests. The API key comes
+from the environment only, and is masked in every error text recorded.
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import httpx
+import numpy as np
+
+from batchlab.backends.base import LoadTarget
+from batchlab.core.breakdown import finish
+from batchlab.core.clock import Clock
+from batchlab.core.config import one_line
+from batchlab.core.request import Request, Status
+from batchlab.errors import ConfigError
+
+MODELS_TIMEOUT_S = 5.0   # preflight: seconds the server has to answer GET /models
+KEY_ENV = "OPENAI_API_KEY"   # where the API key is read from unless backend.api_key_env names another variable
+LAG_WARN_S = 0.005       # send lag p99 above this flags the run: the load generator, not the server, was slow
+WORDS = "the quick brown fox jumps over a lazy dog while seven small birds sing".split()
+
+
+class OpenAIBackend(LoadTarget):
+    lead_s = 0.05            # the first planned arrival is this far after the start, so it can be on time
+
+    def __init__(self, base_url: str, model: str, api_key: str = "EMPTY", timeout_s: float = 600.0,
+                 prompt_format: str = "tokens", length_control: str = "ignore_eos",
+                 max_connections: int | None = None, transport: httpx.AsyncBaseTransport | None = None):
+        super().__init__()
+        self.base_url = base_url.rstrip("/")
+        self.model = model
+        self.api_key = api_key
+        self.timeout_s = timeout_s
+        self.prompt_format = prompt_format
+        self.length_control = length_control
+        self.max_connections = max_connections
+        self.transport = transport               # tests inject httpx.MockTransport
+        self.server_timing: dict[str, dict] = {}  # request id -> batchlab serve's own stamps, if sent
+        self.sent_at: dict[str, float] = {}       # request id -> when httpx began writing it to the socket
+        self.started_at: dict[str, float] = {}    # request id -> when its send coroutine began (vLLM's start)
+        self.chunk_times: dict[str, list[float]] = {}  # request id -> one stamp per chunk with a choice
+
+    def redact(self, text: str) -> str:
+        """`text` with the API key masked (a server may quote the key it refused)."""
+        return redact(text, self.api_key)
+
+    def describe(self) -> dict[str, Any]:
+        return {"backend": "openai", "model": self.model, "base_url": self.base_url,
+                "prompt_format": self.prompt_format, "length_control": self.length_control,
+                "httpx": httpx.__version__}
+
+    def prepare(self, request: Request) -> None:
+        if self.prompt_format == "tokens" and request.prompt_token_ids is None:
+            request.prompt_token_ids = synthetic_token_ids(request.index, request.prompt_len)
+        elif self.prompt_format == "text" and not request.prompt:
+            request.prompt = synthetic_text(request.index, request.prompt_len)
+
+    def session(self, concurrency: int) -> httpx.AsyncClient:
+        """One client and pool for a run, sized for `concurrency` requests in flight."""
+        self.server_timing, self.sent_at, self.started_at, self.chunk_times = {}, {}, {}, {}
+        size = self.max_connections or max(1, min(concurrency, 1024))
+        limits = httpx.Limits(max_connections=size, max_keepalive_connections=size)
+        timeout = httpx.Timeout(self.timeout_s)            # connect, read, write and pool waits alike
+        headers = {"Authorization": f"Bearer {self.api_key}"}
+        return httpx.AsyncClient(base_url=self.base_url, limits=limits, timeout=timeout,
+                                 headers=headers, transport=self.transport)
+
+    def point_facts(self, measured_from: float, summary: dict[str, Any]) -> dict[str, Any]:
+        """The load generator's own timing error over the last run (see module docstring)."""
+        return send_lag_summary(self.send_lags)
+
+    async def send(self, r: Request, client: httpx.AsyncClient, clock: Clock) -> None:
+        """One streamed request: stamps chunks on `r`, records failures on `r`; never raises."""
+        r.status = Status.RUNNING
+        self.started_at[r.request_id] = clock.now()   # where vllm bench serve starts its clock (st)
+        chunks: list[tuple[float, str]] = []
+        usage: dict | None = None
+
+        async def trace(event: str, info: dict) -> None:      # httpcore's hook; MockTransport never calls it
+            if event == "http11.send_request_headers.started":
+                self.sent_at[r.request_id] = clock.now()
+
+        try:
+            async with client.stream("POST", "/completions", json=self.body(r),
+                                     extensions={"trace": trace}) as resp:
+                if resp.status_code != 200:
+                    await resp.aread()
+                    r.fail(self.redact(f"HTTP {resp.status_code}: {error_message(resp)}"))
+                    return
+                usage = await read_stream(resp, clock, chunks)
+                if usage and "batchlab_timing" in usage:
+                    self.server_timing[r.request_id] = usage.pop("batchlab_timing")
+        except httpx.TimeoutException as e:
+            r.fail(f"timeout after {self.timeout_s:g} s ({type(e).__name__})")
+            return
+        except (httpx.HTTPError, json.JSONDecodeError, ServerError) as e:
+            r.fail(self.redact(f"{type(e).__name__}: {e}"))
+            return
+        self.chunk_times[r.request_id] = [t for t, _ in chunks]
+        settle(r, chunks, usage)
+
+    def body(self, r: Request) -> dict[str, Any]:
+        prompt = r.prompt_token_ids if self.prompt_format == "tokens" else r.prompt
+        body = {"model": self.model, "prompt": prompt, "max_tokens": r.max_new_tokens, "stream": True,
+                "temperature": 0.0, "stream_options": {"include_usage": True}}
+        if self.length_control == "ignore_eos":
+            body |= {"ignore_eos": True, "min_tokens": r.max_new_tokens}
+        elif self.length_control == "generation_config":
+            # NOTE: transformers serve rejects ignore_eos/min_tokens (HTTP 422); EOS is switched off
+            # through its own field, identical on every request (its continuous batching needs that).
+            body["generation_config"] = json.dumps({"eos_token_id": -1, "do_sample": False})
+        return body
+
+
+class ServerError(RuntimeError):
+    """The server reported an error inside the stream."""
+
+
+async def read_stream(resp: httpx.Response, clock: Clock, chunks: list[tuple[float, str]]) -> dict | None:
+    """Read SSE events as bytes arrive; each event is stamped when it has been parsed.
+    NOTE: a network read can hold several events (the server wrote them together); one stamp per
+    read gave them all the read's time, hence zero gaps. Stamping each event after its JSON is
+    parsed is what vLLM's bench client does (perf_counter after json.loads, per message), so the
+    two clients' chunk gaps mean the same thing. Raw bytes are split by hand: cheaper per chunk
+    than httpx's text and line decoders, and the load generator shares its CPU with the server."""
+    usage, buf = None, b""
+    async for raw in resp.aiter_bytes():
+        *lines, buf = (buf + raw).split(b"\n")
+        for line in lines:
+            if not line.startswith(b"data:"):
+                continue
+            data = line[5:].strip()
+            if data == b"[DONE]":
+                return usage
+            chunk = json.loads(data)
+            usage = read_chunk(chunk, clock.now(), chunks) or usage
+    return usage
+
+
+def read_chunk(chunk: dict, now: float, chunks: list[tuple[float, str]]) -> dict | None:
+    """Stamp one parsed SSE chunk; returns its usage report, if it carries one."""
+    if chunk.get("error"):
+        raise ServerError(str(chunk["error"].get("message", chunk["error"])))
+    choices = chunk.get("choices") or []
+    if choices:
+        c = choices[0]
+        chunks.append((now, c.get("text") or (c.get("delta") or {}).get("content") or ""))
+    usage = chunk.get("usage")
+    if usage is not None and "batchlab_timing" in chunk:      # batchlab serve's own stamps
+        usage = usage | {"batchlab_timing": chunk["batchlab_timing"]}
+    return usage
+
+
+def settle(r: Request, chunks: list[tuple[float, str]], usage: dict | None) -> None:
+    """Turn stamped chunks plus the usage report into exactly one stamp per output token."""
+    r.output_text = "".join(text for _, text in chunks)
+    if not usage or "completion_tokens" not in usage:
+        r.fail("stream ended without a usage report (exact token counts unknown)")
+        return
+    if usage.get("prompt_tokens"):
+        r.prompt_len = int(usage["prompt_tokens"])        # exact, e.g. for text prompts
+    r.token_times = token_stamps(chunks, int(usage["completion_tokens"]))
+    finish(r)
+
+
+def token_stamps(chunks: list[tuple[float, str]], n: int) -> list[float]:
+    """n token stamps from the chunk stamps.
+
+    One chunk per token is the usual case. Chunks with no text (a closing chunk that only carries
+    finish_reason) are dropped when that makes the counts agree. If the server packed several
+    tokens into fewer chunks, the first and last token keep the first and last chunk's stamps
+    (TTFT, TPOT and E2E stay exact) and the tokens between are spread evenly along the chunk
+    stamps, as if every chunk carried the same number of tokens.
+    NOTE: the stream does not say how many tokens each chunk carried, so in-chunk stamps are an
+    estimate either way; repeating a chunk's stamp (as before) put zero gaps into ITL and biased
+    it low. vLLM's ITL (one gap per chunk) is exact: `chunk_itls` on the recorded chunk stamps."""
+    every = [t for t, _ in chunks]
+    content = [t for t, text in chunks if text]
+    if len(every) == n or n == 0:
+        return every[:n]
+    if len(content) == n:
+        return content
+    stamps = every if len(every) > n else content or every
+    if len(stamps) >= n or len(stamps) <= 1:
+        return (stamps[:n] + stamps[-1:] * (n - len(stamps)))[:n] if stamps else []
+    at = np.linspace(0.0, len(stamps) - 1, n)           # token k's position along the chunks
+    return [float(t) for t in np.interp(at, np.arange(len(stamps)), stamps)]
+
+
+def chunk_itls(chunk_times: list[float]) -> list[float]:
+    """vLLM bench serve's ITL for one request: the gap before every chunk after the first."""
+    return [b - a for a, b in zip(chunk_times, chunk_times[1:])]
+
+
+def error_message(resp: httpx.Response) -> str:
+    try:
+        err = resp.json()
+        if isinstance(err, dict):
+            detail = err.get("error", err.get("detail", err))
+            return one_line(str(detail.get("message", detail) if isinstance(detail, dict) else detail)[:300])
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        pass
+    return one_line(resp.text[:300])
+
+
+def send_lag_summary(lags: list[float]) -> dict[str, Any]:
+    if not lags:
+        return {}
+    a = np.asarray(lags)
+    p99 = float(np.percentile(a, 99))
+    return {"send_lag_p50": float(np.percentile(a, 50)), "send_lag_p99": p99, "send_lag_max": float(a.max()),
+            "send_lag_flag": bool(p99 > LAG_WARN_S)}
+
+
+def synthetic_token_ids(index: int, n: int) -> list[int]:
+    """A deterministic prompt of exactly n token ids, drawn from ids 100..1099 (any vocabulary
+    of the tiny model or larger has them)."""
+    return [100 + (index * 7919 + k * 104729) % 1000 for k in range(n)]
+
+
+def synthetic_text(index: int, n: int) -> str:
+    """About n tokens of plain words; the server's usage report gives the exact count."""
+    return " ".join(WORDS[(index + k) % len(WORDS)] for k in range(n))
+
+
+def redact(text: str, key: str | None) -> str:
+    if key and key != "EMPTY" and len(key) >= 4:
+        text = text.replace(key, "***")
+    return text
+
+
+def api_key(env_name: str | None = None, setting: str = "backend.api_key_env") -> str:
+    """The API key, from the environment only: the variable `env_name` (named by `setting`),
+    else OPENAI_API_KEY, else "EMPTY" (what servers without authentication expect)."""
+    if env_name:
+        key = os.environ.get(env_name, "").strip()
+        if not key:
+            raise ConfigError(f"{setting}: the environment variable {env_name} is not set")
+        return key
+    return os.environ.get(KEY_ENV, "").strip() or "EMPTY"
+
+
+def served_models(base_url: str, key: str = "EMPTY", transport: httpx.BaseTransport | None = None,
+                  timeout_s: float = MODELS_TIMEOUT_S) -> list[str] | str:
+    """The model ids GET {base_url}/models lists; a string (why) if it answered without a list.
+    A server that does not answer, or refuses the key, is a ConfigError."""
+    url = base_url.rstrip("/") + "/models"
+    try:
+        with httpx.Client(timeout=timeout_s, transport=transport, headers={"Authorization": f"Bearer {key}"}) as client:
+            resp = client.get(url)
+    except httpx.TimeoutException:
+        raise ConfigError(f"backend.base_url: {url} did not answer within {timeout_s:g} s") from None
+    except httpx.HTTPError as e:
+        raise ConfigError(redact(f"backend.base_url: cannot reach {url} ({type(e).__name__}: {e}); "
+                                 "is the server running?", key)) from None
+    if resp.status_code in (401, 403):
+        raise ConfigError(redact(f"{url}: HTTP {resp.status_code}: {error_message(resp)} (the API key is read from "
+                                 f"{KEY_ENV}, or the variable backend.api_key_env names)", key))
+    if resp.status_code != 200:
+        detail = error_message(resp)
+        return redact(f"HTTP {resp.status_code}" + (f": {detail}" if detail else ""), key)
+    try:
+        ids = [str(m["id"]) for m in resp.json()["data"]]
+    except (ValueError, KeyError, TypeError):
+        return "the answer is not a model list"
+    return ids
+
+
+def check_server(base_url: str, model: str | None, key: str = "EMPTY",
+                 transport: httpx.BaseTransport | None = None, timeout_s: float = MODELS_TIMEOUT_S) -> list[str]:
+    """Refuse (ConfigError, one line) a server that does not answer or does not serve `model`,
+    naming the models it does serve; returns warning lines (e.g. it cannot list its models)."""
+    served = served_models(base_url, key, transport, timeout_s)
+    if isinstance(served, str):
+        return [f"cannot list the models at {base_url}/models ({served}); backend.model {model!r} is unchecked"]
+    listed = ", ".join(served[:10]) + (f" and {len(served) - 10} more" if len(served) > 10 else "")
+    if not model:
+        raise ConfigError(f"backend.kind 'openai' needs backend.model; {base_url} serves: {listed or 'nothing'}")
+    if model not in served:
+        raise ConfigError(f"backend.model {model!r} is not served at {base_url}; it serves: {listed or 'nothing'}")
+    return []

@@ -1,0 +1,111 @@
+"""The sections every run has, whatever its backend and strategies: the run's name and output,
+its strategies, traffic and SLO, where points run, and `batchlab validate`'s workloads.
+
+`RunConfig` here is the base of the model a run is validated with: run/config.py adds the
+`backend` section (a union of the registered kinds, discriminated on `kind`) and one section per
+registered scheduler's options, so nothing here names a backend or a strategy.
+"""
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, PrivateAttr, ValidationError, field_validator, model_validator
+
+from batchlab.core.config.base import GROWS, IGNORED, NO_EFFECT, Model, format_error, identity_role
+from batchlab.core.config.traffic import SLOConfig, TrafficConfig
+
+# A strategy is a registered name, or a policy of your own by import path (`pkg.module:Class`).
+STRATEGY_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.-]*(:[A-Za-z_][A-Za-z0-9_]*)?$"
+Strategy = Annotated[str, Field(min_length=1, max_length=200, pattern=STRATEGY_PATTERN)]
+
+
+class ExecutorConfig(Model):
+    """Where a sweep's points run (run/executors.py). `local`: one after another in this process.
+    `ray`: each point is a Ray task; the process that started the sweep writes every result.
+    NOTE: where points run never changes what they mean, so this section is left out of
+    experiment identities, point hashes and config.yaml; setup.json records the placement."""
+    kind: Literal["local", "ray"] = "local"
+    """local, or ray (each point a Ray task)."""
+    address: str | None = None
+    """ray: a cluster's address, or auto (unset: $RAY_ADDRESS, else a Ray started here)."""
+    num_cpus: Annotated[int, Field(gt=0, le=1 << 16)] | None = None
+    """ray, started here: CPUs it may use (unset: all)."""
+    max_retries: Annotated[int, Field(ge=0, le=100)] = 2
+    """ray: reruns of a point whose worker died."""
+
+    @field_validator("address")
+    @classmethod
+    def _address(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"auto|local|(ray://)?[A-Za-z0-9_.\-\[\]:]+(:\d{1,5})?", v):
+            raise ValueError("expected auto, HOST:PORT or ray://HOST:PORT")
+        return v
+
+
+class ValidateConfig(Model):
+    """`batchlab validate`'s held-out workloads (calibrate/validate.py). The config's own traffic is
+    the workload `base`; each entry here names another, given as `traffic` keys that replace the
+    base's (e.g. longer prompts, a bursty gamma trace). The profiles never see any of them: they are
+    fitted on closed bursts, so every cell validate judges is held out by construction."""
+    workloads: dict[Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,40}$")], dict[str, Any]] = Field(
+        default_factory=dict, max_length=16)
+    """Held-out workloads: name -> traffic keys replacing the base's."""
+    noise: bool = True
+    """Run the real backend twice on the same traces (the noise floor)."""
+    saturation: bool = True
+    """A burst per strategy: throughput where the backend, not the trace, sets it."""
+    drift: bool = True
+    """Time a reference burst around the runs; scale the profile by the machine's speed now."""
+
+    @field_validator("workloads")
+    @classmethod
+    def _not_base(cls, v: dict) -> dict:
+        if "base" in v:
+            raise ValueError("'base' is the config's own traffic; name the held-out workloads otherwise")
+        return v
+
+
+class RunConfig(Model):
+    """One experiment: its traffic, strategies, SLO and output (the backend and the strategies'
+    sections come from the registries, see the module docstring)."""
+    name: str = identity_role(NO_EFFECT, "batchlab")
+    """The experiment's name: results/latest links to results/<name>-<digest>."""
+    strategies: list[Strategy] = identity_role(GROWS, default_factory=lambda: ["naive", "dynamic", "continuous"], min_length=1)
+    """Batching policies to compare, each on the same traces."""
+    traffic: TrafficConfig = TrafficConfig()
+    """The requests."""
+    slo: SLOConfig = SLOConfig()
+    """Latency thresholds for goodput and for what counts as sustained."""
+    out: str = identity_role(NO_EFFECT, "results/latest")
+    """The results directory (a path named latest is a link to a directory per experiment)."""
+    report: bool = identity_role(NO_EFFECT, True)
+    """Write report.md, report.html and the plots at the end of `run`."""
+    executor: ExecutorConfig = identity_role(IGNORED, ExecutorConfig())
+    """Where points run; never part of what they mean."""
+    validation: ValidateConfig = identity_role(IGNORED, ValidateConfig())
+    """`batchlab validate` only: held-out workloads."""
+
+    # Dotted keys the user gave (config file and --set, not the packaged defaults): only those
+    # can earn a "does not apply" warning. None: not built by load_config; every set field counts.
+    _given: frozenset[str] | None = PrivateAttr(default=None)
+
+    @model_validator(mode="after")
+    def _strategies_once(self):
+        if len(set(self.strategies)) < len(self.strategies):
+            raise ValueError(f"strategies: each strategy may be listed once (got {', '.join(self.strategies)})")
+        return self
+
+    @model_validator(mode="after")
+    def _workloads_are_traffic(self):
+        for name, keys in self.validation.workloads.items():
+            try:
+                TrafficConfig.model_validate(self.traffic.model_dump() | keys)
+            except ValidationError as e:
+                raise ValueError(f"validation.workloads.{name}: traffic {format_error(e)}") from None
+        return self
+
+    def workload(self, name: str) -> RunConfig:
+        """This config with workload `name`'s traffic (`base`: as it is), and no validation section."""
+        traffic = self.traffic if name == "base" else TrafficConfig.model_validate(
+            self.traffic.model_dump() | self.validation.workloads[name])
+        return self.model_copy(update={"traffic": traffic, "validation": ValidateConfig()})
