@@ -101,6 +101,10 @@ class BackendOptions(Model):
 class Backend(ABC):
     """What both roles share: setup facts, preparing a request, start and close, per-point facts."""
 
+    virtual_time: ClassVar[bool] = False
+    """True: runs on a VirtualClock (the simulator); False: on the RealClock. A class fact: the
+    clock is chosen before the backend starts."""
+
     def describe(self) -> dict[str, Any]:
         """Setup facts for reports (device, model, dtype, library versions); `model` names the
         model in every CSV row."""
@@ -157,10 +161,6 @@ class EngineFacts:
 
 class Engine(Backend):
     """A backend batchlab drives: request-level batches, iteration-level steps, or both."""
-
-    virtual_time: ClassVar[bool] = False
-    """True: runs on a VirtualClock (the simulator); False: on the RealClock. A class fact: the
-    clock is chosen before the engine starts."""
 
     @abstractmethod
     def facts(self) -> EngineFacts:

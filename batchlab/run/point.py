@@ -42,11 +42,20 @@ def runnable(requests: list[Request]) -> list[Request]:
 
 async def run_trace(cfg: RunConfig, strategy: str, trace: list[TraceItem], backend: Backend,
                     clock: Clock, occupancy: Occupancy | None = None) -> tuple[list[Request], float]:
-    """Run one strategy over one trace; returns the requests and the run's start time.
-    `occupancy` collects the driver's count of requests in the system (untouched by a load target)."""
-    if isinstance(backend, LoadTarget):             # it batches for itself
+    """Run one strategy over one trace; returns the requests and the run's start time. The role
+    is chosen here, once: a load target sends the trace itself (it batches for itself); an engine
+    is driven under the strategy's scheduler. `occupancy` collects the driver's count of requests
+    in the system (untouched by a load target)."""
+    if isinstance(backend, LoadTarget):
         return await backend.run_trace(trace, clock)
-    if cfg.backend.replica_count() > 1:             # N replicas behind a router
+    return await drive_trace(cfg, strategy, trace, backend, clock, occupancy)
+
+
+async def drive_trace(cfg: RunConfig, strategy: str, trace: list[TraceItem], backend: Engine,
+                      clock: Clock, occupancy: Occupancy | None = None) -> tuple[list[Request], float]:
+    """An engine under the strategy's scheduler and the driver (N replicas behind a router if
+    the backend config asks for them)."""
+    if cfg.backend.replica_count() > 1:
         from batchlab.run.replicas import run_replicas
         return await run_replicas(cfg, strategy, trace, backend, clock, occupancy)
     facts = backend.facts()
@@ -65,7 +74,7 @@ async def run_trace(cfg: RunConfig, strategy: str, trace: list[TraceItem], backe
 def run_point(cfg: RunConfig, strategy: str, rate: float, repeat: int, backend: Backend,
               trace: list[TraceItem] | None = None) -> PointResult:
     trace = trace if trace is not None else build_trace(cfg.traffic, rate, repeat)
-    clock: Clock = VirtualClock() if isinstance(backend, Engine) and backend.virtual_time else RealClock()
+    clock: Clock = VirtualClock() if backend.virtual_time else RealClock()
     occupancy = Occupancy()
 
     async def main():
@@ -85,8 +94,7 @@ def run_point(cfg: RunConfig, strategy: str, rate: float, repeat: int, backend: 
     summary = summarize(counted, cfg.slo, in_system,
                         (cfg.traffic.warmup_s, traffic_end(cfg, requests))) | {"little_source": source}
     if cfg.continuous.prefix_caching and isinstance(backend, Engine) and scheduler_class(strategy).level == "iteration":
-        # columns only where a cache ran
-        summary |= prefix_cache(counted, cfg.continuous.block_size)
+        summary |= prefix_cache(counted, cfg.continuous.block_size)     # columns only where a cache ran
     meta = {"wall_s": wall, **backend.peak_memory(),
             **backend.point_facts(t0 + cfg.traffic.warmup_s, summary)}
     return PointResult(strategy, rate, repeat, requests, summary, meta, in_system)
