@@ -145,6 +145,7 @@ class EngineFacts:
     kv_budget_bytes: int | None = None     # memory for the KV cache (None: no limit of its own)
     vocab_size: int | None = None          # a prompt given as ids must use 0..vocab_size-1 (None: unchecked)
     max_context: int | None = None         # tokens of context (prompt + output) a request may use (None: no limit)
+    arrival_delay_s: float = 0.0           # seconds from a request's arrival until the engine may see it (a front end)
 
     @property
     def memory(self) -> MemoryBudget | None:
@@ -253,6 +254,12 @@ class LoadTarget(Backend):
     def vocab_size(self) -> int | None:
         """Token ids a prompt may use (None: unknown; prompts then use ids every vocabulary has)."""
         return None
+
+    def chunk_stamps(self, request: Request) -> list[float]:
+        """When each piece of the request's answer arrived, one stamp per piece as it came (a
+        server's streamed chunks): what a black-box profile reads step times from. Default: the
+        token stamps (a target that hands tokens over one at a time)."""
+        return list(request.token_times)
 
 
 async def wait_until(clock: Clock, t: float) -> None:

@@ -70,6 +70,7 @@ class StepCost:
     attn_s_per_pair: float = 0.0  # per (prompt token, token it attends to): attention's quadratic part
     admit_s: float = 0.0          # per request whose prompt starts in the step
     warmup_s: float = 0.0         # request-level decode: extra time of a call's first step, fading (warm_weight)
+    frontend_s: float = 0.0       # per request, before any step: a server's front end (HTTP, tokenizing), not a step
 
     def step_time(self, context_tokens, prefill_tokens, decode_rows, attn_pairs=0, admitted=0, warm=0):
         """Seconds of one forward pass, from what it contains. Scalars give one step; numpy arrays

@@ -92,6 +92,10 @@ class OpenAIBackend(LoadTarget):
         """The load generator's own timing error over the last run (see module docstring)."""
         return send_lag_summary(self.send_lags)
 
+    def chunk_stamps(self, request: Request) -> list[float]:
+        """One stamp per streamed chunk that carried a choice, as parsed."""
+        return list(self.chunk_times.get(request.request_id, ()))
+
     async def send(self, r: Request, client: httpx.AsyncClient, clock: Clock) -> None:
         """One streamed request: stamps chunks on `r`, records failures on `r`; never raises."""
         r.status = Status.RUNNING
@@ -302,3 +306,47 @@ def check_server(base_url: str, model: str | None, key: str = "EMPTY",
     if model not in served:
         raise ConfigError(f"backend.model {model!r} is not served at {base_url}; it serves: {listed or 'nothing'}")
     return []
+
+
+def server_metrics(base_url: str, key: str = "EMPTY", transport: httpx.BaseTransport | None = None,
+                   timeout_s: float = MODELS_TIMEOUT_S) -> dict[str, Any]:
+    """What a server publishes about itself on its Prometheus /metrics page (beside /v1): the
+    labels of a `*cache_config_info` series (vLLM: block_size, num_gpu_blocks, enable_prefix_caching,
+    ...) and `process_start_time_seconds`. {} if it has no such page."""
+    url = base_url.rstrip("/").removesuffix("/v1") + "/metrics"
+    try:
+        with httpx.Client(timeout=timeout_s, transport=transport, headers={"Authorization": f"Bearer {key}"}) as client:
+            resp = client.get(url)
+    except httpx.HTTPError:
+        return {}
+    return parse_metrics(resp.text) if resp.status_code == 200 else {}
+
+
+def parse_metrics(text: str) -> dict[str, Any]:
+    """The cache geometry labels and process start time in a Prometheus text page."""
+    out: dict[str, Any] = {}
+    for line in text.splitlines():
+        if line.startswith("#"):
+            continue
+        name, _, rest = line.partition("{")
+        if name.endswith("cache_config_info") and "}" in rest:
+            labels = rest.split("}", 1)[0]
+            out |= {k.strip(): v.strip('"') for k, _, v in (kv.partition("=") for kv in _split_labels(labels)) if k}
+        elif line.startswith("process_start_time_seconds "):
+            out["process_start_time_seconds"] = float(line.split()[1])
+    return out
+
+
+def _split_labels(labels: str) -> list[str]:
+    """`a="1",b="x,y"` -> ['a="1"', 'b="x,y"'] (commas inside quotes kept)."""
+    parts, cur, quoted = [], "", False
+    for ch in labels:
+        if ch == '"':
+            quoted = not quoted
+        if ch == "," and not quoted:
+            parts.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    return [*parts, cur] if cur else parts
+

@@ -65,7 +65,16 @@ def design_matrix(samples: list[StepSample]) -> np.ndarray:
 
 
 def nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """min ||a x - b|| subject to x >= 0, exactly, for a handful of columns."""
+    """min ||a x - b|| subject to x >= 0, exactly, for a handful of columns.
+    NOTE: columns are scaled to unit norm first: the features span ten orders of magnitude (a
+    constant beside attention pairs of long prompts), and unscaled, rank tests and least squares
+    on some subsets go wrong, losing the best feasible one."""
+    norms = np.linalg.norm(a, axis=0)
+    scale = np.where(norms > 0, norms, 1.0)
+    return _nnls_unit(a / scale, b) / scale
+
+
+def _nnls_unit(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     n = a.shape[1]
     best, best_res = np.zeros(n), float(np.sum(b * b))
     for k in range(1, n + 1):

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, astuple, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,7 @@ from batchlab.backends import TARGET, make_backend
 from batchlab.backends.base import Engine
 from batchlab.backends.cost import COEFFS, StepCost, attention_pairs, warm_weight
 from batchlab.backends.presets import load_cost
+from batchlab.calibrate.blackbox import ProbeGrid
 from batchlab.calibrate.fit import Fit, StepSample, fit_step_times
 from batchlab.core.clock import Clock, RealClock, VirtualClock
 from batchlab.core.request import Request
@@ -213,15 +214,18 @@ def _ints(text: str, flag: str) -> tuple[int, ...]:
               help="Fit this profile's saved samples again (no measuring), e.g. with --without.")
 @click.option("--without", default="", help=f"With --refit: step-time terms held at zero, comma-separated ({', '.join(COEFFS[1:])}).")
 @click.option("--out", "out", required=True, type=click.Path(dir_okay=False), help="Profile JSON to write.")
+@click.option("--twin", "twin", default=None, type=click.Path(dir_okay=False),
+              help="A server (backend.kind openai): where its twin's run config goes (default: beside --out, NAME.twin.yaml).")
 def profile_cmd(config, overrides, preset, strategy, batch_sizes, contexts, prompts, new_tokens, repeats, warmup, gap_ms,
-                refit_src, without, out):
-    """Measure a backend's step times, fit the simulator's model, save it as a profile JSON."""
+                refit_src, without, out, twin):
+    """Measure a backend's step times, fit the simulator's model, save it as a profile JSON. A
+    server (backend.kind openai) is profiled from the client, and its twin's config written too."""
     user_errors(_profile_main)(config, overrides, preset, strategy, batch_sizes, contexts, prompts,
-                               new_tokens, repeats, warmup, gap_ms, refit_src, without, out)
+                               new_tokens, repeats, warmup, gap_ms, refit_src, without, out, twin)
 
 
 def _profile_main(config, overrides, preset, strategy, batch_sizes, contexts, prompts, new_tokens, repeats, warmup,
-                  gap_ms, refit_src, without, out):
+                  gap_ms, refit_src, without, out, twin=None):
     path = Path(out)
     if without and refit_src is None:
         raise ConfigError("--without goes with --refit (a measured profile fits every term)")
@@ -250,7 +254,14 @@ def _profile_main(config, overrides, preset, strategy, batch_sizes, contexts, pr
         raise ConfigError("--new-tokens must be >= 2, --repeats >= 1, --warmup >= 0, --gap-ms >= 0")
     grid = Grid(_ints(batch_sizes, "--batch-sizes"), _ints(contexts, "--contexts"), _ints(prompts, "--prompts"),
                 new_tokens, repeats, warmup, gap_ms / 1e3)
-    cfg = _load(config, overrides, strategy)
+    cfg = load_user_config(config, overrides)
+    if cfg.backend.role == TARGET:
+        from batchlab.calibrate.server import profile_server
+        twin_path = Path(twin) if twin else path.with_name(path.stem + ".twin.yaml")
+        profile_server(cfg, ProbeGrid(*astuple(grid)[:6], gap_s=grid.gap_s or ProbeGrid.gap_s), path, twin_path,
+                       progress=lambda m: click.echo(f"  {m}"))
+        return
+    cfg = cfg.model_copy(update={"strategies": [strategy]})
     backend = make_backend(cfg)
     load_before = os.getloadavg()[0]
     try:
@@ -270,10 +281,3 @@ def _profile_main(config, overrides, preset, strategy, batch_sizes, contexts, pr
                f"error rms {100 * f.rms_rel_error:.1f}%, "
                f"max {100 * f.max_rel_error:.1f}%")
     click.echo(f"wrote {path}")
-
-
-def _load(config, overrides, strategy):
-    cfg = load_user_config(config, overrides)
-    if cfg.backend.role == TARGET:
-        raise ConfigError(f"backend.kind '{cfg.backend.kind}' batches for itself: profile 'hf' or 'sim' backends")
-    return cfg.model_copy(update={"strategies": [strategy]})

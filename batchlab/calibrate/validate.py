@@ -5,7 +5,9 @@ For each workload (the config's own traffic, `base`, and any held-out ones in `v
 2. the same sweep again on the same traces (OUT/WORKLOAD/rerun): the machine's noise floor;
 3. every real point replayed in virtual time on a `SimulatedBackend` whose step costs come from
    the profile of the path the strategy uses (request-level for naive/dynamic, iteration-level for
-   continuous), and twice more with those costs scaled by 1 -+ the fit's RMS error;
+   continuous) or, for a server (backend.kind openai), on its twin (`--twin`: the twin config
+   `batchlab profile` wrote, its scheduler and limits); twice more with costs scaled by 1 -+ the
+   fit's RMS error;
 4. a burst per strategy (a queue that never empties) on both sides: throughput is judged there,
    where the backend sets it; below capacity the trace sets it and hides any error.
 Latency (p50 E2E, p50/p99 TTFT, p50 TPOT) is judged per trace below capacity. The profiles are
@@ -33,21 +35,24 @@ from batchlab.calibrate import accuracy
 from batchlab.core.clock import RealClock, VirtualClock
 from batchlab.core.config import RunConfig
 from batchlab.core.sustain import saturated_tokens
+from batchlab.core.trace_item import TraceItem
 from batchlab.core.traffic import build_trace, burst_trace
 from batchlab.errors import ConfigError, RunFailed, user_errors
-from batchlab.run.config import load_config
+from batchlab.run.config import load_config, target_strategies
 from batchlab.run.executors import Executor, LocalExecutor, make_executor
 from batchlab.run.point import run_point
 from batchlab.run.schema import summary_row
 from batchlab.run.sweep import points, run_sweep
 from batchlab.schedulers import scheduler_class
 
+KEY = ["strategy", "rate", "repeat"]
+TIME_TERMS = ("overhead_s", "weight_s") + COEFFS[1:] + ("frontend_s",)   # every timing a profile can hold
+SERVER = "server"                # the level of a strategy a load target batches for itself
+
 
 def level_of(strategy: str) -> str:
-    return scheduler_class(strategy).level
-
-KEY = ["strategy", "rate", "repeat"]
-TIME_TERMS = ("overhead_s", "weight_s") + COEFFS[1:]       # every step-time coefficient a profile can hold
+    """request or iteration (a scheduler), or SERVER (a load target's own batching)."""
+    return SERVER if strategy in target_strategies() else scheduler_class(strategy).level
 
 
 @dataclass(frozen=True)
@@ -55,6 +60,14 @@ class Profile:
     path: str
     cost: StepCost
     sigma: float                 # the fit's relative RMS error: the step-cost uncertainty the intervals carry
+    twin: RunConfig | None = None   # a server's twin config (its scheduler and limits); None: the run's own strategy
+
+    def replay_as(self, cfg: RunConfig, strategy: str) -> tuple[RunConfig, str]:
+        """The config and strategy a point of `cfg` is replayed with in simulation: the real
+        config on the simulator, or the server's twin with the point's traffic and SLO."""
+        if self.twin is None:
+            return cfg.model_copy(update={"backend": SimOptions(profile=self.path)}), strategy
+        return self.twin.model_copy(update={"traffic": cfg.traffic, "slo": cfg.slo}), self.twin.strategies[0]
 
 
 @dataclass
@@ -63,21 +76,32 @@ class Validation:
     summary: pd.DataFrame        # one row per metric (accuracy.summary)
 
 
-def load_profiles(paths: list[str]) -> dict[str, Profile]:
-    """level (request | iteration | any) -> the profile."""
+def load_profiles(paths: list[str], twin: str | None = None) -> dict[str, Profile]:
+    """level (request | iteration | any | SERVER) -> the profile; a twin config gives a server's."""
     out = {}
     for p in paths:
-        cost = StepCost.from_json(p)
-        data = json.loads(Path(p).read_text())
-        sigma = float(data.get("fit_rms_rel_error") or 0.0)     # a preset has no fit: no model term
-        out[data.get("level", "any")] = Profile(p, cost, sigma if math.isfinite(sigma) else 0.0)
+        out[json.loads(Path(p).read_text()).get("level", "any")] = _profile(p)
+    if twin is not None:
+        tc = load_config(twin)
+        if not isinstance(tc.backend, SimOptions) or tc.backend.profile is None:
+            raise ConfigError(f"--twin {twin}: not a twin config (a simulator with backend.profile, as `batchlab profile` writes)")
+        out[SERVER] = replace(_profile(tc.backend.profile), twin=tc)
     return out
+
+
+def _profile(path: str) -> Profile:
+    cost = StepCost.from_json(path)
+    sigma = float(json.loads(Path(path).read_text()).get("fit_rms_rel_error") or 0.0)   # a preset has no fit
+    return Profile(path, cost, sigma if math.isfinite(sigma) else 0.0)
 
 
 def profile_for(strategy: str, profiles: dict[str, Profile]) -> Profile:
     level = level_of(strategy)
     if level in profiles:
         return profiles[level]
+    if level == SERVER:
+        raise ConfigError(f"strategy '{strategy}' is the server's own: give its twin with --twin (the config "
+                          "`batchlab profile` writes beside the profile)")
     if "any" in profiles:
         return profiles["any"]
     if len(profiles) == 1:
@@ -110,7 +134,7 @@ def simulate_points(cfg: RunConfig, real: pd.DataFrame, profiles: dict[str, Prof
         for _, point in real.iterrows():
             prof = profile_for(point["strategy"], profiles)
             d = (drift or {}).get(level_of(point["strategy"]), NO_DRIFT)
-            calls.append((cfg, point["strategy"], float(point["rate"]), int(point["repeat"]), prof.path,
+            calls.append((cfg, point["strategy"], float(point["rate"]), int(point["repeat"]), prof,
                           sim_cost(cfg, prof.cost, d.factor * (1 + k * d.sigma(prof)))))
     rows: list[dict | None] = [None] * len(calls)
     for fin in (executor or LocalExecutor()).map(sim_point, calls):
@@ -121,17 +145,19 @@ def simulate_points(cfg: RunConfig, real: pd.DataFrame, profiles: dict[str, Prof
     return {side: pd.DataFrame(rows[i * n:(i + 1) * n]) for i, side in enumerate(sides)}
 
 
-def sim_point(cfg: RunConfig, strategy: str, rate: float, repeat: int, path: str, cost: StepCost) -> dict:
-    """One real point's trace on the simulator with step costs `cost`: its summary row (a pure function)."""
-    sim_cfg = cfg.model_copy(update={"backend": SimOptions(profile=path)})
+def sim_point(cfg: RunConfig, strategy: str, rate: float, repeat: int, prof: Profile, cost: StepCost) -> dict:
+    """One real point's trace on the simulator with step costs `cost`: its summary row, under the
+    real point's strategy name (a pure function)."""
+    sim_cfg, runs_as = prof.replay_as(cfg, strategy)
     trace = build_trace(cfg.traffic, rate, repeat)
-    res = run_point(sim_cfg, strategy, rate, repeat, SimulatedBackend(cost), trace)
-    return summary_row(sim_cfg, strategy, rate, repeat, cost.name, res.summary, {"profile": path, **res.meta})
+    res = run_point(sim_cfg, runs_as, rate, repeat, SimulatedBackend(cost), trace)
+    return summary_row(sim_cfg, strategy, rate, repeat, cost.name, res.summary, {"profile": prof.path, **res.meta})
 
 
 def saturation_burst(cfg: RunConfig, strategy: str):
     """Six full batches of the workload's own requests, arriving at once (at least 64): (rate, trace)."""
-    return burst_trace(cfg.traffic, max(64, 6 * scheduler_class(strategy).batch_rows(cfg)))
+    rows = 32 if level_of(strategy) == SERVER else scheduler_class(strategy).batch_rows(cfg)   # a server's: unknown
+    return burst_trace(cfg.traffic, max(64, 6 * rows))
 
 
 def saturation(cfg: RunConfig, profiles: dict[str, Profile], path: Path, noise: bool, real: "LentBackend",
@@ -147,15 +173,17 @@ def saturation(cfg: RunConfig, profiles: dict[str, Profile], path: Path, noise: 
         prof = profile_for(strategy, profiles)
         d = drift.get(level_of(strategy), NO_DRIFT)
         for side in (["real", "real_b"] if noise else ["real"]) + list(SIDES):
+            run_cfg, runs_as = cfg, strategy
             if side in SIDES:
                 b = SimulatedBackend(sim_cost(cfg, prof.cost, d.factor * (1 + SIDES[side] * d.sigma(prof))))
+                run_cfg, runs_as = prof.replay_as(cfg, strategy)
             elif (strategy, side) in have:
                 continue
             else:
                 b = real.get()
                 if progress:
                     progress(f"saturation burst: {strategy}, {len(trace)} requests at once ({side})")
-            res = run_point(cfg, strategy, rate, 0, b, trace)
+            res = run_point(run_cfg, runs_as, rate, 0, b, trace)
             row = pd.DataFrame([{"strategy": strategy, "side": side, "throughput_tok_s": saturated_tokens(res.requests)}])
             if side not in SIDES:
                 row.to_csv(path, mode="a", header=not path.is_file(), index=False)
@@ -188,8 +216,12 @@ REFERENCE = (8, 48, 24)
 REFERENCE_REPEATS = 3
 
 
-def burst_seconds(backend, level: str) -> float:
-    """Median over REFERENCE_REPEATS of the reference burst's duration (prefill to last token)."""
+def burst_seconds(backend, level: str, cfg: RunConfig | None = None, prof: Profile | None = None) -> float:
+    """Median over REFERENCE_REPEATS of the reference burst's duration (prefill to last token). A
+    server's (SERVER level) is sent through the client like any trace (under the workload's `cfg`);
+    its twin's is replayed under the twin config (`prof`)."""
+    if level == SERVER:
+        return _server_burst_seconds(backend, cfg, prof)
     from batchlab.calibrate.profile import burst, time_burst
     clock = VirtualClock() if backend.virtual_time else RealClock()
 
@@ -201,6 +233,17 @@ def burst_seconds(backend, level: str) -> float:
             runs.append(float(sum(await time_burst(backend, level, reqs, clock))))
         return sorted(runs)[len(runs) // 2]
     return clock.run(timed())
+
+
+def _server_burst_seconds(backend, cfg: RunConfig | None, prof: Profile | None) -> float:
+    rows, prompt, new = REFERENCE
+    runs = []
+    for i in range(REFERENCE_REPEATS):    # NOTE: new prompts each time: a prefix cache must not shorten them
+        trace = [TraceItem(0.0, prompt, new, content=((("reference", i, j), prompt),)) for j in range(rows)]
+        run_cfg, strategy = (prof.twin, prof.twin.strategies[0]) if prof is not None else (cfg, cfg.strategies[0])
+        res = run_point(run_cfg, strategy, 1.0, 0, backend, trace)
+        runs.append(max(r.token_times[-1] for r in res.requests) - min(r.arrival_time for r in res.requests))
+    return sorted(runs)[len(runs) // 2]
 
 
 def reference(path: Path, when: str, levels: list[str], real: LentBackend, progress=None) -> None:
@@ -215,7 +258,7 @@ def reference(path: Path, when: str, levels: list[str], real: LentBackend, progr
             progress(f"reference burst {REFERENCE[0]} x {REFERENCE[1]} + {REFERENCE[2]} tokens ({level}-level, {when})")
         # NOTE: the 1-minute load average beside each timing: on a shared machine other processes are
         # the main source of drift, so it is kept with the data rather than guessed afterwards
-        row = pd.DataFrame([{"when": when, "level": level, "seconds": burst_seconds(real.get(), level),
+        row = pd.DataFrame([{"when": when, "level": level, "seconds": burst_seconds(real.get(), level, real.cfg),
                              "load_1min": os.getloadavg()[0]}])
         row.to_csv(path, mode="a", header=not path.is_file(), index=False)
 
@@ -244,12 +287,13 @@ def drift_factors(path: Path, profiles: dict[str, Profile], strategies: list[str
         real = times.get_group(level).to_numpy(dtype=float)
         med = float(np.median(real))
         spread = float(np.std(real, ddof=1) / med) if len(real) > 1 else 0.0
-        out[level] = Drift(med / burst_seconds(SimulatedBackend(profile_for(s, profiles).cost), level), spread)
+        prof = profile_for(s, profiles)
+        out[level] = Drift(med / burst_seconds(SimulatedBackend(prof.cost), level, prof=prof), spread)
     return out
 
 
-def validate(cfg: RunConfig, profile_paths: list[str], out: Path, progress=None) -> Validation:
-    profiles = load_profiles(profile_paths)
+def validate(cfg: RunConfig, profile_paths: list[str], out: Path, progress=None, twin: str | None = None) -> Validation:
+    profiles = load_profiles(profile_paths, twin)
     for s in cfg.strategies:
         profile_for(s, profiles)                 # fail before the (long) real run, not after
     noise, drift_on = cfg.validation.noise, cfg.validation.drift
@@ -360,25 +404,30 @@ def report_lines(v: Validation) -> list[str]:
 
 @click.command("validate")
 @click.argument("config", type=click.Path(dir_okay=False))
-@click.option("--profile", "profiles", multiple=True, required=True,
+@click.option("--profile", "profiles", multiple=True,
               help="Profile JSON from `batchlab profile` (one per path: --strategy dynamic and continuous).")
+@click.option("--twin", default=None, type=click.Path(dir_okay=False),
+              help="A server's twin config (`batchlab profile` on the server writes it): its replays run there.")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Override a config key (repeatable).")
 @click.option("--out", default="results/validate", show_default=True, help="Output directory.")
 @click.option("--executor", type=click.Choice(["local", "ray"]), default=None,
               help="Where points run (default: the config's executor.kind): ray runs real and simulated points as Ray tasks.")
 @user_errors
-def validate_cmd(config, profiles, overrides, out, executor):
+def validate_cmd(config, profiles, overrides, out, executor, twin):
     """Run CONFIG (and its held-out workloads) on its real backend twice and on the simulator
     calibrated by PROFILE; report errors, the noise floor and 90 % interval coverage."""
-    for p in profiles:
+    for flag, p in [("--profile", p) for p in profiles] + ([("--twin", twin)] if twin else []):
         if not Path(p).is_file():
-            raise ConfigError(f"--profile: file not found: {p}")
+            raise ConfigError(f"{flag}: file not found: {p}")
     cfg = load_config(config, list(overrides) + ([f"executor.kind={executor}"] if executor else []))
-    if cfg.backend.role == TARGET:
-        raise ConfigError(f"backend.kind '{cfg.backend.kind}' batches for itself; validate 'hf' (or 'sim') backends")
-    load_profiles(list(profiles))
+    if cfg.backend.role == TARGET and twin is None:
+        raise ConfigError(f"backend.kind '{cfg.backend.kind}' batches for itself: give its twin with --twin "
+                          "(`batchlab profile` on the server writes it)")
+    if not profiles and twin is None:
+        raise ConfigError("give the profiles to validate with --profile (or a server's twin with --twin)")
+    load_profiles(list(profiles), twin)
     out_dir = Path(out)
-    result = validate(cfg, list(profiles), out_dir, progress=lambda m: click.echo(f"  real: {m}"))
+    result = validate(cfg, list(profiles), out_dir, progress=lambda m: click.echo(f"  real: {m}"), twin=twin)
     for line in report_lines(result):
         click.echo(line)
     acc = json.loads((out_dir / "accuracy.json").read_text())

@@ -79,9 +79,13 @@ class Occupancy:
 
 
 class Inbox:
-    """Where requests come from: a planned trace and/or live submissions."""
+    """Where requests come from: a planned trace and/or live submissions. A planned request is
+    handed to the scheduler `delay_s` after its arrival (an engine's front end, EngineFacts
+    arrival_delay_s), though it counts from its arrival: its stamps are never shifted."""
 
-    def __init__(self, planned: Iterable[Request] = (), live: bool = False, flush_idle_s: float | None = None):
+    def __init__(self, planned: Iterable[Request] = (), live: bool = False, flush_idle_s: float | None = None,
+                 delay_s: float = 0.0):
+        self.delay_s = delay_s
         self.planned = deque(sorted(planned, key=lambda r: (r.arrival_time, r.index)))
         self.later: list[tuple[float, int, Request]] = []   # planned while running (session turns): a heap
         self.live: deque[Request] = deque()
@@ -118,10 +122,11 @@ class Inbox:
 
     @property
     def next_arrival(self) -> float | None:
+        """When the next planned request is handed over (its arrival plus the front end's delay)."""
         nxt = self.planned[0].arrival_time if self.planned else None
         if self.later and (nxt is None or self.later[0][0] < nxt):
-            return self.later[0][0]
-        return nxt
+            nxt = self.later[0][0]
+        return nxt if nxt is None or not self.delay_s else nxt + self.delay_s
 
     @property
     def paused_at(self) -> float | None:
@@ -137,6 +142,7 @@ class Inbox:
         return self.quiet or (self.flush_idle_s is not None and now >= self.last_arrival + self.flush_idle_s)
 
     def release(self, now: float, scheduler: Scheduler, occupancy: Occupancy | None = None) -> None:
+        now -= self.delay_s                                  # NOTE: arrivals up to now - delay are handed over
         while self.later and self.later[0][0] <= now:      # merged with the trace by (arrival, index)
             if self.planned and (self.planned[0].arrival_time, self.planned[0].index) < self.later[0][:2]:
                 self._hand(self.planned.popleft(), scheduler, occupancy)

@@ -66,8 +66,9 @@ class SessionRouting:
     would wait for a full batch that only its own answers could fill."""
 
     def __init__(self, talks: Conversations, first_turns: list[Request], replicas: list[Replica], router: Router,
-                 clock: Clock):
+                 clock: Clock, delay_s: float = 0.0):
         self.talks, self.replicas, self.router, self.clock = talks, replicas, router, clock
+        self.delay_s = delay_s                # the engines' front end: a turn reaches a replica this late
         self.open = sum(1 for r in first_turns if not r.is_done)   # refused first turns never start
         self.ended = asyncio.Event()
         if self.open == 0:
@@ -92,7 +93,7 @@ class SessionRouting:
         self._mark()
 
     async def _deliver(self, r: Request) -> None:
-        await self.clock.sleep_until(r.arrival_time)      # exactly the planned time, as route does
+        await self.clock.sleep_until(r.arrival_time + self.delay_s)      # exactly the planned time, as route does
         self.on_the_way -= 1
         self.router.pick(self.replicas, r).take(r)
         self._mark()
@@ -106,10 +107,11 @@ class SessionRouting:
 
 
 async def route(requests: list[Request], replicas: list[Replica], router: Router, clock: Clock,
-                sessions: SessionRouting | None = None) -> None:
-    """Release each request at its planned arrival time to the replica the router picks."""
+                sessions: SessionRouting | None = None, delay_s: float = 0.0) -> None:
+    """Release each request at its planned arrival time (plus the engines' front end) to the
+    replica the router picks."""
     for r in sorted(requests, key=lambda r: (r.arrival_time, r.index)):
-        await clock.sleep_until(r.arrival_time)   # exactly the planned time, as the driver does
+        await clock.sleep_until(r.arrival_time + delay_s)   # exactly the planned time, as the driver does
         router.pick(replicas, r).take(r)
     if sessions is not None:
         sessions.released_trace()
@@ -119,7 +121,8 @@ async def route(requests: list[Request], replicas: list[Replica], router: Router
 
 
 async def serve_replicated(requests: list[Request], replicas: list[Replica], router: Router, clock: Clock,
-                           occupancy: Occupancy | None = None, sessions: SessionRouting | None = None) -> None:
+                           occupancy: Occupancy | None = None, sessions: SessionRouting | None = None,
+                           delay_s: float = 0.0) -> None:
     """Run the replicas' drivers and the router together until every request is done."""
     def on_done(rep: Replica):
         if sessions is None:
@@ -133,7 +136,7 @@ async def serve_replicated(requests: list[Request], replicas: list[Replica], rou
                                            occupancy=occupancy))
                for rep in replicas]
     try:
-        await route(requests, replicas, router, clock, sessions)
+        await route(requests, replicas, router, clock, sessions, delay_s)
         await asyncio.gather(*drivers)
     finally:
         for d in drivers:
@@ -146,11 +149,11 @@ async def run_replicas(cfg: RunConfig, strategy: str, trace: list[TraceItem], ba
     replicas = make_replicas(cfg, strategy, backend, cfg.backend.replica_count())
     router = ROUTERS[cfg.backend.router]()
     t0 = clock.now()
-    vocab = backend.facts().vocab_size
-    requests = make_requests(trace, t0, backend.prepare, vocab)
+    facts = backend.facts()
+    requests = make_requests(trace, t0, backend.prepare, facts.vocab_size)
     sessions = None
     if trace and trace[0].session is not None:
-        talks = Conversations(trace, requests, t0, cfg.traffic.horizon_s, vocab, backend.prepare)
-        sessions = SessionRouting(talks, requests, replicas, router, clock)
-    await serve_replicated(requests, replicas, router, clock, occupancy, sessions)
+        talks = Conversations(trace, requests, t0, cfg.traffic.horizon_s, facts.vocab_size, backend.prepare)
+        sessions = SessionRouting(talks, requests, replicas, router, clock, facts.arrival_delay_s)
+    await serve_replicated(requests, replicas, router, clock, occupancy, sessions, facts.arrival_delay_s)
     return (sessions.talks.requests() if sessions else requests), t0

@@ -1,0 +1,197 @@
+"""Profile a server from the client, as a black box: its step times and its front end.
+
+Three probes, each a short trace sent through the load target (the client every run uses):
+- decode: a burst of b requests (prompt p, n tokens each, exact lengths); while all b decode
+  together, the gaps between one stream's chunks are the server's decode steps at batch b;
+- prefill: one or two requests sent beside a stream decoding alone; the stream's gap that ends
+  with their first token is one step holding those prompts and one decode row;
+- idle: one request to an idle server; its time to first token less the fitted prefill step is
+  the front end (HTTP, tokenizing, streaming: what happens before the engine has the request).
+Probes go round the grid `repeats` times after `warmup` passes, and step medians are fitted with
+calibrate/fit.py, so a twin charges its steps as the simulator charges any engine. A reference
+burst opens and closes every pass: a server whose steps changed speed meanwhile (a restart,
+other work on the machine) is refused, as is a stream that cannot give step times.
+"""
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from batchlab.backends.base import LoadTarget
+from batchlab.backends.cost import StepCost, attention_pairs
+from batchlab.calibrate.fit import Fit, StepSample, fit_step_times
+from batchlab.core.clock import Clock
+from batchlab.core.request import Request
+from batchlab.core.trace_item import TraceItem
+from batchlab.errors import ConfigError
+
+REFERENCE = (4, 32, 16)          # the reference burst: rows, prompt tokens, new tokens
+MAX_DRIFT = 0.30                 # a reference step slower or faster than this between passes: refused
+WINDOW = 4                       # steps per measured decode window (see decode_gaps)
+
+
+@dataclass(frozen=True)
+class ProbeGrid:
+    batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
+    contexts: tuple[int, ...] = (32, 128, 256)    # decode: prompt lengths the bursts decode from
+    prompts: tuple[int, ...] = (16, 64, 256, 512)  # prefill: prompts sent beside a stream, and alone
+    new_tokens: int = 24                         # tokens per decode burst
+    repeats: int = 3                             # measured passes over the grid (medians)
+    warmup: int = 1                              # unmeasured passes first
+    gap_s: float = 0.2                           # idle time before each probe
+
+
+@dataclass
+class BlackBoxProfile:
+    samples: list[StepSample]
+    fit: Fit
+    frontend_s: float            # median of (idle TTFT - fitted prefill step)
+    frontend_spread: float       # relative spread of those, for the record
+    reference_s: list[float]     # the reference burst's median decode gap at each check
+
+
+class Prober:
+    """Sends probes to a load target and turns their chunk stamps into step samples."""
+
+    def __init__(self, target: LoadTarget, clock: Clock, grid: ProbeGrid, progress: Callable[[str], None] | None):
+        self.target, self.clock, self.grid, self.say = target, clock, grid, progress or (lambda m: None)
+        self.tag = 0
+        self.decode: dict[tuple[int, int, int], list[float]] = defaultdict(list)
+        self.mixed: dict[tuple[int, int, int], list[float]] = defaultdict(list)   # (rows, prompt, context) -> gap
+        self.idle: dict[int, list[float]] = defaultdict(list)                     # prompt -> TTFT
+        self.reference: list[float] = []
+        self.ref_ttft = self.ref_gap = 0.0
+
+    async def send(self, items: list[tuple[float, int, int]]) -> list[tuple[Request, list[float]]]:
+        """One probe: (arrival s, prompt, new tokens) each, with prompts no earlier probe used (a
+        prefix cache must not shorten them); its requests and their chunk stamps, checked."""
+        self.tag += 1
+        await self.clock.sleep(self.grid.gap_s)
+        trace = [TraceItem(at, p, n, content=((("probe", self.tag, i), p),)) for i, (at, p, n) in enumerate(items)]
+        reqs, _ = await self.target.run_trace(trace, self.clock)
+        return [(r, stream_checked(r, self.target.chunk_stamps(r))) for r in reqs]
+
+    async def check_reference(self, measured: bool) -> None:
+        rows, p, n = REFERENCE
+        got = await self.send([(0.0, p, n)] * rows)
+        gaps = [g for _, g in decode_gaps([s for _, s in got], p)]
+        self.ref_gap = statistics.median(gaps)
+        self.ref_ttft = statistics.median(s[0] - r.arrival_time for r, s in got)
+        if measured:
+            self.reference.append(self.ref_gap)
+            first = self.reference[0]
+            if first > 0 and abs(self.ref_gap / first - 1) > MAX_DRIFT:
+                raise ConfigError(f"the server's decode step changed from {1e3 * first:.2f} ms to "
+                                  f"{1e3 * self.ref_gap:.2f} ms during the profile (a restart, or other work on the "
+                                  "machine): nothing was written; profile it again on a quiet machine")
+
+    async def decode_pass(self, keep: bool) -> None:
+        g = self.grid
+        for b in g.batch_sizes:
+            for p in g.contexts:
+                got = await self.send([(0.0, p, g.new_tokens)] * b)
+                if keep:
+                    for k, gap in decode_gaps([s for _, s in got], p):
+                        self.decode[(b, p, k)].append(gap)
+
+    async def prefill_pass(self, keep: bool) -> None:
+        g, base = self.grid, min(self.grid.contexts)
+        at = 1.5 * self.ref_ttft + 12 * self.ref_gap           # the stream has decoded a dozen steps by then
+        for p in g.prompts:
+            for rows in (1, 2):
+                steps = int((at + 3 * self.ref_ttft) / max(self.ref_gap, 1e-4)) + 24
+                got = await self.send([(0.0, base, min(steps, 1024))] + [(at, p, 2)] * rows)
+                step = mixed_step([s for _, s in got], self.ref_gap)
+                if keep and step is not None:
+                    j, gap = step
+                    self.mixed[(rows, p, base + j)].append(gap)
+            got = await self.send([(0.0, p, 2)])
+            if keep:
+                r, s = got[0]
+                self.idle[p].append(s[0] - r.arrival_time)
+
+
+async def measure(target: LoadTarget, clock: Clock, grid: ProbeGrid, progress=None) -> Prober:
+    """Warm-up passes, then `repeats` measured passes over the grid, a reference burst around each."""
+    pr = Prober(target, clock, grid, progress)
+    await target.start(clock)
+    for rep in range(grid.warmup + grid.repeats):
+        keep = rep >= grid.warmup
+        pr.say(f"pass {rep + 1} of {grid.warmup + grid.repeats}" + ("" if keep else " (warm-up)"))
+        await pr.check_reference(keep)
+        await pr.decode_pass(keep)
+        await pr.prefill_pass(keep)
+    await pr.check_reference(True)
+    return pr
+
+
+def fit_profile(pr: Prober) -> BlackBoxProfile:
+    """The step-time fit of the probes' medians, and the front end from the idle probes."""
+    samples = [StepSample(b * (p + k), 0, b, statistics.median(v), "decode") for (b, p, k), v in sorted(pr.decode.items())]
+    samples += [StepSample(ctx + rows * p, rows * p, 1, statistics.median(v), "prefill",
+                           attn_pairs=rows * attention_pairs(p, 0), admitted=rows)
+                for (rows, p, ctx), v in sorted(pr.mixed.items())]
+    if not any(s.kind == "prefill" for s in samples):
+        raise ConfigError("no prefill step could be told apart in the stream beside it (every probe's first token came "
+                          "in another step than the stream's): the server may batch prompts on their own; nothing was written")
+    fit = fit_step_times(samples)
+    cost = fit.to_cost(StepCost(0, 0, 0, 0, 0, kv_bytes_per_token=1, kv_budget_bytes=1))
+    front = [t - cost.step_time(p, p, 0, attention_pairs(p, 0), 1) for p, ts in pr.idle.items() for t in ts]
+    med = statistics.median(front)
+    spread = float(np.std(front) / abs(med)) if len(front) > 1 and med else 0.0
+    return BlackBoxProfile(samples, fit, max(0.0, med), spread, pr.reference)
+
+
+def stream_checked(r: Request, stamps: list[float]) -> list[float]:
+    """The chunk stamps of a probe request, or one line saying why they cannot give step times."""
+    if r.error:
+        raise ConfigError(refusal(r.error))
+    if len(stamps) < r.output_len:
+        raise ConfigError(f"the server merges tokens into chunks ({r.output_len} tokens came in {len(stamps)} "
+                          "chunks): chunk gaps are not step times; run it with one token per chunk (vLLM: "
+                          "--stream-interval 1); nothing was written")
+    return stamps[:r.output_len]
+
+
+def refusal(error: str) -> str:
+    """A failed probe as the one line a user can act on."""
+    if "usage report" in error:
+        why = "the server streams without usage counts (stream_options.include_usage), so token counts are unknown"
+    elif "HTTP 429" in error:
+        why = "the server rate-limits the probes (HTTP 429): raise its limit for the profile"
+    elif "ignore_eos" in error or "min_tokens" in error or "HTTP 422" in error:
+        why = ("the server refuses the exact-length options (set backend.length_control: generation_config for "
+               f"transformers serve): {error}")
+    elif "produced" in error or "tokens" in error:
+        why = f"the server does not generate exactly the tokens asked for (end-of-sequence not ignored): {error}"
+    else:
+        why = f"a probe failed: {error}"
+    return f"profile: {why}; nothing was written"
+
+
+def decode_gaps(streams: list[list[float]], prompt: int, window: int = WINDOW) -> list[tuple[int, float]]:
+    """(token index k, mean step before it) over windows of `window` steps of every stream, while
+    all streams decode together: after the last one's first token and up to the first one's last.
+    NOTE: a window, not a single gap: when the server or the client falls behind, chunks arrive in
+    bursts (a long gap, then gaps near zero), but the time across several chunks stays the steps' sum."""
+    together, first_done = max(s[0] for s in streams), min(s[-1] for s in streams)
+    return [(k + window // 2, (s[k + window] - s[k]) / window) for s in streams for k in range(0, len(s) - window, window)
+            if s[k] >= together and s[k + window] <= first_done]
+
+
+def mixed_step(streams: list[list[float]], gap: float) -> tuple[int, float] | None:
+    """The background stream's (token index, duration) of the step that ended with the new
+    prompts' first tokens, if they all came in one step with it (None: they did not). The
+    duration is the stream's time over the three steps to it, less two decode steps at the
+    stream's own pace before the probes (robust to a burst of late chunks, as decode_gaps is)."""
+    bg, firsts = streams[0], [s[0] for s in streams[1:]]
+    j = int(np.argmin([abs(t - firsts[0]) for t in bg]))
+    if j < 3 + WINDOW or max(abs(bg[j] - f) for f in firsts) > 0.5 * gap:
+        return None
+    pace = (bg[j - 3] - bg[j - 3 - WINDOW]) / WINDOW
+    step = bg[j] - bg[j - 3] - 2 * pace
+    return (j, step) if step > 0 else None

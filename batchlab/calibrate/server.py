@@ -1,0 +1,54 @@
+"""`batchlab profile` on a server (backend.kind openai): probe it, fit it, write its twin.
+
+The server is checked first (it answers, it serves the model); its /metrics page is read before
+and after the probes, so a server that restarted meanwhile is refused; nothing is written unless
+every probe gave step times and the fit succeeded (calibrate/blackbox.py, calibrate/twin.py).
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from batchlab.backends import make_backend
+from batchlab.backends.base import LoadTarget
+from batchlab.calibrate.blackbox import ProbeGrid, fit_profile, measure
+from batchlab.calibrate.twin import limits, started_record, write_twin
+from batchlab.core.clock import RealClock
+from batchlab.core.config import RunConfig
+from batchlab.errors import ConfigError
+
+
+def profile_server(cfg: RunConfig, grid: ProbeGrid, profile_path: Path, twin_path: Path, progress=None,
+                   target: LoadTarget | None = None, transport=None) -> RunConfig:
+    """Profile the server `cfg` names; write its profile and twin config; return the twin.
+    `target` and `transport` replace the client and its HTTP transport (tests fake a server)."""
+    from batchlab.backends.openai_client import api_key, check_server, server_metrics
+    key = api_key(cfg.backend.api_key_env)
+    for line in check_server(cfg.backend.base_url, cfg.backend.model, key, transport=transport):
+        if progress:
+            progress(f"warning: {line}")
+    before = server_metrics(cfg.backend.base_url, key, transport)
+    load_before = os.getloadavg()[0]
+    target = target or make_backend(cfg)
+    clock = RealClock()
+    try:
+        probes = clock.run(measure(target, clock, grid, progress))
+    finally:
+        clock.run(target.close())
+    after = server_metrics(cfg.backend.base_url, key, transport)
+    started = before.get("process_start_time_seconds"), after.get("process_start_time_seconds")
+    if started[0] != started[1]:
+        raise ConfigError("profile: the server restarted during the profile (its process start time changed); "
+                          "nothing was written")
+    prof = fit_profile(probes)
+    found = limits(cfg, after, started_record(cfg.backend.base_url))
+    setup = target.describe() | {"load_avg_1min": [load_before, os.getloadavg()[0]], "cpu_count": os.cpu_count(),
+                                 "server_metrics": {k: v for k, v in after.items() if k != "process_start_time_seconds"}}
+    twin = write_twin(cfg, prof, grid, setup, found, profile_path, twin_path)
+    if progress:
+        c, f = twin.backend.cost(), prof.fit
+        progress(f"fit ({f.num_samples} steps, rms error {100 * f.rms_rel_error:.1f}%): decode step "
+                 f"{1e3 * c.step_time(0, 0, 1):.2f} ms at batch 1, front end "
+                 f"{1e3 * prof.frontend_s:.1f} ms per request")
+        progress(f"wrote {profile_path} and {twin_path}: `batchlab run {twin_path}` simulates the server")
+    return twin

@@ -1,0 +1,131 @@
+"""A twin of a server: the simulator set up to serve as that server does.
+
+A twin is two files: the profile (the step-time model and front end fitted from the server's
+streams, calibrate/blackbox.py) and a run config, `twin.yaml`, whose simulator runs that profile
+under continuous batching with the server's own limits: sequences and tokens per step, chunked
+prefill, prefix caching, KV blocks and their size. Each limit comes from the most direct source
+there is, and twin.yaml says which: what the server publishes about itself (vLLM's /metrics cache
+info), the flags batchlab started it with (`batchlab vllm up` records them), the config's own
+`continuous` section (what the user says the server runs with: `batchlab serve` takes that very
+section), or, for a vLLM server that publishes none, vLLM's documented default. `batchlab run
+twin.yaml` then simulates the server; `batchlab validate CONFIG --twin twin.yaml` checks it.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from batchlab.backends.cost import StepCost
+from batchlab.calibrate.blackbox import BlackBoxProfile, ProbeGrid
+from batchlab.core.config import RunConfig
+from batchlab.run.config import validate
+from batchlab.schedulers import ContinuousConfig, ContinuousScheduler
+
+# vLLM's defaults for online serving where the server publishes none (its engine arguments: V1
+# schedules chunked prefill and caches prefixes unless told not to)
+VLLM_DEFAULTS = {"max_num_seqs": 256, "block_size": 16, "prefix_caching": True, "chunked_prefill": True}
+
+
+@dataclass(frozen=True)
+class Limit:
+    value: Any
+    source: str                  # where it was read: "server /metrics", "started with", "config", "vLLM default"
+
+
+def limits(cfg: RunConfig, published: dict[str, Any], started: dict[str, Any] | None) -> dict[str, Limit]:
+    """The server's scheduler limits as continuous-section keys, each with its source."""
+    mine = cfg.continuous
+    out = {k: Limit(v, "config") for k, v in mine.model_dump().items() if k != "preemption"}
+    vllm = "num_gpu_blocks" in published or (started or {}).get("server") == "vllm"
+    if vllm:
+        out |= {"max_num_seqs": Limit(VLLM_DEFAULTS["max_num_seqs"], "vLLM default"),
+                "block_size": Limit(VLLM_DEFAULTS["block_size"], "vLLM default"),
+                "prefix_caching": Limit(VLLM_DEFAULTS["prefix_caching"], "vLLM default")}
+        if VLLM_DEFAULTS["chunked_prefill"]:
+            out["chunk_size"] = Limit(mine.max_num_batched_tokens, "vLLM default (chunked prefill)")
+    out |= _flags((started or {}).get("flags") or {})
+    out |= _published(published)
+    return out
+
+
+def _flags(flags: dict[str, Any]) -> dict[str, Limit]:
+    """The limits among the flags a server was started with (vLLM's names)."""
+    out = {}
+    for flag, key in (("max_num_seqs", "max_num_seqs"), ("max_num_batched_tokens", "max_num_batched_tokens"),
+                      ("block_size", "block_size"), ("enable_prefix_caching", "prefix_caching")):
+        if flags.get(flag) is not None:
+            out[key] = Limit(flags[flag], "started with")
+    if flags.get("enable_chunked_prefill") is not None:
+        chunked = bool(flags["enable_chunked_prefill"])
+        budget = flags.get("max_num_batched_tokens")
+        out["chunk_size"] = Limit(budget if chunked else None, "started with")
+    return out
+
+
+def _published(metrics: dict[str, Any]) -> dict[str, Limit]:
+    out = {}
+    if str(metrics.get("num_gpu_blocks", "")).isdigit():
+        out["num_kv_blocks"] = Limit(int(metrics["num_gpu_blocks"]), "server /metrics")
+    if str(metrics.get("block_size", "")).isdigit():
+        out["block_size"] = Limit(int(metrics["block_size"]), "server /metrics")
+    if metrics.get("enable_prefix_caching") in ("True", "False"):
+        out["prefix_caching"] = Limit(metrics["enable_prefix_caching"] == "True", "server /metrics")
+    return out
+
+
+def write_twin(cfg: RunConfig, prof: BlackBoxProfile, grid: ProbeGrid, setup: dict[str, Any],
+               found: dict[str, Limit], profile_path: Path, twin_path: Path) -> RunConfig:
+    """Write the profile JSON and twin.yaml (the profile first: the config names it); returns the twin."""
+    kv = found.get("num_kv_blocks")
+    block = int(found["block_size"].value)
+    base = StepCost(0, 0, 0, 0, 0, kv_bytes_per_token=1,
+                    kv_budget_bytes=(kv.value * block) if kv and kv.value else 1 << 40)
+    cost = replace(prof.fit.to_cost(base), frontend_s=prof.frontend_s, name=f"twin of {cfg.backend.model}",
+                   description=f"black-box profile of {cfg.backend.model} at {cfg.backend.base_url} "
+                               f"(fit rms error {100 * prof.fit.rms_rel_error:.1f}%)")
+    pred = prof.fit.predict(prof.samples)
+    rows = [asdict(s) | {"fit_seconds": float(p)} for s, p in zip(prof.samples, pred)]
+    profile_path.parent.mkdir(parents=True, exist_ok=True)
+    cost.to_json(profile_path, level="iteration", **prof.fit.summary(), grid=asdict(grid), setup=setup,
+                 samples=rows, frontend_spread=prof.frontend_spread, reference_gaps_s=prof.reference_s,
+                 limits={k: asdict(v) for k, v in found.items()})
+    tree = twin_tree(cfg, profile_path, found)
+    twin = validate(tree, f"{twin_path}: ")
+    twin_path.write_text(_header(cfg, found) + yaml.safe_dump(tree, sort_keys=False))
+    return twin
+
+
+def twin_tree(cfg: RunConfig, profile_path: Path, found: dict[str, Limit]) -> dict[str, Any]:
+    section = {k: v.value for k, v in found.items() if k in ContinuousConfig.model_fields}
+    return {"name": f"twin-{Path(str(cfg.backend.model)).name}", "backend": {"kind": "sim", "profile": str(profile_path.resolve())},
+            "strategies": [ContinuousScheduler.name], ContinuousScheduler.name: section,
+            "traffic": json.loads(cfg.traffic.model_dump_json(exclude_none=True)),
+            "slo": cfg.slo.model_dump(exclude_none=True), "out": f"results/twin-{Path(str(cfg.backend.model)).name}"}
+
+
+def _header(cfg: RunConfig, found: dict[str, Limit]) -> str:
+    lines = [f"# The twin of {cfg.backend.model} at {cfg.backend.base_url}: the simulator, with the step-time model",
+             "# fitted from its streams (backend.profile), under continuous batching with its limits:"]
+    lines += [f"#   continuous.{k}: {v.value!r} ({v.source})" for k, v in found.items() if k in ContinuousConfig.model_fields]
+    if any(v.source.startswith("vLLM default") for v in found.values()):
+        lines.append("# A 'vLLM default' is assumed, not read: edit it if the server was started otherwise.")
+    return "\n".join(lines) + "\n"
+
+
+def started_record(base_url: str) -> dict[str, Any] | None:
+    """What batchlab recorded when it started the server at `base_url` (`batchlab vllm up`): its
+    kind and the flags it runs with; None if batchlab did not start it."""
+    from batchlab.backends.tiny import data_dir
+    for path in sorted((data_dir() / "servers").glob("*.json")):
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(record, dict) and str(record.get("url", "")).rstrip("/") == base_url.rstrip("/"):
+            return record
+    return None
+

@@ -1,0 +1,87 @@
+"""The black-box profile: step times from chunk stamps, a twin written from them, and a server
+that cannot be profiled refused in one line with nothing written."""
+import pytest
+
+pytest.importorskip("httpx")
+
+from batchlab.backends.openai_client import OpenAIBackend  # noqa: E402
+from batchlab.calibrate.blackbox import ProbeGrid, decode_gaps, mixed_step, refusal, stream_checked  # noqa: E402
+from batchlab.calibrate.server import profile_server  # noqa: E402
+from batchlab.core.request import Request  # noqa: E402
+from batchlab.errors import ConfigError  # noqa: E402
+from batchlab.run.config import load_config  # noqa: E402
+from batchlab.run.sweep import run_sweep  # noqa: E402
+from tests.calibrate.fake_server import FakeServer  # noqa: E402
+
+SMALL = ProbeGrid(batch_sizes=(1, 3), contexts=(16,), prompts=(16, 64), new_tokens=16, repeats=1, warmup=0, gap_s=0.01)
+
+
+def test_a_late_burst_of_chunks_leaves_the_window_mean_at_the_step():
+    steps = [0.010 * k for k in range(1, 25)]
+    late = steps[:9] + [steps[10]] * 2 + steps[11:]        # chunk 9 was held back and came with chunk 10
+    for stamps in (steps, late):
+        gaps = [g for _, g in decode_gaps([stamps], prompt=8)]
+        assert gaps and all(abs(g - 0.010) < 1e-9 for g in gaps)
+
+
+def test_only_steps_where_every_stream_decodes_are_taken():
+    a = [0.01 * k for k in range(1, 21)]
+    b = [0.05 + 0.01 * k for k in range(1, 21)]            # started later, finished later
+    got = decode_gaps([a, b], prompt=8)
+    assert got and all(0.06 <= s for s in [a[k - 2] for k, _ in got[:len(got) // 2]])
+
+
+def test_the_mixed_step_is_the_gap_that_ends_with_the_new_first_token():
+    bg = [0.01 * k for k in range(1, 13)] + [0.12 + 0.03] + [0.15 + 0.01 * k for k in range(1, 10)]
+    j, step = mixed_step([bg, [bg[12] + 0.0001, bg[13]]], gap=0.01)
+    assert j == 12 and abs(step - 0.03) < 1e-9
+    assert mixed_step([bg, [bg[12], 1.0], [bg[14], 1.0]], gap=0.01) is None   # two prompts, not in one step
+
+
+@pytest.mark.parametrize("error, says", [
+    ("stream ended without a usage report (exact token counts unknown)", "without usage counts"),
+    ("HTTP 429: rate limit exceeded", "rate-limits"),
+    ("HTTP 422: ignore_eos is not supported", "refuses the exact-length options"),
+    ("backend produced 3 tokens, expected 8", "does not generate exactly"),
+])
+def test_a_failed_probe_says_what_the_server_lacks(error, says):
+    r = Request("r", 4, 8, 0.0)
+    r.fail(error)
+    with pytest.raises(ConfigError, match=says) as e:
+        stream_checked(r, [])
+    assert "nothing was written" in str(e.value) and refusal(error) == str(e.value)
+
+
+def profile(fake: FakeServer, tmp_path):
+    cfg = load_config(None, ["backend.kind=openai", "backend.base_url=http://fake/v1", "backend.model=fake",
+                             "strategies=[server]", "traffic.duration_s=2", "traffic.warmup_s=0", "traffic.rates=[5]"])
+    target = OpenAIBackend("http://fake/v1", "fake", transport=fake.async_transport())
+    return profile_server(cfg, SMALL, tmp_path / "p.json", tmp_path / "p.twin.yaml", target=target,
+                          transport=fake.sync_transport())
+
+
+def test_a_server_is_profiled_into_a_twin_that_runs(tmp_path):
+    twin = profile(FakeServer(), tmp_path)
+    assert (tmp_path / "p.json").is_file() and (tmp_path / "p.twin.yaml").is_file()
+    # its geometry is what the server published; its step model came from both probe kinds
+    assert (twin.continuous.block_size, twin.continuous.num_kv_blocks, twin.continuous.prefix_caching) == (32, 900, False)
+    text = (tmp_path / "p.twin.yaml").read_text()
+    assert "continuous.num_kv_blocks: 900 (server /metrics)" in text
+    cost = twin.backend.cost()
+    assert cost.frontend_s >= 0 and cost.step_time(16, 0, 1) > 0
+    out = run_sweep(load_config(tmp_path / "p.twin.yaml", ["report=false"]), tmp_path / "r")
+    assert (out / "requests.csv").read_text().count("finished") > 0
+
+
+@pytest.mark.parametrize("fault, says", [
+    ({"usage": False}, "without usage counts"),
+    ({"merge": 2}, "merges tokens into chunks"),
+    ({"refuse_eos": True}, "refuses the exact-length options"),
+    ({"rate_limit": True}, "rate-limits"),
+    ({"restart": True}, "restarted during the profile"),
+])
+def test_a_server_that_cannot_be_profiled_is_one_line_and_nothing_is_written(fault, says, tmp_path):
+    with pytest.raises(ConfigError, match=says) as e:
+        profile(FakeServer(**fault), tmp_path)
+    assert "\n" not in str(e.value)
+    assert list(tmp_path.iterdir()) == []
