@@ -21,7 +21,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from batchlab.core.request import Request, Status
 from batchlab.server.engine import Engine
 from batchlab.server.metrics import ServerMetrics
-from batchlab.server.protocol import DONE, APIError, ChatBody, Chunks, CompletionBody
+from batchlab.server.protocol import DONE, APIError, ChatBody, Chunks, CompletionBody, unsupported
 from batchlab.server.text import TextCodec
 
 DRAIN_POLL_S = 0.02               # how often a draining server looks whether its streams have ended
@@ -104,6 +104,9 @@ class Server:
                                 f"{', '.join(self.opts.model_names)}", "model", "model_not_found")
         if body.n != 1:
             raise APIError(400, "n must be 1 (one choice per request)", "n")
+        refused = unsupported(body)
+        if refused is not None:
+            raise APIError(400, refused[1], refused[0], "unsupported_parameter")
         text, ids, n = self._prompt(body, chat)
         max_tokens = self._output_len(body, n)
         if self.draining:
