@@ -33,10 +33,12 @@ ERRORS = {
            "the vocabulary, max_tokens < 1, n != 1, an option this server does not offer (logprobs, echo, best_of > 1; "
            "code unsupported_parameter), or prompt + max_tokens over the context (code context_length_exceeded)",
     "404": "No such model (code model_not_found)",
+    "408": "The body did not arrive within --timeout-body of the headers (code request_timeout)",
     "413": "Request body over --max-body-bytes (code request_too_large)",
     "429": "The queue is full (--max-queue); retry after Retry-After seconds",
     "500": "The request failed inside the engine",
-    "503": "The server is shutting down, or its engine has stopped",
+    "503": "The server is shutting down (code shutting_down), its engine has stopped, or --limit-concurrency "
+           "connections are already open (code too_many_connections)",
 }
 RETRY_AFTER = {"Retry-After": {"required": True, "schema": {"type": "string", "pattern": r"^\d+$"}}}
 

@@ -25,13 +25,14 @@ def free_port() -> int:
 def running_server(strategy: str = "continuous", overrides: list[str] = (), names=("toy", "local-model"), **opts):
     """Yield (base_url, server) for a live server; shut it down afterwards."""
     from batchlab.core.config import load_config
-    from batchlab.server.app import build_server, create_app
+    from batchlab.server.app import build_server, create_app, uvicorn_config
+    from batchlab.server.connection import Limits
 
     cfg = load_config(None, ["backend.kind=sim", "backend.preset=toy", *overrides])
     server = build_server(cfg, strategy, names=names, **opts)
     port = free_port()
-    uv = uvicorn.Server(uvicorn.Config(create_app(server), host="127.0.0.1", port=port,
-                                       log_level="warning", access_log=False))
+    # the protocol and limits `batchlab serve` runs with, on a thread (no signals: shutdown is tested on processes)
+    uv = uvicorn.Server(uvicorn_config(create_app(server), Limits(), host="127.0.0.1", port=port))
     thread = threading.Thread(target=uv.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 20
