@@ -6,11 +6,15 @@ command itself is the real one. `none` installs nothing.
   raise OSError(ENOSPC), from the N+1-th append on: a disk that fills while a point is written.
 - `backend-raises`, `backend-hangs`, `backend-exits`: the simulator's step (and batch) raises
   RuntimeError, sleeps for ever, or calls sys.exit(3), from the second call on.
+- `killed-writing-NAME`: the process dies (os._exit) halfway through writing a file named NAME
+  with Path.write_text: a kill that lands mid-write, made certain.
 """
 from __future__ import annotations
 
 import errno
 import itertools
+import os
+import pathlib
 import sys
 import time
 
@@ -46,11 +50,25 @@ def broken_backend(how: str) -> None:
         setattr(SimulatedBackend, name, broken)
 
 
+def killed_writing(name: str) -> None:
+    real = pathlib.Path.write_text
+
+    def write_text(self, data, *args, **kwargs):
+        if self.name != name:
+            return real(self, data, *args, **kwargs)
+        with open(self, "w") as f:
+            f.write(data[: len(data) // 2])
+        os._exit(137)                               # as SIGKILL would: no cleanup, no message
+    pathlib.Path.write_text = write_text
+
+
 def install(fault: str) -> None:
     if fault.startswith("enospc-after-"):
         enospc_after(int(fault.rsplit("-", 1)[1]))
     elif fault.startswith("backend-"):
         broken_backend(fault.removeprefix("backend-"))
+    elif fault.startswith("killed-writing-"):
+        killed_writing(fault.removeprefix("killed-writing-"))
     elif fault != "none":
         raise SystemExit(f"unknown fault {fault!r}")
 
