@@ -36,7 +36,8 @@ def protocol_for(limits: Limits) -> type[HttpToolsProtocol]:
 class BoundedProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol with the bounds above (see the module docstring).
     NOTE: it overrides methods of uvicorn's protocol class (connection_made, on_message_begin,
-    on_headers_complete, send_400_response), whose names have held since uvicorn 0.13."""
+    on_headers_complete, send_400_response); a uvicorn that renamed one would fail
+    tests/server/test_limits.py, which drives each bound over a raw socket."""
     limits: ClassVar[Limits] = Limits()
     _header_timer: asyncio.TimerHandle | None = None
 
