@@ -149,8 +149,7 @@ def test_serve_with_a_backend_that_raises_or_exits_answers_errors_and_stops_on_s
 def test_serve_with_a_backend_that_hangs_exits_within_the_shutdown_timeout():
     server = FaultyServer("backend-hangs")
     try:
-        server.complete()
-        assert server.complete() is None                    # the loop is held: no answer within 2 s
+        assert server.complete() is None                    # the second step hangs, holding the loop
         status, err = server.terminate()
         assert status == 128 + signal.SIGTERM and "still running 3 s after the signal" in err
     finally:

@@ -57,11 +57,11 @@ def intact(out) -> dict:
 
 
 def test_a_sweep_killed_at_random_moments_keeps_every_point_and_resumes_to_the_same_bytes(tmp_path):
-    """Three times: kill a sweep twice in a row, then rerun it to the end."""
+    """Twice: kill a sweep twice in a row, then rerun it to the end."""
     reference = tmp_path / "reference"
     window = timed(*SWEEP, "--out", str(reference), started=reference / "experiment.json")
     expected = intact(reference)
-    for attempt in range(3):
+    for attempt in range(2):
         out, seen = tmp_path / f"r{attempt}", {}
         for _ in range(2):
             kill_at_random(*SWEEP, "--out", str(out), window=window)
@@ -105,21 +105,18 @@ def test_a_search_killed_at_random_moments_keeps_its_last_result_and_reruns(tmp_
     written = out / f"{command}.json"
     window = timed(*SEARCHES[command], "--out", str(out))
     before = written.read_text()
-    for _ in range(3):
+    for _ in range(2):
         kill_at_random(*SEARCHES[command], "--out", str(out), window=window)
         assert valid_json(written), f"{written} was left unreadable"
     assert run(*SEARCHES[command], "--out", str(out))[0] == 0
     assert json.loads(written.read_text()).keys() == json.loads(before).keys()
 
 
-def test_validate_killed_at_random_moments_resumes_from_what_it_kept(tmp_path):
+def test_validate_killed_at_a_random_moment_resumes_from_what_it_kept(tmp_path):
     (tmp_path / "v.yaml").write_text("strategies: [continuous]\ntraffic: {rates: [4], duration_s: 5, warmup_s: 1}\n")
-    profile = ["profile", "--preset", "toy", "--out", str(tmp_path / "toy.json")]
-    assert run(*profile)[0] == 0
+    assert run("profile", "--preset", "toy", "--out", str(tmp_path / "toy.json"))[0] == 0
     args = ["validate", str(tmp_path / "v.yaml"), "--profile", str(tmp_path / "toy.json"), "--out", str(tmp_path / "out")]
-    window = timed(*args)
-    for _ in range(2):
-        kill_at_random(*args, window=window)
+    kill_at_random(*args, window=(1.0, 5.0))         # start-up takes about 1 s, the work about 4
     status, _, err = run(*args)
     assert status == 0, err[-2000:]
     assert valid_json(tmp_path / "out" / "accuracy.json")
@@ -131,7 +128,6 @@ def test_loadtest_killed_at_random_moments_leaves_no_half_result_and_reruns(tmp_
         args = ["loadtest", server.url + "/v1", "--concurrency", "1,4", "--per-user", "4", "--output-len", "8",
                 "--prompt-len", "8", "--out", str(out)]
         window = timed(*args)
-        for _ in range(3):
-            kill_at_random(*args, window=window)
-            assert valid_json(out), f"{out} was left unreadable"
+        kill_at_random(*args, window=window)
+        assert valid_json(out), f"{out} was left unreadable"
         assert run(*args)[0] == 0 and valid_json(out)

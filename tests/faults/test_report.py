@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from batchlab.cli import main
 
-SWEEP = ["run", "--quiet", "--set", "strategies=[naive, continuous]", "--set", "traffic.rates=[4]",
+SWEEP = ["run", "--quiet", "--set", "strategies=[naive, dynamic, continuous]", "--set", "traffic.rates=[4]",
          "--set", "traffic.duration_s=6", "--set", "traffic.warmup_s=1", "--set", "report=false"]
 
 
@@ -44,30 +44,25 @@ def report(out) -> tuple[int, str]:
     return res.exit_code, res.output
 
 
-def test_a_flipped_byte_is_reported_as_a_digest_mismatch_not_as_a_killed_run(recorded, tmp_path):
+def test_each_point_left_out_is_named_with_what_was_found_and_no_kill_is_blamed(recorded, tmp_path):
     out = copy(recorded, tmp_path)
     flip_a_byte(out / "requests.csv", 2)                         # a row of the first point (naive)
-    status, output = report(out)
-    assert status == 0, output
-    line = next(line for line in output.splitlines() if "naive @ 4" in line)
-    assert "changed after it was written" in line and "do not match the digest" in line and "left out" in line
-    assert "killed" not in output
-
-
-def test_rows_without_their_summary_row_are_reported_as_an_incomplete_point(recorded, tmp_path):
-    out = copy(recorded, tmp_path)
     summary = (out / "summary.csv").read_bytes().split(b"\r\n")
-    (out / "summary.csv").write_bytes(b"\r\n".join(summary[:2] + [b""]))   # the continuous point's row is gone
+    (out / "summary.csv").write_bytes(b"\r\n".join(summary[:3] + [b""]))   # the continuous point's row is gone
     status, output = report(out)
     assert status == 0, output
-    line = next(line for line in output.splitlines() if "continuous @ 4" in line)
-    assert "incomplete" in line and "no summary row" in line and "killed" not in output
+    flipped = next(line for line in output.splitlines() if "naive @ 4" in line)
+    assert "changed after it was written" in flipped and "do not match the digest" in flipped and "left out" in flipped
+    cut = next(line for line in output.splitlines() if "continuous @ 4" in line)
+    assert "incomplete" in cut and "no summary row" in cut and "left out" in cut
+    assert "killed" not in output and (out / "report.md").is_file()
 
 
 def test_with_no_intact_point_left_report_refuses_in_one_line_and_changes_no_file(recorded, tmp_path):
     out = copy(recorded, tmp_path)
-    flip_a_byte(out / "requests.csv", 2)
-    flip_a_byte(out / "requests.csv", len((out / "requests.csv").read_bytes().split(b"\n")) - 2)   # the last point
+    rows = len((out / "requests.csv").read_bytes().split(b"\n")) - 1
+    for row in (2, rows // 2, rows - 1):                       # one in each point
+        flip_a_byte(out / "requests.csv", row)
     before = {p.name: p.read_bytes() for p in out.iterdir()}
     status, output = report(out)
     assert status == 2 and output.startswith("error: ") and len(output.strip().splitlines()) == 1, output
