@@ -16,6 +16,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from batchlab.core.config import RunConfig
+from batchlab.errors import ConfigError
 from batchlab.report import fmt
 from batchlab.report.stats import medians
 from batchlab.run.results import ResultsDir
@@ -159,8 +160,20 @@ def _write_report(results_dir: Path, summary: pd.DataFrame | None, build_report,
 
 
 def report_dir(results_dir: Path) -> Path:
-    """`batchlab report DIR`: drop what a killed run left incomplete (the next run reruns it), then report."""
-    for strategy, rate, repeat in ResultsDir(results_dir).tidy():
-        warn(f"{strategy} @ {fmt.rate(rate)} (repeat {repeat}) was incomplete (a killed run) and is left out; "
-             f"rerun the sweep with --out {results_dir} to complete it")
+    """`batchlab report DIR`: leave out the points whose rows are not all there as written, saying
+    what was found (the next run reruns them), then report. With no intact point, change nothing."""
+    from batchlab.report.load import damaged_points
+
+    found, intact = damaged_points(results_dir)        # read before tidy() rewrites the files without them
+    if found and not intact:
+        raise ConfigError(f"{results_dir}: no intact point to report ({len(found)} not intact: "
+                          f"{_point(*next(iter(found)))} {next(iter(found.values()))}); "
+                          f"rerun the sweep with --out {results_dir} to record them again")
+    for key in ResultsDir(results_dir).tidy():
+        warn(f"{_point(*key)} {found.get(key, 'is not intact')} and is left out; "
+             f"rerun the sweep with --out {results_dir} to record it again")
     return write_report(results_dir)
+
+
+def _point(strategy: str, rate: float, repeat: int) -> str:
+    return f"{strategy} @ {fmt.rate(rate)} (repeat {repeat})"

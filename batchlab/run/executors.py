@@ -21,6 +21,10 @@ from batchlab.core.config import ExecutorConfig
 from batchlab.errors import ConfigError
 
 RAY_MISSING = "executor 'ray' needs Ray: pip install 'batchlab[ray]'"
+# NOTE: twice the 5 s Ray itself gives a connection to its head (gcs_rpc_server_connect_timeout_s)
+# before it warns: room for a head node under load or across a WAN, while a wrong address costs
+# 10 s instead of the minutes ray.init spends retrying it.
+RAY_CONNECT_TIMEOUT_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -87,6 +91,7 @@ class RayExecutor(Executor):
         self.ray = import_ray()
         self.max_retries = cfg.max_retries
         self.address = cfg.address or os.environ.get("RAY_ADDRESS")
+        self.source = "executor.address" if cfg.address else "$RAY_ADDRESS"
         self.started = False            # True: this object started or joined Ray, and shuts it down
         if not self.ray.is_initialized():
             self._connect(resources or {}, cfg.num_cpus)
@@ -98,10 +103,12 @@ class RayExecutor(Executor):
                                   "logging_level": logging.WARNING, "configure_logging": True}
         if address in (None, "local"):   # NOTE: CPUs and custom resources can only be declared by a Ray that starts here
             kwargs |= {"num_cpus": num_cpus, "resources": resources or None}
+        else:
+            check_ray_address(address, self.source)
         try:
             self.ray.init(**kwargs)
         except (ConnectionError, RuntimeError, ValueError) as e:
-            raise ConfigError(f"executor.address {address}: cannot connect to a Ray cluster there "
+            raise ConfigError(f"{self.source} {address}: cannot connect to a Ray cluster there "
                               f"({' '.join(str(e).split())[:200]})") from None
         self.started = True
 
@@ -179,6 +186,46 @@ class RayExecutor(Executor):
 
 def _on_worker(fn: Callable[..., Any], *args: Any) -> tuple[Any, str]:
     return fn(*args), socket.gethostname()
+
+
+def check_ray_address(address: str, source: str, timeout_s: float = RAY_CONNECT_TIMEOUT_S) -> None:
+    """Refuse, within `timeout_s`, an address where no Ray cluster answers: nothing listening (refused
+    at once), a host that cannot be reached, or a port that takes the connection and does not speak
+    gRPC, as a Ray head and Ray Client do (the dashboard's HTTP port, a silent port). NOTE: ray.init
+    itself retries such an address for minutes (20 attempts, each waiting out several internal
+    timeouts), printing only reconnect lines."""
+    target = address.removeprefix("ray://")
+    host, sep, port = target.rpartition(":")
+    if not sep or not port.isdigit():
+        return                                   # not host:port ("auto", a typo): ray.init says what is wrong
+    where = f"{source} {address}"
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s) as sock:
+            # NOTE: with TLS (RAY_USE_TLS) the handshake comes first; only the connection is checked then
+            if os.environ.get("RAY_USE_TLS", "0").lower() not in ("1", "true") and not _speaks_http2(sock):
+                raise ConfigError(f"{where}: no Ray cluster there (the port is open, but what answers does not "
+                                  "speak Ray's protocol, gRPC; the dashboard's port is not the cluster's address)")
+    except TimeoutError:
+        raise ConfigError(f"{where}: no Ray cluster answered there within {timeout_s:g} s") from None
+    except OSError as e:
+        raise ConfigError(f"{where}: cannot connect to a Ray cluster there ({(e.strerror or str(e)).lower()})") from None
+
+
+# RFC 9113 3.4: a client's connection preface, then its SETTINGS frame (empty)
+HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
+
+
+def _speaks_http2(sock: socket.socket) -> bool:
+    """Whether the server on `sock` answers HTTP/2's preface with its own SETTINGS frame, as every
+    gRPC server does first (a 9-byte frame header of type 4); raises TimeoutError if it says nothing."""
+    sock.sendall(HTTP2_PREFACE)
+    head = b""
+    while len(head) < 9:
+        chunk = sock.recv(9 - len(head))
+        if not chunk:
+            return False
+        head += chunk
+    return head[3] == 4
 
 
 def import_ray():

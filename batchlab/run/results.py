@@ -236,16 +236,18 @@ class ResultsDir:
         row = {k: cell(v) for k, v in summary_row.items() if k not in LEDGER} | ledger
         head = "" if nonempty(self.requests_csv) else csv_text([REQUEST_COLUMNS])
         start = (self.requests_csv.stat().st_size if self.requests_csv.exists() else 0) + len(head.encode())
-        append_synced(self.requests_csv, head + text)
+        with naming(self.requests_csv):
+            append_synced(self.requests_csv, head + text)
         key = (summary_row["strategy"], float(summary_row["rate"]), int(summary_row["repeat"]))
         self.appended[key] = (start, len(text.encode()))
         header, _, _ = read_records(self.summary_csv)
-        if header is None:
-            header = list(row)
-            append_synced(self.summary_csv, csv_text([header]))
-        elif set(row) - set(header):         # a fact earlier points lacked: widen the header, not drop it
-            header = self._widen(header, [k for k in row if k not in header])
-        append_synced(self.summary_csv, csv_text([[row.get(c, "") for c in header]]))
+        with naming(self.summary_csv):
+            if header is None:
+                header = list(row)
+                append_synced(self.summary_csv, csv_text([header]))
+            elif set(row) - set(header):     # a fact earlier points lacked: widen the header, not drop it
+                header = self._widen(header, [k for k in row if k not in header])
+            append_synced(self.summary_csv, csv_text([[row.get(c, "") for c in header]]))
         return summary_row | ledger
 
     def write_text(self, path: Path, text: str) -> None:
@@ -255,7 +257,7 @@ class ResultsDir:
         if path.is_file() and path.stat().st_size == len(data) and path.read_bytes() == data:
             return
         tmp = path.with_name(f".{path.name}.tmp")
-        with tmp.open("wb") as f:
+        with naming(path), tmp.open("wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
@@ -276,6 +278,18 @@ class ResultsDir:
         # NOTE: records are written back as read, byte for byte: nothing is re-formatted
         self.write_text(self.requests_csv, csv_text([REQUEST_COLUMNS]) + "".join(r.raw for p in points for r in p.rows))
         self.write_text(self.summary_csv, csv_text([header]) + "".join(p.summary.raw for p in points))
+
+
+@contextlib.contextmanager
+def naming(path: Path) -> Iterator[None]:
+    """An OSError from writing `path` names it. NOTE: a failed write or fsync (a full disk) names no
+    file, and the one line the command prints should say which one could not be written."""
+    try:
+        yield
+    except OSError as e:
+        if e.filename is None:
+            raise OSError(e.errno, e.strerror or str(e), str(path)) from None
+        raise
 
 
 def check_location(path: Path) -> None:

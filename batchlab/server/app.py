@@ -29,7 +29,7 @@ from batchlab.run.config import load_user_config
 from batchlab.run.sweep import preflight
 from batchlab.schedulers import SCHEDULERS
 from batchlab.server.engine import Engine
-from batchlab.server.middleware import CloseConnections, LimitBody, StampArrival
+from batchlab.server.middleware import CloseConnections, LimitBody, StampArrival, TooManyConnections
 from batchlab.server.protocol import APIError, ChatBody, CompletionBody, validation_message
 from batchlab.server.schema import openapi
 from batchlab.server.service import ServeOptions, Server
@@ -39,7 +39,7 @@ ENDPOINTS = ("POST /v1/completions", "POST /v1/chat/completions", "GET /v1/model
              "GET /metrics", "GET /openapi.json")
 
 
-def create_app(server: Server, keep_alive: bool = True) -> FastAPI:
+def create_app(server: Server, keep_alive: bool = True, limit_concurrency: int | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app):
         await server.start()
@@ -48,7 +48,10 @@ def create_app(server: Server, keep_alive: bool = True) -> FastAPI:
 
     app = FastAPI(title="batchlab serve", lifespan=lifespan)
     # add_middleware puts each one outside the ones before it: StampArrival is outermost.
-    app.add_middleware(LimitBody, max_bytes=server.opts.max_body_bytes, on_refuse=server.metrics.observe_refusal)
+    refused = server.metrics.observe_refusal
+    app.add_middleware(LimitBody, max_bytes=server.opts.max_body_bytes, on_refuse=refused,
+                       timeout_s=server.opts.timeout_body_s)
+    app.add_middleware(TooManyConnections, limit=limit_concurrency, on_refuse=refused)
     if not keep_alive:
         app.add_middleware(CloseConnections)
     app.add_middleware(StampArrival, clock=server.clock)
@@ -92,7 +95,8 @@ def create_app(server: Server, keep_alive: bool = True) -> FastAPI:
     async def health():
         if server.draining or not server.engine.alive:
             why = "shutting down" if server.draining else str(server.engine.error or server.engine.aborted or "stopped")
-            return JSONResponse({"status": "error", "error": why}, status_code=503)
+            return JSONResponse({"status": "error", "error": why}, status_code=503,
+                                headers={"Connection": "close"} if server.draining else None)
         return {"status": "ok", "queue_depth": server.queue_depth(), "running": server.engine.running_count()}
 
     @app.get("/metrics")
@@ -115,13 +119,14 @@ def refusal(method: str, path: str, exc: StarletteHTTPException) -> APIError:
         allowed = (exc.headers or {}).get("Allow", "")
         return APIError(405, f"{method} is not allowed on {path} (allowed: {allowed})", code="method_not_allowed",
                         headers=exc.headers)
-    return APIError(status, str(exc.detail), code="request_too_large" if status == 413 else None, headers=exc.headers)
+    code = {408: "request_timeout", 413: "request_too_large"}.get(status)
+    return APIError(status, str(exc.detail), code=code, headers=exc.headers)
 
 
 def build_server(cfg: RunConfig, strategy: str, names: tuple[str, ...] = (), max_queue: int = 256,
                  max_model_len: int | None = None, default_max_tokens: int = 16,
                  engine_thread: bool = False, flush_idle_s: float | None = 1.0,
-                 max_body_bytes: int = 1 << 20) -> Server:
+                 max_body_bytes: int = 1 << 20, timeout_body_s: float = 60.0) -> Server:
     """The scheduler, backend and engine for `strategy` under `cfg`, not yet started."""
     from batchlab.backends import ENGINE
     from batchlab.run.driver import given
@@ -142,7 +147,7 @@ def build_server(cfg: RunConfig, strategy: str, names: tuple[str, ...] = (), max
         raise ConfigError(f"backend.kind {cfg.backend.kind!r} cannot run {scheduler.level}-level batching")
     names = names or cfg.backend.model_names()
     opts = ServeOptions(tuple(names), max_queue, max_model_len, default_max_tokens, engine_thread=engine_thread,
-                        flush_idle_s=flush_idle_s, max_body_bytes=max_body_bytes)
+                        flush_idle_s=flush_idle_s, max_body_bytes=max_body_bytes, timeout_body_s=timeout_body_s)
     return Server(Engine(scheduler, backend, RealClock(), flush_idle_s=flush_idle_s), opts)
 
 
@@ -177,8 +182,19 @@ LOG_LEVELS = ["critical", "error", "warning", "info", "debug", "trace"]
 @click.option("--max-body-bytes", default=1 << 20, show_default=True, type=click.IntRange(min=1),
               help="Larger request bodies get 413 without being read.")
 @click.option("--shutdown-timeout", default=10.0, show_default=True, type=click.FloatRange(min=0),
-              help="Seconds from SIGTERM/SIGINT to exit: requests in flight may finish until shortly before; then they "
-                   "end with an error. A second signal exits at once.")
+              help="Seconds from SIGTERM/SIGINT to exit. From the signal on, new requests get 503; those in flight "
+                   "may finish until shortly before the timeout, then end with an error. A second signal exits at once.")
+@click.option("--timeout-keep-alive", default=5.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
+              help="Seconds a connection may sit idle, before its first request or between two, before it is closed "
+                   "(uvicorn's and vLLM's default).")
+@click.option("--timeout-header", default=60.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
+              help="Seconds from a request's first byte to the end of its headers; slower gets 408 and is closed "
+                   "(nginx's and Node's default).")
+@click.option("--timeout-body", default=60.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
+              help="Seconds from a request's headers to the end of its body; slower (or a body shorter than its "
+                   "Content-Length) gets 408 and is closed.")
+@click.option("--limit-concurrency", default=None, type=click.IntRange(min=1), show_default="no limit",
+              help="Connections open at once; a request on one more gets 503 (unlimited, as uvicorn and vLLM).")
 @click.option("--keep-alive/--no-keep-alive", default=True, show_default=True,
               help="Keep connections open between requests (off: for clients that reuse a pool across event loops).")
 @click.option("--engine-thread", is_flag=True, help="Run the scheduler loop on its own thread.")
@@ -187,33 +203,57 @@ LOG_LEVELS = ["critical", "error", "warning", "info", "debug", "trace"]
 @click.option("--log-level", default="warning", show_default=True, type=click.Choice(LOG_LEVELS))
 @user_errors
 def serve_cmd(config, strategy, overrides, host, port, names, max_queue, max_model_len, default_max_tokens,
-              max_body_bytes, shutdown_timeout, keep_alive, engine_thread, flush_idle_ms, log_level) -> None:
+              max_body_bytes, shutdown_timeout, timeout_keep_alive, timeout_header, timeout_body, limit_concurrency,
+              keep_alive, engine_thread, flush_idle_ms, log_level) -> None:
     """Serve a batchlab scheduler + backend over the OpenAI API (simulator in real time, or HF)."""
-    import uvicorn
+    from batchlab.server.connection import Limits
+    from batchlab.server.process import listen
 
-    from batchlab.server.process import GracefulServer, listen
-
-    for name, value in (("--flush-idle-ms", flush_idle_ms), ("--shutdown-timeout", shutdown_timeout)):
+    for name, value in (("--flush-idle-ms", flush_idle_ms), ("--shutdown-timeout", shutdown_timeout),
+                        ("--timeout-keep-alive", timeout_keep_alive), ("--timeout-header", timeout_header),
+                        ("--timeout-body", timeout_body)):
         if not math.isfinite(value):
             raise ConfigError(f"{name} must be a finite number (got {value})")
     cfg = load_user_config(config, overrides)
     for line in preflight(cfg):         # a model path or preset that cannot work ends here, in one line
         click.echo(f"warning: {line}", err=True)
     server = build_server(cfg, strategy, tuple(names), max_queue, max_model_len, default_max_tokens, engine_thread,
-                          flush_idle_ms / 1000 if flush_idle_ms > 0 else None, max_body_bytes)
-    sock = listen(host, port)           # before the banner: a port in use is an error line, not a hang
-    bound = sock.getsockname()[1]
-    click.echo(f"batchlab serve: {strategy} over {cfg.backend.kind} as {', '.join(server.opts.model_names)} "
-               f"on http://{host}:{bound}/v1", err=True)
+                          flush_idle_ms / 1000 if flush_idle_ms > 0 else None, max_body_bytes, timeout_body)
+    sock = listen(host, port)           # before anything starts: a port in use is an error line, not a hang
+    banner = (f"{strategy} over {cfg.backend.kind} as {', '.join(server.opts.model_names)} "
+              f"on http://{host}:{sock.getsockname()[1]}/v1")
+    limits = Limits(timeout_keep_alive, timeout_header, limit_concurrency)
+    _serve(server, sock, banner, limits, keep_alive=keep_alive, shutdown_timeout=shutdown_timeout, log_level=log_level)
+
+
+def uvicorn_config(app: FastAPI, limits, shutdown_timeout: float = 10.0, log_level: str = "warning", **kw):
+    """uvicorn's Config for `app` under `limits` (server/connection.py), as `batchlab serve` runs it.
+    NOTE: the loop stays "auto" (uvloop) and the protocol is uvicorn's httptools one with the limits
+    added; the serve extra installs both (about 1 ms less TTFT than asyncio + h11 here:
+    benchmarks/serving.py overhead)."""
+    import uvicorn
+
+    from batchlab.server.connection import protocol_for
+    from batchlab.server.process import flush_s
+
+    # NOTE: uvicorn's shutdown starts once the drain has ended the streams; what it still waits
+    # for (a slow client's body) gets the part of the timeout kept for flushing
+    return uvicorn.Config(app, log_level=log_level, access_log=False, http=protocol_for(limits),
+                          timeout_keep_alive=limits.timeout_keep_alive,
+                          timeout_graceful_shutdown=max(flush_s(shutdown_timeout), 0.1), **kw)
+
+
+def _serve(server: Server, sock, banner: str, limits, keep_alive: bool, shutdown_timeout: float,
+           log_level: str) -> None:
+    from batchlab.server.process import GracefulServer
+
     # NOTE: the event loop shares the GIL with the backend's worker thread (forward passes); at
     # the default 5 ms switch interval a waking step or stream can wait that long. 0.5 ms keeps
     # hand-offs short.
     sys.setswitchinterval(SWITCH_INTERVAL_S)
-    # NOTE: loop and http stay "auto": uvicorn then runs on uvloop and httptools, which the serve
-    # extra installs (about 1 ms less TTFT than asyncio + h11 here: benchmarks/serving.py overhead).
-    uv = uvicorn.Config(create_app(server, keep_alive), log_level=log_level, access_log=False,
-                        timeout_graceful_shutdown=max(shutdown_timeout, 0.1))
+    app = create_app(server, keep_alive, limits.limit_concurrency)
+    uv = uvicorn_config(app, limits, shutdown_timeout, log_level)
     try:
-        GracefulServer(uv, server, shutdown_timeout).run(sockets=[sock])
+        GracefulServer(uv, server, shutdown_timeout, banner).run(sockets=[sock])
     except KeyboardInterrupt:           # uvicorn re-raises the SIGINT it shut down for
         sys.exit(130)

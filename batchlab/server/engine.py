@@ -146,7 +146,11 @@ class Engine:
         except BaseException as e:
             self.error = e
             self._fail_everything(f"engine stopped: {type(e).__name__}: {e}")
-            raise
+            # NOTE: an exception ends this task; a SystemExit (a backend's sys.exit) would escape the
+            # event loop and take the HTTP server down with it, unanswered. The server stays up with
+            # the engine stopped: requests fail, /health answers 503, a signal stops the process.
+            if not isinstance(e, SystemExit):
+                raise
         finally:
             await self.backend.close()
 

@@ -1,8 +1,10 @@
 """The OpenAI wire format: request bodies in, JSON objects and server-sent-event chunks out.
 
-Bodies are pydantic models, so a wrong type becomes one 400 naming the field. Unknown fields are
-accepted and ignored (as vLLM does), including `ignore_eos` and `min_tokens`: every batchlab
-backend already produces exactly `max_tokens` tokens. Every error the server sends uses OpenAI's
+Bodies are pydantic models, so a wrong type or a value outside OpenAI's range becomes one 400
+naming the field. Sampling options are checked and then ignored (outputs are greedy and exactly
+`max_tokens` long); options that would change the answer's shape (logprobs, echo, best_of) are
+refused by the service rather than answered with a null. Unknown fields are accepted and ignored
+(as vLLM does), including `ignore_eos` and `min_tokens`. Every error the server sends uses OpenAI's
 shape, {"error": {"message", "type", "param", "code"}}, which the official client turns into
 BadRequestError (400), NotFoundError (404), RateLimitError (429) and so on.
 """
@@ -13,7 +15,7 @@ import time
 from typing import Annotated, Any, Literal
 
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
 
 def _whole_number(value: Any) -> Any:
@@ -22,6 +24,14 @@ def _whole_number(value: Any) -> Any:
 
 
 Int = Annotated[StrictInt, BeforeValidator(_whole_number)]
+
+
+def _number(low: float, high: float):
+    """A finite JSON number within [low, high] (an integer counts; a string, a bool, NaN or Infinity does not)."""
+    return Annotated[float, Field(strict=True, ge=low, le=high, allow_inf_nan=False)]
+
+
+ROLES = ("system", "developer", "user", "assistant", "tool")     # OpenAI's chat roles ("function" is retired)
 
 
 class StreamOptions(BaseModel):
@@ -36,16 +46,26 @@ class _Body(BaseModel):
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
     n: Int = 1
-    temperature: StrictFloat | StrictInt | None = None     # accepted, ignored: outputs are greedy
+    # accepted, checked against OpenAI's ranges, ignored: outputs are greedy and exactly max_tokens long
+    temperature: _number(0, 2) | None = None
+    top_p: _number(0, 1) | None = None
+    presence_penalty: _number(-2, 2) | None = None
+    frequency_penalty: _number(-2, 2) | None = None
+    stop: StrictStr | Annotated[list[StrictStr], Field(max_length=4)] | None = None
+    seed: Int | None = None
+    user: StrictStr | None = None
 
 
 class CompletionBody(_Body):
     prompt: StrictStr | list[Int] | list[StrictStr] | list[list[Int]]
+    logprobs: Int | None = None         # typed here; any value but null is refused (server/service.py)
+    echo: StrictBool | None = None
+    best_of: Int | None = None
 
 
 class Message(BaseModel):
     model_config = ConfigDict(extra="allow")
-    role: StrictStr
+    role: Literal[ROLES]
     content: StrictStr | list[dict[str, Any]] | None = None
 
     @property
@@ -57,6 +77,20 @@ class Message(BaseModel):
 
 class ChatBody(_Body):
     messages: list[Message] = Field(min_length=1)
+    logprobs: StrictBool | None = None  # typed here; true is refused (server/service.py)
+    top_logprobs: Int | None = None
+
+
+def unsupported(body: _Body) -> tuple[str, str] | None:
+    """(parameter, message) for an option this server cannot honour, else None. NOTE: refused, not
+    ignored: a client that asks for log-probabilities and gets nulls cannot tell why."""
+    given = {k: getattr(body, k, None) for k in ("logprobs", "top_logprobs", "echo", "best_of")}
+    wanted = [k for k, v in given.items() if v is not None and v is not False and not (k == "best_of" and v == 1)]
+    if not wanted:
+        return None
+    what = {"logprobs": "log-probabilities", "top_logprobs": "log-probabilities", "echo": "echoing the prompt",
+            "best_of": "a best_of other than 1"}[wanted[0]]
+    return wanted[0], f"{wanted[0]} is not supported: this server does not offer {what}"
 
 
 ERROR_TYPES = {404: "not_found_error", 429: "rate_limit_error", 503: "service_unavailable"}

@@ -29,13 +29,16 @@ def _json(schema: dict, description: str, **extra) -> dict[str, Any]:
 
 
 ERRORS = {
-    "400": "Invalid request: not JSON, a wrong type, a blank prompt, token ids outside the vocabulary, "
-           "max_tokens < 1, n != 1, or prompt + max_tokens over the context (code context_length_exceeded)",
+    "400": "Invalid request: not JSON, a wrong type, a value outside its range, a blank prompt, token ids outside "
+           "the vocabulary, max_tokens < 1, n != 1, an option this server does not offer (logprobs, echo, best_of > 1; "
+           "code unsupported_parameter), or prompt + max_tokens over the context (code context_length_exceeded)",
     "404": "No such model (code model_not_found)",
+    "408": "The body did not arrive within --timeout-body of the headers (code request_timeout)",
     "413": "Request body over --max-body-bytes (code request_too_large)",
     "429": "The queue is full (--max-queue); retry after Retry-After seconds",
     "500": "The request failed inside the engine",
-    "503": "The server is shutting down, or its engine has stopped",
+    "503": "The server is shutting down (code shutting_down), its engine has stopped, or --limit-concurrency "
+           "connections are already open (code too_many_connections)",
 }
 RETRY_AFTER = {"Retry-After": {"required": True, "schema": {"type": "string", "pattern": r"^\d+$"}}}
 
@@ -104,6 +107,7 @@ def openapi(app, model_names: tuple[str, ...], vocab: int | None, context: int) 
     schemas.update(ANSWERS)
     for body in ("CompletionBody", "ChatBody"):
         _limit_body(schemas[body]["properties"], model_names, context)
+        _refuse_unsupported(schemas[body]["properties"], body)
     _limit_prompt(schemas["CompletionBody"]["properties"], vocab, context)
     paths = doc["paths"]
     paths["/v1/completions"]["post"]["responses"] = _generation("Completion")
@@ -116,6 +120,11 @@ def openapi(app, model_names: tuple[str, ...], vocab: int | None, context: int) 
     return doc
 
 
+SAMPLING = {"temperature": (0, 2), "top_p": (0, 1), "presence_penalty": (-2, 2), "frequency_penalty": (-2, 2)}
+UNSUPPORTED = {"CompletionBody": {"logprobs": (), "echo": (False,), "best_of": (1,)},      # the values accepted
+               "ChatBody": {"logprobs": (False,), "top_logprobs": ()}}
+
+
 def _limit_body(props: dict, model_names: tuple[str, ...], context: int) -> None:
     tokens = {"anyOf": [{"type": "integer", "minimum": 1, "maximum": max(1, context - 1)}, NULL]}
     props["model"] = {"type": "string", "enum": list(model_names)}
@@ -123,7 +132,16 @@ def _limit_body(props: dict, model_names: tuple[str, ...], context: int) -> None
     props["max_completion_tokens"] = tokens | {"description": "The same as max_tokens, and wins over it"}
     props["n"] = {"type": "integer", "minimum": 1, "maximum": 1, "default": 1}
     props["stream_options"] = {"anyOf": [{"type": "object", "properties": {"include_usage": BOOL}}, NULL]}
-    props["temperature"] = {"anyOf": [{"type": "number"}, NULL], "description": "Accepted, ignored (greedy)"}
+    ignored = "Checked against OpenAI's range, then ignored: outputs are greedy and exactly max_tokens long"
+    for key, (low, high) in SAMPLING.items():
+        props[key] = {"anyOf": [{"type": "number", "minimum": low, "maximum": high}, NULL], "description": ignored}
+    props["stop"] = {"anyOf": [STR, {"type": "array", "items": STR, "maxItems": 4}, NULL], "description": ignored}
+
+
+def _refuse_unsupported(props: dict, body: str) -> None:
+    refused = "Anything else is refused (400, code unsupported_parameter): this server returns text only"
+    for key, allowed in UNSUPPORTED[body].items():
+        props[key] = {"anyOf": [{"const": v} for v in allowed] + [NULL], "description": refused}
 
 
 def _limit_prompt(props: dict, vocab: int | None, context: int) -> None:

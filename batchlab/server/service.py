@@ -4,9 +4,9 @@ A request is stamped on arrival, validated (400/404, OpenAI-style errors), refus
 Retry-After when `max_queue` requests already wait, then submitted to the engine. The engine
 wakes the request's Stream whenever tokens were stamped on it; the stream reads the stamps and
 writes them as server-sent events (or one JSON answer). A client that disconnects has its
-request cancelled: dropped from the queue, or from the running set at the next step. On
-shutdown (`drain`) new requests get 503, and what is still running at the deadline fails: its
-stream ends with an error event.
+request cancelled: dropped from the queue, or from the running set at the next step. From
+the shutdown signal on (`draining`, then `drain`) new requests get 503 with Connection: close,
+and what is still running at the deadline fails: its stream ends with an error event.
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from batchlab.core.request import Request, Status
 from batchlab.server.engine import Engine
 from batchlab.server.metrics import ServerMetrics
-from batchlab.server.protocol import DONE, APIError, ChatBody, Chunks, CompletionBody
+from batchlab.server.protocol import DONE, APIError, ChatBody, Chunks, CompletionBody, unsupported
 from batchlab.server.text import TextCodec
 
 DRAIN_POLL_S = 0.02               # how often a draining server looks whether its streams have ended
@@ -37,6 +37,7 @@ class ServeOptions:
     engine_thread: bool = False       # run the driver on its own thread (for a backend that blocks the loop)
     flush_idle_s: float | None = 1.0  # seconds without arrivals before partial batches are flushed
     max_body_bytes: int = 1 << 20     # larger request bodies get 413 (--max-body-bytes)
+    timeout_body_s: float = 60.0      # a body not complete this long after its headers gets 408 (--timeout-body)
 
 
 @dataclass(eq=False)
@@ -105,10 +106,13 @@ class Server:
                                 f"{', '.join(self.opts.model_names)}", "model", "model_not_found")
         if body.n != 1:
             raise APIError(400, "n must be 1 (one choice per request)", "n")
+        refused = unsupported(body)
+        if refused is not None:
+            raise APIError(400, refused[1], refused[0], "unsupported_parameter")
         text, ids, n = self._prompt(body, chat)
         max_tokens = self._output_len(body, n)
-        if self.draining:
-            raise APIError(503, "the server is shutting down", code="shutting_down")
+        if self.draining:             # NOTE: Connection: close, so a client does not send its next request here
+            raise APIError(503, "the server is shutting down", code="shutting_down", headers={"Connection": "close"})
         if not self.engine.alive:
             raise APIError(503, f"the engine has stopped: {self.engine.error}")
         if self.queue_depth() >= self.opts.max_queue:

@@ -4,7 +4,10 @@ duplicate row, retries that run out reported with the finished points kept, and 
 that keep points off one device or server."""
 import csv
 import os
+import socket
+import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -140,3 +143,54 @@ def test_points_finishing_in_reverse_order_still_write_canonical_bytes(tmp_path)
     execute(plan, on_point=lambda p: seen.append((p.summary["strategy"], p.summary["rate"])))
     assert seen[0] == ("continuous", 20.0)          # continuous (the one with cache columns) came back first
     assert_same_files(local, tmp_path / "back")
+
+
+def test_a_ray_address_where_nothing_listens_is_one_line_exit_2_and_writes_nothing(tmp_path):
+    """Ray itself retries such an address for many minutes; the executor refuses it at once."""
+    pytest.importorskip("ray")
+    out = tmp_path / "r"
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    p = subprocess.run([sys.executable, "-m", "batchlab.cli", "run", "--quiet", "--out", str(out),
+                        "--set", "executor.kind=ray", "--set", "executor.address=127.0.0.1:1",
+                        "--set", "traffic.rates=[5]", "--set", "traffic.duration_s=5"],
+                       capture_output=True, text=True, timeout=90, env=env)
+    assert p.returncode == 2, p.stderr
+    assert p.stderr.startswith("error: executor.address 127.0.0.1:1: ") and len(p.stderr.strip().splitlines()) == 1
+    assert "Traceback" not in p.stderr and not out.exists() and p.stdout == ""
+
+
+def test_a_ray_address_that_accepts_but_never_answers_is_refused_within_the_timeout():
+    """A port that takes the connection and says nothing (not a Ray head: a wrong port, a firewall
+    that swallows packets) is refused once the connect timeout has passed, not retried for minutes."""
+    pytest.importorskip("ray")
+    from batchlab.run.executors import check_ray_address
+
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        address = f"127.0.0.1:{silent.getsockname()[1]}"
+        started = time.monotonic()
+        with pytest.raises(ConfigError, match=f"executor.address {address}: no Ray cluster answered there within 1 s$"):
+            check_ray_address(address, "executor.address", timeout_s=1.0)
+        assert time.monotonic() - started < 30                 # ends at all; Ray alone retried for minutes
+
+
+def test_a_ray_address_that_answers_in_another_protocol_is_refused_at_once(ray_local, tmp_path):
+    """The dashboard's HTTP port (a common mix-up with the cluster's address) answers, but not in
+    gRPC; a real Ray head passes the same check."""
+    from batchlab.run.executors import check_ray_address
+
+    with socket.socket() as http:
+        http.bind(("127.0.0.1", 0))
+        http.listen()
+        address = f"127.0.0.1:{http.getsockname()[1]}"
+
+        def answer():
+            conn, _ = http.accept()
+            conn.recv(1024)
+            conn.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+            conn.close()
+        threading.Thread(target=answer, daemon=True).start()
+        with pytest.raises(ConfigError, match="the port is open, but what answers does not speak Ray's protocol"):
+            check_ray_address(address, "executor.address", timeout_s=10)
+    check_ray_address(ray_local.get_runtime_context().gcs_address, "executor.address", timeout_s=10)

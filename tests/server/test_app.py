@@ -250,3 +250,57 @@ def test_drain_lets_requests_that_finish_before_the_deadline_finish(serve):
         assert not any('"error"' in e for e in events)
         drained.result(10)                 # returns as soon as nothing is in flight, not at the deadline
         assert server.engine.aborted is None
+
+
+@pytest.mark.parametrize("path,extra,param", [
+    ("completions", '"temperature": NaN', "temperature"),
+    ("completions", '"temperature": Infinity', "temperature"),
+    ("completions", '"temperature": -1', "temperature"),
+    ("completions", '"temperature": 2.5', "temperature"),
+    ("completions", '"top_p": 2', "top_p"),
+    ("completions", '"top_p": -0.5', "top_p"),
+    ("completions", '"stop": 5', "stop"),
+    ("completions", '"stop": ["a", "b", "c", "d", "e"]', "stop"),
+    ("completions", '"presence_penalty": 3', "presence_penalty"),
+    ("completions", '"frequency_penalty": -2.5', "frequency_penalty"),
+    ("completions", '"seed": "x"', "seed"),
+    ("completions", '"logprobs": 5', "logprobs"),
+    ("completions", '"echo": true', "echo"),
+    ("completions", '"best_of": 2', "best_of"),
+    ("chat/completions", '"logprobs": true', "logprobs"),
+    ("chat/completions", '"top_logprobs": 3', "top_logprobs"),
+    ("chat/completions", '"temperature": NaN', "temperature"),
+])
+def test_sampling_values_out_of_range_and_unsupported_options_are_refused_with_400(serve, path, extra, param):
+    """OpenAI's ranges (temperature 0-2, top_p 0-1, penalties -2..2, at most 4 stop strings), finite
+    numbers only; logprobs, echo and best_of are refused rather than answered with null or ignored."""
+    prompt = '"prompt": "hi"' if path == "completions" else '"messages": [{"role": "user", "content": "hi"}]'
+    with serve("continuous") as (url, _):
+        r = httpx.post(f"{url}/v1/{path}", content=f'{{"model": "toy", {prompt}, "max_tokens": 2, {extra}}}',
+                       headers={"content-type": "application/json"})
+        assert r.status_code == 400, r.text
+        error = r.json()["error"]
+        assert error["param"] == param and error["type"] == "invalid_request_error", error
+
+
+def test_sampling_values_in_range_are_accepted_and_answered(serve):
+    with serve("continuous") as (url, _):
+        c = client(url)
+        whole = c.completions.create(model="toy", prompt="hi", max_tokens=2, temperature=0, top_p=1, stop=["\n"],
+                                     presence_penalty=-2, frequency_penalty=2, seed=7, logprobs=None, echo=False,
+                                     best_of=1, user="someone")
+        assert whole.usage.completion_tokens == 2
+        chat = c.chat.completions.create(model="toy", messages=[{"role": "user", "content": "hi"}], max_tokens=2,
+                                         temperature=2, top_p=0.5, stop="x", logprobs=False)
+        assert chat.usage.completion_tokens == 2
+
+
+@pytest.mark.parametrize("role", ["wizard", "", "USER"])
+def test_chat_roles_outside_openais_are_refused(serve, role):
+    with serve("continuous") as (url, _):
+        with pytest.raises(openai.BadRequestError) as e:
+            client(url).chat.completions.create(model="toy", messages=[{"role": role, "content": "hi"}], max_tokens=2)
+        assert e.value.body["param"] == "messages" and "role" in e.value.body["message"]
+        for ok in ("system", "developer", "user", "assistant", "tool"):
+            msgs = [{"role": ok, "content": "x"}, {"role": "user", "content": "hi"}]
+            assert client(url).chat.completions.create(model="toy", messages=msgs, max_tokens=1).usage.completion_tokens == 1

@@ -7,12 +7,10 @@ server that waited for its streams would need tens of seconds).
 from __future__ import annotations
 
 import json
-import queue
 import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 
 import httpx
@@ -22,7 +20,7 @@ from click.testing import CliRunner
 from batchlab.errors import ConfigError
 from batchlab.server.app import serve_cmd
 from batchlab.server.process import listen
-from tests.server.conftest import free_port
+from tests.server.conftest import ServeProcess, wait_for
 
 
 @pytest.mark.parametrize("args,needle", [
@@ -67,45 +65,6 @@ def test_the_issues_command_exits_at_once_with_one_line():
     assert p.returncode == 2 and p.stderr.startswith("error: ") and len(p.stderr.strip().splitlines()) == 1
 
 
-class Serve:
-    """A `batchlab serve` subprocess (continuous over the toy simulator) and its stderr lines."""
-
-    def __init__(self, *args: str):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.proc = subprocess.Popen([sys.executable, "-m", "batchlab.cli", "serve", "--strategy", "continuous",
-                                      "--set", "backend.preset=toy", "--port", str(self.port), *args],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        self.lines: queue.Queue[str] = queue.Queue()
-        threading.Thread(target=lambda: [self.lines.put(line) for line in self.proc.stderr], daemon=True).start()
-        deadline = time.monotonic() + 30
-        while not self._healthy():
-            assert self.proc.poll() is None and time.monotonic() < deadline, "batchlab serve did not come up"
-            time.sleep(0.05)
-
-    def _healthy(self) -> bool:
-        try:
-            return httpx.get(self.url + "/health", timeout=1).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    def wait_for_line(self, needle: str, timeout: float = 20) -> str:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                line = self.lines.get(timeout=0.1)
-            except queue.Empty:
-                continue
-            if needle in line:
-                return line
-        raise AssertionError(f"no stderr line with {needle!r}")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(10)
-
-
 def streams(client: httpx.Client, url: str, n: int, max_tokens: int):
     """n streaming completions, each already streaming (its first event read)."""
     body = {"model": "toy", "prompt": "keep going", "max_tokens": max_tokens, "stream": True}
@@ -118,7 +77,7 @@ def streams(client: httpx.Client, url: str, n: int, max_tokens: int):
 
 def test_sigterm_ends_streams_with_an_error_event_and_exits_within_the_timeout():
     # 8 streams of 3000 tokens take ~13 s on the toy simulator: they must be cut at ~2 s.
-    server = Serve("--max-model-len", "4000", "--shutdown-timeout", "3")
+    server = ServeProcess("--max-model-len", "4000", "--shutdown-timeout", "3")
     try:
         with httpx.Client(timeout=20) as client:
             opened, lines = streams(client, server.url, 8, 3000)
@@ -135,7 +94,7 @@ def test_sigterm_ends_streams_with_an_error_event_and_exits_within_the_timeout()
 
 
 def test_a_second_signal_exits_at_once():
-    server = Serve("--max-model-len", "4000", "--shutdown-timeout", "120")
+    server = ServeProcess("--max-model-len", "4000", "--shutdown-timeout", "120")
     try:
         with httpx.Client(timeout=20) as client:
             opened, lines = streams(client, server.url, 3, 3000)
@@ -150,3 +109,101 @@ def test_a_second_signal_exits_at_once():
                         pass
     finally:
         server.stop()
+
+
+def _serve_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "batchlab.cli", "serve", "--strategy", "continuous", "--set", "backend.preset=toy",
+            *args]
+
+
+def _banner_port(proc: subprocess.Popen) -> int:
+    """Read stderr up to the banner (`... on http://127.0.0.1:PORT/v1`) and return its port."""
+    for line in proc.stderr:
+        if " on http://" in line:
+            return int(line.rsplit(":", 1)[1].split("/")[0])
+    raise AssertionError(f"no banner; exit status {proc.wait(10)}")
+
+
+@pytest.mark.parametrize("in_flight", [False, True])
+def test_sigterm_ends_the_server_when_its_stderr_is_a_closed_pipe(in_flight):
+    """`batchlab serve ... 2>&1 | head -n1`: once the reader has gone, writing the shutdown notice
+    fails with EPIPE; the server must still stop (the first signal within --shutdown-timeout, a
+    second one at once), not keep serving until SIGKILL."""
+    timeout = 120 if in_flight else 3
+    proc = subprocess.Popen(_serve_cmd("--port", "0", "--max-model-len", "4000", "--shutdown-timeout", str(timeout)),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        url = f"http://127.0.0.1:{_banner_port(proc)}"
+        wait_for(lambda: _healthy(url), 30, "/health")
+        proc.stderr.close()                          # the reader goes: the next write to stderr is EPIPE
+        with httpx.Client(timeout=20) as client:
+            opened = streams(client, url, 1, 3000)[0] if in_flight else []
+            proc.send_signal(signal.SIGTERM)
+            if in_flight:
+                time.sleep(0.5)                      # the first signal is being handled: a drain of up to 119 s
+                proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=15)                    # raises if the server outlives its promise
+            for s in opened:
+                s.__exit__(None, None, None)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+
+
+def _healthy(url: str) -> bool:
+    try:
+        return httpx.get(url + "/health", timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def test_the_port_0_banner_comes_once_connections_are_accepted():
+    """A script that reads the banner and connects at once must be served, not refused."""
+    proc = subprocess.Popen(_serve_cmd("--port", "0"), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        port = _banner_port(proc)
+        assert httpx.get(f"http://127.0.0.1:{port}/health", timeout=10).status_code == 200   # no retry
+    finally:
+        proc.kill()
+        proc.wait(10)
+
+
+def test_during_shutdown_every_request_the_server_reads_gets_503_in_the_openai_shape():
+    """From the signal until the drain ends (here: a stream still running, up to 3 of the 4 s), a
+    new request gets 503 `shutting_down` with Connection: close, on a new connection or on one kept
+    alive from before the signal, and /health answers 503; the stream in flight ends with an error
+    event, and the process exits within the timeout."""
+    body = {"model": "toy", "prompt": "hello there", "max_tokens": 2}
+    with ServeProcess("--max-model-len", "4000", "--shutdown-timeout", "4") as server, \
+            httpx.Client(timeout=20) as kept, httpx.Client(timeout=20) as other:
+        assert kept.post(server.url + "/v1/completions", json=body).status_code == 200   # a connection kept alive
+        opened, lines = streams(other, server.url, 1, 3000)
+        server.proc.send_signal(signal.SIGTERM)
+        answers = []
+        for delay in (0.05, 0.5, 1.0):
+            time.sleep(delay)
+            answers.append(kept.post(server.url + "/v1/completions", json=body))
+            answers.append(httpx.post(server.url + "/v1/completions", json=body, timeout=20))
+        health = httpx.get(server.url + "/health", timeout=20)
+        for a in answers:
+            assert a.status_code == 503 and a.headers["connection"] == "close", (a.status_code, a.text)
+            assert a.json()["error"] == {"message": "the server is shutting down", "type": "service_unavailable",
+                                         "param": None, "code": "shutting_down"}
+        assert health.status_code == 503 and health.json()["error"] == "shutting down"
+        rest = [line for line in lines[0] if line]
+        assert rest[-1] == "data: [DONE]" and "shutting down" in rest[-2]
+        opened[0].__exit__(None, None, None)
+        assert server.proc.wait(timeout=15) == -signal.SIGTERM
+
+
+def test_help_names_every_server_limit_with_its_default():
+    res = CliRunner().invoke(serve_cmd, ["--help"], terminal_width=200)
+    assert res.exit_code == 0
+    text = " ".join(res.output.split())
+    for option, default in [("--timeout-keep-alive", "5"), ("--timeout-header", "60"), ("--timeout-body", "60"),
+                            ("--limit-concurrency", None), ("--max-body-bytes", "1048576"),
+                            ("--shutdown-timeout", "10")]:
+        assert option in text, option
+        if default is not None:
+            assert f"{option}" in text and f"[default: {default}" in text.split(option, 1)[1].split("--", 1)[0], option

@@ -1,0 +1,80 @@
+"""`python -m tests.faults.inject FAULT ARGS...`: batchlab's CLI with one fault installed first.
+
+Faults are installed by replacing one function in the process before the command runs, so the
+command itself is the real one. `none` installs nothing.
+- `enospc-after-N`: the results writer's appends (run/results.py) write half their text, then
+  raise OSError(ENOSPC), from the N+1-th append on: a disk that fills while a point is written.
+- `backend-raises`, `backend-hangs`, `backend-exits`: the simulator's step (and batch) raises
+  RuntimeError, sleeps for ever, or calls sys.exit(3), from the second call on.
+- `killed-writing-NAME`: the process dies (os._exit) halfway through writing a file named NAME
+  with Path.write_text: a kill that lands mid-write, made certain.
+"""
+from __future__ import annotations
+
+import errno
+import itertools
+import os
+import pathlib
+import sys
+import time
+
+
+def enospc_after(n: int) -> None:
+    from batchlab.run import results
+
+    real, calls = results.append_synced, itertools.count()
+
+    def append_synced(path, text):
+        if next(calls) < n:
+            return real(path, text)
+        real(path, text[: len(text) // 2])           # what fitted before the disk was full
+        raise OSError(errno.ENOSPC, "No space left on device")
+    results.append_synced = append_synced
+
+
+def broken_backend(how: str) -> None:
+    from batchlab.backends.simulated import SimulatedBackend
+
+    for name in ("step", "run_batch"):
+        real, calls = getattr(SimulatedBackend, name), itertools.count()
+
+        async def broken(self, *args, _real=real, _calls=calls, **kwargs):
+            if next(_calls) >= 1:
+                if how == "raises":
+                    raise RuntimeError("injected backend fault")
+                if how == "exits":
+                    sys.exit(3)
+                while True:                        # hangs, holding the thread (no await: nothing can cancel it)
+                    time.sleep(3600)
+            return await _real(self, *args, **kwargs)
+        setattr(SimulatedBackend, name, broken)
+
+
+def killed_writing(name: str) -> None:
+    real = pathlib.Path.write_text
+
+    def write_text(self, data, *args, **kwargs):
+        if self.name != name:
+            return real(self, data, *args, **kwargs)
+        with open(self, "w") as f:
+            f.write(data[: len(data) // 2])
+        os._exit(137)                               # as SIGKILL would: no cleanup, no message
+    pathlib.Path.write_text = write_text
+
+
+def install(fault: str) -> None:
+    if fault.startswith("enospc-after-"):
+        enospc_after(int(fault.rsplit("-", 1)[1]))
+    elif fault.startswith("backend-"):
+        broken_backend(fault.removeprefix("backend-"))
+    elif fault.startswith("killed-writing-"):
+        killed_writing(fault.removeprefix("killed-writing-"))
+    elif fault != "none":
+        raise SystemExit(f"unknown fault {fault!r}")
+
+
+if __name__ == "__main__":
+    install(sys.argv[1])
+    from batchlab.cli import main
+
+    main(sys.argv[2:], prog_name="batchlab")

@@ -1,0 +1,87 @@
+"""Faults found by this suite whose fix lies outside the server, the executor and the report: each
+test states the behaviour wanted and is marked xfail(strict=True), so it turns into a failure (an
+unexpected pass) the day the fix lands, and the mark must go."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.faults.conftest import one_error_line, run
+from tests.server.conftest import ServeProcess
+
+SWEEP = ["run", "--quiet", "--set", "traffic.rates=[4]", "--set", "traffic.duration_s=5", "--set", "traffic.warmup_s=1",
+         "--set", "report=false"]
+TUNE = ["tune", "--slo", "ttft_p99=1s", "--set", "traffic.rates=[10]", "--set", "backend.preset=toy",
+                 "--set", "traffic.duration_s=10", "--max-cap", "64"]
+CAPACITY = ["capacity", "--set", "strategies=[continuous]", "--set", "traffic.duration_s=10", "--set", "traffic.warmup_s=1",
+            "--set", "traffic.rates=[2, 16]"]
+IN_PLACE = "written in place with Path.write_text: write a temp file, fsync, os.replace (as run/results.py does)"
+
+
+@pytest.fixture(scope="module")
+def server():
+    with ServeProcess() as s:
+        yield s
+
+
+def files_in(path) -> set[str]:
+    return {p.name for p in path.iterdir()}
+
+
+@pytest.mark.parametrize("command", [TUNE, pytest.param(CAPACITY, marks=pytest.mark.xfail(
+    strict=True, reason="capacity checks --out only when it writes, after the search"))], ids=["tune", "capacity"])
+def test_an_output_path_under_a_file_is_refused_before_the_work(tmp_path, command):
+    (tmp_path / "afile").write_text("")
+    status, _, err = run(*command, "--out", str(tmp_path / "afile" / "out"))
+    assert status == 2 and "afile" in one_error_line(err)
+
+
+@pytest.mark.xfail(strict=True, reason="loadtest checks --out only when it writes, after the load")
+def test_loadtest_refuses_an_output_path_under_a_file_before_the_load(tmp_path, server):
+    (tmp_path / "afile").write_text("")
+    status, _, err = run("loadtest", server.url + "/v1", "--concurrency", "1", "--per-user", "1", "--output-len", "4",
+                         "--out", str(tmp_path / "afile" / "load.json"))
+    assert status == 2 and "afile" in one_error_line(err)
+
+
+@pytest.mark.xfail(strict=True, reason="core/config.py accepts true/false where a number is expected (bool is an int)")
+def test_a_boolean_where_a_number_belongs_is_refused(tmp_path):
+    status, _, err = run(*SWEEP, "--out", str(tmp_path / "r"), "--set", "traffic.duration_s=true")
+    assert status == 2 and "traffic.duration_s" in one_error_line(err) and not (tmp_path / "r").exists()
+
+
+@pytest.mark.xfail(strict=True, reason="an empty `out` is the working directory: the sweep writes its files there")
+def test_an_empty_out_is_refused_and_nothing_lands_in_the_working_directory(tmp_path):
+    status, _, err = run(*SWEEP, "--set", "out=", cwd=tmp_path)
+    assert status == 2 and "out" in one_error_line(err) and files_in(tmp_path) == set()
+
+
+def killed_writing(tmp_path, command: list[str], written) -> None:
+    """Run `command` over a previous result at `written`, killed halfway through writing the new
+    one: the previous result must still be readable."""
+    written.write_text('{"a previous result": true}\n')
+    run(*command, fault=f"killed-writing-{written.name}")
+    assert json.loads(written.read_text()) == {"a previous result": True}
+
+
+@pytest.mark.xfail(strict=True, reason=f"tune/command.py: tune.json is {IN_PLACE}")
+def test_tune_killed_while_writing_keeps_the_previous_tune_json(tmp_path):
+    killed_writing(tmp_path, [*TUNE, "--out", str(tmp_path)], tmp_path / "tune.json")
+
+
+@pytest.mark.xfail(strict=True, reason=f"tune/capacity_cmd.py: capacity.json is {IN_PLACE}")
+def test_capacity_killed_while_writing_keeps_the_previous_capacity_json(tmp_path):
+    killed_writing(tmp_path, [*CAPACITY, "--out", str(tmp_path)], tmp_path / "capacity.json")
+
+
+@pytest.mark.xfail(strict=True, reason=f"backends/cost.py: a profile is {IN_PLACE}")
+def test_profile_killed_while_writing_keeps_the_previous_profile(tmp_path):
+    killed_writing(tmp_path, ["profile", "--preset", "toy", "--out", str(tmp_path / "p.json")], tmp_path / "p.json")
+
+
+@pytest.mark.xfail(strict=True, reason=f"baselines/loadtest.py: --out is {IN_PLACE}")
+def test_loadtest_killed_while_writing_keeps_the_previous_result(tmp_path, server):
+    command = ["loadtest", server.url + "/v1", "--concurrency", "1", "--per-user", "2", "--output-len", "4",
+               "--out", str(tmp_path / "load.json")]
+    killed_writing(tmp_path, command, tmp_path / "load.json")
