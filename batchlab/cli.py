@@ -79,8 +79,9 @@ def run(config: str | None, out: str | None, overrides: tuple[str, ...], quiet: 
 @click.argument("results_dir", type=click.Path(file_okay=False))
 @user_errors
 def report(results_dir: str) -> None:
-    """Regenerate report.md and the plots from a results directory's CSV files (points a killed
-    run left incomplete are dropped first, with a warning: the next run reruns them)."""
+    """Regenerate report.md and the plots from a results directory's CSV files (points that are
+    not intact, incomplete or changed since they were written, are left out with a warning saying
+    which: the next run reruns them)."""
     from batchlab.report.console import report_dir
     report_dir(Path(results_dir))
 

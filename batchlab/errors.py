@@ -37,8 +37,8 @@ def user_errors(fn):
         except OSError as e:
             # NOTE: not the user's input (that is checked before anything is written) but the machine:
             # a disk that filled up, a directory removed under a running sweep. One line, exit 1.
-            click.echo(f"error: {e.strerror or e} ({e.filename or 'no file named'}); finished points are saved, "
-                       "rerun the same command to resume", err=True)
+            click.echo(f"error: {e.strerror or e} ({e.filename or 'no file named'}); what was written before is "
+                       "intact: rerun the same command once this is fixed (a sweep resumes where it stopped)", err=True)
             sys.exit(1)
         except KeyboardInterrupt:
             click.echo("interrupted: finished points are saved; rerun the same command to resume", err=True)

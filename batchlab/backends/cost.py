@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from batchlab.core.files import write_atomic
 from batchlab.errors import ConfigError
 
 # The fitted coefficients, in the order of `features()`. NOTE: overhead and weight read cannot be
@@ -133,7 +134,7 @@ class StepCost:
         return sum(getattr(self, k) * f for k, f in zip(COEFFS[1:], terms[1:]) if f)
 
     def to_json(self, path: str | Path, **extra) -> None:
-        Path(path).write_text(json.dumps(asdict(self) | extra, indent=2))
+        write_atomic(path, json.dumps(asdict(self) | extra, indent=2))
 
     @classmethod
     def from_json(cls, path: str | Path) -> "StepCost":

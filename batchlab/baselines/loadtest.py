@@ -23,11 +23,13 @@ from pydantic import ValidationError
 from batchlab.backends.openai_client import OpenAIBackend, api_key, check_server, served_models
 from batchlab.core.clock import RealClock
 from batchlab.core.config import SLOConfig, TrafficConfig, format_error
+from batchlab.core.files import write_atomic
 from batchlab.core.limits import MAX_BATCH, MAX_LENGTH, MAX_REQUESTS_PER_POINT
 from batchlab.core.metrics import summarize
 from batchlab.core.request import Request
 from batchlab.core.traffic import build_trace
 from batchlab.errors import ConfigError, user_errors
+from batchlab.run.results import check_location
 
 
 def closed_loop(backend: OpenAIBackend, concurrency: int, per_user: int, prompt_len: int,
@@ -166,6 +168,10 @@ def loadtest_cmd(url, model, concurrency, per_user, rate, arrival, burstiness, d
                           f"the limit is {MAX_REQUESTS_PER_POINT:,}")
     traffic = traffic_config(arrival=arrival, burstiness=burstiness, rates=list(rate), duration_s=duration,
                              warmup_s=0.0, seed=seed, prompt_len=prompt_len, output_len=output_len) if rate else None
+    if out:                          # NOTE: before the load, not after it: a bad path must not cost the run
+        check_location(Path(out).parent)
+        if Path(out).is_dir():
+            raise ConfigError(f"--out {out}: is a directory; name the JSON file to write")
     key = api_key(api_key_env, "--api-key-env")
     model = pick_model(url, model, key)
     backend = OpenAIBackend(url, model, api_key=key, timeout_s=timeout, prompt_format=prompt_format,
@@ -182,4 +188,5 @@ def loadtest_cmd(url, model, concurrency, per_user, rate, arrival, burstiness, d
             print_closed(row)
             results.append(row)
     if out:
-        Path(out).write_text(json.dumps(results, indent=2, default=str))
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(out, json.dumps(results, indent=2, default=str))

@@ -254,6 +254,10 @@ def _profile_main(config, overrides, preset, strategy, batch_sizes, contexts, pr
         raise ConfigError("--new-tokens must be >= 2, --repeats >= 1, --warmup >= 0, --gap-ms >= 0")
     grid = Grid(_ints(batch_sizes, "--batch-sizes"), _ints(contexts, "--contexts"), _ints(prompts, "--prompts"),
                 new_tokens, repeats, warmup, gap_ms / 1e3)
+    steps = sum(n for _, _, n in grid.shapes())
+    if steps < len(COEFFS):          # NOTE: checked before measuring, not after minutes of it
+        raise ConfigError(f"the grid gives {steps} steps; the step-time model has {len(COEFFS)} terms to fit: "
+                          "add batch sizes, contexts or prompts, or raise --new-tokens")
     cfg = load_user_config(config, overrides)
     if cfg.backend.role == TARGET:
         from batchlab.calibrate.server import profile_server

@@ -22,6 +22,7 @@ import yaml
 from batchlab.backends.cost import StepCost
 from batchlab.calibrate.blackbox import BlackBoxProfile, ProbeGrid
 from batchlab.core.config import RunConfig
+from batchlab.core.files import write_atomic
 from batchlab.run.config import validate
 from batchlab.schedulers import ContinuousConfig, ContinuousScheduler
 
@@ -95,7 +96,7 @@ def write_twin(cfg: RunConfig, prof: BlackBoxProfile, grid: ProbeGrid, setup: di
                  limits={k: asdict(v) for k, v in found.items()})
     tree = twin_tree(cfg, profile_path, found)
     twin = validate(tree, f"{twin_path}: ")
-    twin_path.write_text(_header(cfg, found) + yaml.safe_dump(tree, sort_keys=False))
+    write_atomic(twin_path, _header(cfg, found) + yaml.safe_dump(tree, sort_keys=False))
     return twin
 
 

@@ -34,6 +34,7 @@ from batchlab.backends.simulated import SimOptions, SimulatedBackend
 from batchlab.calibrate import accuracy
 from batchlab.core.clock import RealClock, VirtualClock
 from batchlab.core.config import RunConfig
+from batchlab.core.files import write_atomic
 from batchlab.core.sustain import saturated_tokens
 from batchlab.core.trace_item import TraceItem
 from batchlab.core.traffic import build_trace, burst_trace
@@ -341,7 +342,7 @@ def validate(cfg: RunConfig, profile_paths: list[str], out: Path, progress=None,
         executor.close()
     table = accuracy.with_errors(pd.concat(parts, ignore_index=True))
     summ = accuracy.summary(table)
-    table.to_csv(out / "validation.csv", index=False)
+    write_atomic(out / "validation.csv", table.to_csv(index=False))
     uncorrected = {}
     if drift_on:
         lat = table[table["kind"] == "latency"]
@@ -355,7 +356,7 @@ def validate(cfg: RunConfig, profile_paths: list[str], out: Path, progress=None,
             "reference_burst": {"rows": REFERENCE[0], "prompt": REFERENCE[1], "new_tokens": REFERENCE[2]},
             "interval": "90 %: sim +- 1.645 sqrt(model^2 + run^2), see batchlab/calibrate/accuracy.py",
             "metrics": summ.to_dict(orient="records"), "uncorrected": uncorrected}
-    (out / "accuracy.json").write_text(json.dumps(meta, indent=2) + "\n")
+    write_atomic(out / "accuracy.json", json.dumps(meta, indent=2) + "\n")
     from batchlab.calibrate.validate_plot import plot_validation
     plot_validation(table, summ, out / "validation.png")
     return Validation(table, summ)

@@ -259,7 +259,7 @@ async def _run_batch(scheduler: Scheduler, backend: Engine, clock: Clock, batch:
         scheduler.finish_batch(batch, clock.now(), oom=f"out of memory — {e}" if str(e) else True)
         _drain_rejected(scheduler, backend, on_done)
         return
-    except Exception as e:  # a failed batch fails its requests, not the run
+    except (Exception, SystemExit) as e:  # a failed (or exiting) batch fails its requests, not the run
         for r in batch.requests:
             r.fail(f"{type(e).__name__}: {e}")
     finally:
@@ -290,7 +290,7 @@ async def _run_step(scheduler: Scheduler, backend: Engine, clock: Clock, step: S
         backend.release(r)
     try:
         step.ran = await backend.step(step, clock)
-    except Exception as e:
+    except (Exception, SystemExit) as e:     # a failed (or exiting) step fails its requests, not the run
         for r, _ in step.chunks:
             scheduler.abort(r)
             backend.release(r)

@@ -12,13 +12,13 @@ import hashlib
 import io
 import math
 import os
-import sys
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from batchlab.core.files import fsync_dir
 from batchlab.run.schema import KEY, LEDGER, REQUEST_COLUMNS, STRATEGY_NAME, Key, canonical
 
 EOL = "\r\n"                              # the csv module's line terminator; a row without it is torn
@@ -177,13 +177,3 @@ def append_synced(path: Path, text: str) -> None:
         os.fsync(f.fileno())
     if new:
         fsync_dir(path.parent)
-
-
-def fsync_dir(path: Path) -> None:
-    if sys.platform == "win32":
-        return
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

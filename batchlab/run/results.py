@@ -25,9 +25,10 @@ from typing import Any
 
 import yaml
 
+from batchlab.core.files import naming, write_atomic
 from batchlab.errors import ConfigError
 from batchlab.run.experiment import SCHEMA, digest
-from batchlab.run.ledger import Point, Scan, append_synced, csv_text, fsync_dir, nonempty, parse_key, read_records, rows_digest, scan_files
+from batchlab.run.ledger import Point, Scan, append_synced, csv_text, nonempty, parse_key, read_records, rows_digest, scan_files
 from batchlab.run.schema import KEY, LEDGER, REQUEST_COLUMNS, Key, canonical, cell
 from batchlab.run.strategies import rank
 
@@ -251,18 +252,8 @@ class ResultsDir:
         return summary_row | ledger
 
     def write_text(self, path: Path, text: str) -> None:
-        """Atomic: a temp file, fsync, os.replace; readers see the old file or the new one.
-        A file that already holds `text` is left alone."""
-        data = text.encode("utf-8")
-        if path.is_file() and path.stat().st_size == len(data) and path.read_bytes() == data:
-            return
-        tmp = path.with_name(f".{path.name}.tmp")
-        with naming(path), tmp.open("wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        fsync_dir(path.parent)
+        """Atomic (core/files.py): readers see the old file or the new one."""
+        write_atomic(path, text)
 
     def _widen(self, header: list[str], new: list[str]) -> list[str]:
         _, records, _ = read_records(self.summary_csv)
@@ -281,17 +272,6 @@ class ResultsDir:
 
 
 @contextlib.contextmanager
-def naming(path: Path) -> Iterator[None]:
-    """An OSError from writing `path` names it. NOTE: a failed write or fsync (a full disk) names no
-    file, and the one line the command prints should say which one could not be written."""
-    try:
-        yield
-    except OSError as e:
-        if e.filename is None:
-            raise OSError(e.errno, e.strerror or str(e), str(path)) from None
-        raise
-
-
 def check_location(path: Path) -> None:
     """An output directory must be a directory we can write in, or a path where one can be made.
     Checked before anything is written; the probe is an unnamed temp file, gone when closed."""

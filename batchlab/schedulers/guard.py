@@ -111,7 +111,7 @@ class Guarded(Scheduler):
             return None
         try:
             return fn(*args)
-        except Exception as e:   # the policy's own bug: fail its requests, not the run
+        except (Exception, SystemExit) as e:   # the policy's own bug (or its exit): fail its requests, not the run
             self._break(f"{fn.__name__}() raised {type(e).__name__}: {one_line(str(e))}")
             return None
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from batchlab.core.files import write_atomic
 from batchlab.errors import user_errors
 from batchlab.run.config import load_user_config
 from batchlab.run.executors import make_executor
@@ -43,7 +44,7 @@ def tune_cmd(config, overrides, slos, strategy, max_cap, out, executor) -> None:
     finally:
         runner.close()
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "tune.json").write_text(json.dumps(to_json(res), indent=2, default=str))
+    write_atomic(out_dir / "tune.json", json.dumps(to_json(res), indent=2, default=str))
     png = plot(res, out_dir / "tune.png")
     for line in report_lines(res):
         click.echo(line)

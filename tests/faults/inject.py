@@ -51,15 +51,35 @@ def broken_backend(how: str) -> None:
 
 
 def killed_writing(name: str) -> None:
-    real = pathlib.Path.write_text
+    """Dies halfway through writing NAME: in place (Path.write_text) or into the temp file an
+    atomic write renames over it (core/files.py writes `.NAME.tmp`)."""
+    real_write, real_open = pathlib.Path.write_text, pathlib.Path.open
 
     def write_text(self, data, *args, **kwargs):
         if self.name != name:
-            return real(self, data, *args, **kwargs)
+            return real_write(self, data, *args, **kwargs)
         with open(self, "w") as f:
             f.write(data[: len(data) // 2])
         os._exit(137)                               # as SIGKILL would: no cleanup, no message
+
+    def open_(self, mode="r", *args, **kwargs):
+        f = real_open(self, mode, *args, **kwargs)
+        if self.name != f".{name}.tmp" or "w" not in mode:
+            return f
+        class Dying:                                # writes half of what it is given, then the process dies
+            def __enter__(self):
+                return self
+
+            def __exit__(self, *exc):
+                return False
+
+            def write(self, data):
+                f.write(data[: len(data) // 2])
+                f.flush()
+                os._exit(137)
+        return Dying()
     pathlib.Path.write_text = write_text
+    pathlib.Path.open = open_
 
 
 def install(fault: str) -> None:

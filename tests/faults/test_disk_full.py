@@ -27,7 +27,7 @@ def test_a_disk_that_fills_mid_point_harms_nothing_recorded_and_the_rerun_resume
     status, stdout, err = run(*SWEEP, "--out", str(out), fault=f"enospc-after-{appends}")
     line = one_error_line(err)
     assert status == 1 and line.startswith(f"error: No space left on device ({out / where})")
-    assert "rerun the same command to resume" in line
+    assert "rerun the same command" in line and "a sweep resumes where it stopped" in line
     kept, full = ResultsDir(out).scan().points, ResultsDir(reference).scan().points
     assert kept and all(kept[k].rows == full[k].rows and kept[k].summary.fields[:3] == full[k].summary.fields[:3]
                         for k in kept)

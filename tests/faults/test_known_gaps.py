@@ -37,7 +37,6 @@ def test_an_output_path_under_a_file_is_refused_before_the_work(tmp_path, comman
     assert status == 2 and "afile" in one_error_line(err)
 
 
-@pytest.mark.xfail(strict=True, reason="loadtest checks --out only when it writes, after the load")
 def test_loadtest_refuses_an_output_path_under_a_file_before_the_load(tmp_path, server):
     (tmp_path / "afile").write_text("")
     status, _, err = run("loadtest", server.url + "/v1", "--concurrency", "1", "--per-user", "1", "--output-len", "4",
@@ -45,13 +44,11 @@ def test_loadtest_refuses_an_output_path_under_a_file_before_the_load(tmp_path, 
     assert status == 2 and "afile" in one_error_line(err)
 
 
-@pytest.mark.xfail(strict=True, reason="core/config.py accepts true/false where a number is expected (bool is an int)")
 def test_a_boolean_where_a_number_belongs_is_refused(tmp_path):
     status, _, err = run(*SWEEP, "--out", str(tmp_path / "r"), "--set", "traffic.duration_s=true")
     assert status == 2 and "traffic.duration_s" in one_error_line(err) and not (tmp_path / "r").exists()
 
 
-@pytest.mark.xfail(strict=True, reason="an empty `out` is the working directory: the sweep writes its files there")
 def test_an_empty_out_is_refused_and_nothing_lands_in_the_working_directory(tmp_path):
     status, _, err = run(*SWEEP, "--set", "out=", cwd=tmp_path)
     assert status == 2 and "out" in one_error_line(err) and files_in(tmp_path) == set()
@@ -65,7 +62,6 @@ def killed_writing(tmp_path, command: list[str], written) -> None:
     assert json.loads(written.read_text()) == {"a previous result": True}
 
 
-@pytest.mark.xfail(strict=True, reason=f"tune/command.py: tune.json is {IN_PLACE}")
 def test_tune_killed_while_writing_keeps_the_previous_tune_json(tmp_path):
     killed_writing(tmp_path, [*TUNE, "--out", str(tmp_path)], tmp_path / "tune.json")
 
@@ -75,12 +71,10 @@ def test_capacity_killed_while_writing_keeps_the_previous_capacity_json(tmp_path
     killed_writing(tmp_path, [*CAPACITY, "--out", str(tmp_path)], tmp_path / "capacity.json")
 
 
-@pytest.mark.xfail(strict=True, reason=f"backends/cost.py: a profile is {IN_PLACE}")
 def test_profile_killed_while_writing_keeps_the_previous_profile(tmp_path):
     killed_writing(tmp_path, ["profile", "--preset", "toy", "--out", str(tmp_path / "p.json")], tmp_path / "p.json")
 
 
-@pytest.mark.xfail(strict=True, reason=f"baselines/loadtest.py: --out is {IN_PLACE}")
 def test_loadtest_killed_while_writing_keeps_the_previous_result(tmp_path, server):
     command = ["loadtest", server.url + "/v1", "--concurrency", "1", "--per-user", "2", "--output-len", "4",
                "--out", str(tmp_path / "load.json")]

@@ -9,9 +9,12 @@ with `identity_role(...)`: an input file (hashed by content), a setting that may
 """
 from __future__ import annotations
 
-from typing import Any
+import re
+import types
+import typing
+from typing import Annotated, Any, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 # Config keys whose values are never echoed in an error line (they may hold a secret).
 SECRET_KEYS = ("api_key", "api_key_env", "base_url")
@@ -37,11 +40,44 @@ def field_role(model: type[BaseModel], name: str) -> str | None:
 
 
 class Model(BaseModel):
-    """Every config section: unknown keys refused, frozen once checked, numbers finite."""
+    """Every config section: unknown keys refused, frozen once checked, numbers finite and never
+    booleans."""
     # NOTE: allow_inf_nan=False: an inf or NaN anywhere would turn into an endless arrival loop or
     # a NaN step time; pydantic refuses them with "Input should be a finite number".
     model_config = ConfigDict(extra="forbid", frozen=True, strict=False, allow_inf_nan=False,
                               use_attribute_docstrings=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_bool_numbers(cls, data: Any) -> Any:
+        # NOTE: YAML's true/false are ints to pydantic's lax mode: `rates: [true]` would run at 1 req/s
+        if isinstance(data, dict):
+            for name, value in data.items():
+                field = cls.model_fields.get(name)
+                if field is not None and _bool_in_numbers(field.annotation, value):
+                    raise ValueError(f"{name}: expected a number, not true or false")
+        return data
+
+
+def _bool_in_numbers(annotation: Any, value: Any) -> bool:
+    """A boolean given where the annotation takes numbers (and no booleans), at any list depth."""
+    if isinstance(value, list):
+        inner = [a for a in _members(annotation) if typing.get_origin(a) is list]
+        return any(_bool_in_numbers(typing.get_args(a)[0], v) for a in inner for v in value)
+    if not isinstance(value, bool):
+        return False
+    kinds = _members(annotation)
+    return bool not in kinds and any(k in (int, float) for k in kinds)
+
+
+def _members(annotation: Any) -> list[Any]:
+    """The types an annotation admits, with Annotated and Optional unwrapped."""
+    origin = typing.get_origin(annotation)
+    if origin is Annotated:
+        return _members(typing.get_args(annotation)[0])
+    if origin in (Union, types.UnionType):
+        return [m for a in typing.get_args(annotation) for m in _members(a)]
+    return [annotation]
 
 
 def format_error(err: ValidationError, tags: dict[str, Any] | None = None) -> str:
@@ -53,8 +89,11 @@ def format_error(err: ValidationError, tags: dict[str, Any] | None = None) -> st
         parts = [p for p in e["loc"] if not str(p).startswith(("function-", "tagged-"))]
         if tags and len(parts) > 1 and parts[1] in tags.get(parts[0], ()):
             del parts[1]
-        loc = ".".join(_printable(p) for p in parts)
         msg = e["msg"].removeprefix("Value error, ")
+        sub = re.match(r"([A-Za-z_][\w]*(\.[\w]+)*): ", msg)
+        if sub and e["type"] == "value_error":      # a section's check naming one of its keys: `rates.1: ...`
+            parts, msg = [*parts, sub.group(1)], msg[sub.end():]
+        loc = ".".join(_printable(p) for p in parts)
         if e["type"] == "extra_forbidden":
             msg = "unknown key"
         got = e.get("input")

@@ -76,7 +76,7 @@ class RunConfig(Model):
     """The requests."""
     slo: SLOConfig = SLOConfig()
     """Latency thresholds for goodput and for what counts as sustained."""
-    out: str = identity_role(NO_EFFECT, "results/latest")
+    out: Annotated[str, Field(min_length=1)] = identity_role(NO_EFFECT, "results/latest")
     """The results directory (a path named latest is a link to a directory per experiment)."""
     report: bool = identity_role(NO_EFFECT, True)
     """Write report.md, report.html and the plots at the end of `run`."""
