@@ -17,7 +17,7 @@ $(VENV)/.base: pyproject.toml | $(PY)
 	touch $@
 
 $(VENV)/.all: pyproject.toml | $(PY)
-	$(PIP) install -e '.[hf,serve,ray,test]'
+	$(PIP) install -e '.[hf,serve,ray,test,docs]'
 	touch $@ $(VENV)/.base
 
 run: $(VENV)/.base
@@ -26,6 +26,7 @@ run: $(VENV)/.base
 test: $(VENV)/.all
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports --no-cache
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict   # not --quiet: it hides the warnings --strict counts
 	$(PY) -m pytest -q $(ARGS)
 
 bench: $(VENV)/.all
