@@ -455,7 +455,7 @@ def blocks(text: str) -> list[str]:
 def render(text: str, results: Path) -> str:
     """The page with every figures block whose result file exists regenerated from it."""
     def block(m: re.Match) -> str:
-        name, path, fn = m.group(2), results / f"{m.group(2)}.json", renderer(m.group(2))
+        path, fn = results / f"{m.group(2)}.json", renderer(m.group(2))
         if fn is None or not path.is_file():
             return m.group(0)
         return m.group(1) + fn(json.loads(path.read_text())) + "\n" + m.group(4)
