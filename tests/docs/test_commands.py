@@ -194,3 +194,11 @@ def test_run_the_command_as_shown(name, tmp_path):
         assert p.returncode == 0, f"{command}\n{p.stdout[-2000:]}\n{p.stderr[-2000:]}"
         done.append(p)
     run.check(d, done)
+
+
+def test_every_code_fence_is_closed():
+    """An unclosed fence swallows the page after it (and hides its commands from the tests above)."""
+    from tests.docs.shell import PAGES
+    odd = [str(p.relative_to(ROOT)) for p in PAGES
+           if sum(line.lstrip().startswith("```") for line in p.read_text().splitlines()) % 2]
+    assert not odd, f"pages with an unclosed code fence: {odd}"
