@@ -1,11 +1,12 @@
-"""Regenerate the README's measured figures from the result files the benchmarks commit.
+"""Regenerate the measured figures in the README and the docs from the result files the benchmarks commit.
 
 Each benchmark run with `--json docs/results/NAME.json` (or `--out` for the engine comparison)
 records its figures, every repeat, the machine's load and the command that made them. This script
-renders each file into the README block between `<!-- figures:NAME -->` and `<!-- /figures:NAME -->`,
-so every figure quoted there can be traced to a file and a command. `--check` changes nothing and
-exits 1 if the README disagrees with the files (the test suite runs it).
-Usage: python benchmarks/readme_figures.py [--check] [--readme README.md] [--results docs/results]
+renders each file into every block between `<!-- figures:NAME -->` and `<!-- /figures:NAME -->`, in
+README.md and in any page under docs/, so every figure quoted there can be traced to a file and a
+command. `--check` changes nothing and exits 1 if a block disagrees with its file, names a file
+that does not exist or has no renderer (the test suite runs it).
+Usage: python benchmarks/readme_figures.py [--check] [--results docs/results] [FILE.md ...]
 """
 from __future__ import annotations
 
@@ -34,8 +35,8 @@ def sim_speed(d: dict) -> str:
     toy, ours = statistics.median(d["toy_wall_s"]), statistics.median(d["batchlab_wall_s"])
     lines = [f"`{d['command']}` ({_load(d)}; medians of {len(r)} interleaved repeats, min–max beside them):", "",
              "| what | measured |", "|---|---|",
-             f"| continuous batching on the seed toy's workload ({d['requests']:,} requests, toy constants), batchlab's "
-             f"scheduler + driver + clock vs the toy itself | **{statistics.median(r):.2f}×** the toy's speed "
+             f"| continuous batching on the reference toy simulator's workload ({d['requests']:,} requests, toy "
+             f"constants), batchlab's scheduler + driver + clock vs the toy itself | **{statistics.median(r):.2f}×** the toy's speed "
              f"(paired per repeat {min(r):.2f}–{max(r):.2f}×; {ours:.3f} s vs {toy:.3f} s, "
              f"{d['requests'] / ours:,.0f} vs {d['requests'] / toy:,.0f} simulated requests per second of wall time; "
              f"same simulated throughput: "
@@ -410,39 +411,101 @@ def _point_time(d: dict) -> str:
             f"{statistics.median(p['ray']):.1f} s on Ray (sums of `wall_s`, medians; 1-minute load after each repeat: {loads}).")
 
 
+def client_vs_vllm_bench(d: dict) -> str:
+    """Our load client against `vllm bench serve` on one trace: per mode, the median of the
+    per-repeat ratios batchlab / vLLM with their min–max; bold where the median is within 3 %."""
+    t, before, after = d["trace"], d["load_avg_1_5_15_before"][0], d["load_avg_1_5_15_after"][0]
+    names = {"concurrent": "concurrent (same server conditions)", "sequential": "sequential (one client at a time)"}
+    n = len(d["concurrent"]["repeats"])
+    lines = [f"`{d['command']}` (one seeded Poisson trace, {t['rate']:g} req/s for {t['duration_s']:g} s: "
+             f"{t['requests']} requests, {t['prompt_len']}-token prompts and {t['output_len']}-token outputs; "
+             f"{'server pinned to one core, both clients on the other' if d['pinned'] else 'not pinned'}; "
+             f"1-minute load {before:.1f} before, {after:.1f} after). Ratios batchlab / vLLM, medians of {n} "
+             "repeats, min–max over repeats beside them:", "",
+             "| mode | p50 TTFT | p50 TPOT | p50 E2E | p50 ITL |", "|---|---|---|---|---|"]
+    for mode in ("concurrent", "sequential"):
+        m = d[mode]
+        cells = []
+        for metric in ("ttft", "tpot", "e2e", "itl"):
+            per = [r["ratio"][metric] for r in m["repeats"]]
+            med = f"{m['median_ratio'][metric]:.3f}"
+            cells.append(f"{f'**{med}**' if m['within_3pct'].get(metric) else med} ({min(per):.3f}–{max(per):.3f})")
+        lines.append(f"| {names[mode]} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 RENDER = {"sim_speed": sim_speed, "hf_dynamic_vs_naive": hf_dynamic_vs_naive, "engine_vs_hf_cb": engine_vs_hf_cb,
-          "validate_sim": validate_sim, "serving": serving,
+          "validate_sim": validate_sim, "serving": serving, "client_vs_vllm_bench": client_vs_vllm_bench,
           "prefix_cache": prefix_cache, "policies": policies, "ray_sweep": ray_sweep}
+# Result files written by a benchmark with other settings (serving-max-num-seqs-128.json, ...) use its renderer.
+FAMILIES = {"serving-": serving}
+BLOCK = re.compile(r"(<!-- figures:([\w.-]+) -->\n)(.*?)(<!-- /figures:\2 -->)", re.S)
 
 
-def render(readme: str, results: Path) -> str:
-    """The README with every figures block whose result file exists regenerated from it."""
-    for name, fn in RENDER.items():
-        path = results / f"{name}.json"
-        pattern = re.compile(rf"(<!-- figures:{name} -->\n)(.*?)(<!-- /figures:{name} -->)", re.S)
-        if path.is_file() and pattern.search(readme):
-            block = fn(json.loads(path.read_text())) + "\n"
-            readme = pattern.sub(lambda m: m.group(1) + block + m.group(3), readme)
-    return readme
+def renderer(name: str):
+    """The function that renders result file NAME.json, or None."""
+    return RENDER.get(name) or next((fn for prefix, fn in FAMILIES.items() if name.startswith(prefix)), None)
+
+
+def blocks(text: str) -> list[str]:
+    """The names of the figures blocks in a page, in order."""
+    return [m.group(2) for m in BLOCK.finditer(text)]
+
+
+def render(text: str, results: Path) -> str:
+    """The page with every figures block whose result file exists regenerated from it."""
+    def block(m: re.Match) -> str:
+        path, fn = results / f"{m.group(2)}.json", renderer(m.group(2))
+        if fn is None or not path.is_file():
+            return m.group(0)
+        return m.group(1) + fn(json.loads(path.read_text())) + "\n" + m.group(4)
+    return BLOCK.sub(block, text)
+
+
+def problems(text: str, results: Path) -> list[str]:
+    """Blocks that cannot be rendered: no renderer for the name, or no result file behind it."""
+    out = []
+    for name in blocks(text):
+        if renderer(name) is None:
+            out.append(f"figures:{name}: no renderer in benchmarks/readme_figures.py")
+        elif not (results / f"{name}.json").is_file():
+            out.append(f"figures:{name}: no result file {results / name}.json")
+    return out
+
+
+def pages(root: Path) -> list[Path]:
+    """Every page that may hold figures: the README and the docs."""
+    return [root / "README.md", *sorted((root / "docs").rglob("*.md"))]
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--check", action="store_true", help="Exit 1 if the README disagrees with the result files.")
-    ap.add_argument("--readme", default="README.md")
+    ap.add_argument("--check", action="store_true", help="Exit 1 if a page disagrees with the result files.")
     ap.add_argument("--results", default="docs/results")
+    ap.add_argument("files", nargs="*", type=Path, help="Pages to render (default: README.md and docs/**/*.md).")
     args = ap.parse_args()
-    path = Path(args.readme)
-    old = path.read_text()
-    new = render(old, Path(args.results))
-    if args.check:
+    results = Path(args.results)
+    bad = 0
+    for path in args.files or pages(Path(".")):
+        old = path.read_text()
+        if not blocks(old):
+            continue
+        issues = problems(old, results)
+        for issue in issues:
+            print(f"{path}: {issue}")
+        new = render(old, results)
+        if args.check:
+            if new != old:
+                print(f"{path}: figures differ from {results}; run python benchmarks/readme_figures.py")
+            bad += bool(issues) or new != old
+            continue
+        bad += bool(issues)
         if new != old:
-            print(f"{path}: figures differ from {args.results}; run python benchmarks/readme_figures.py")
-            sys.exit(1)
-        print(f"{path}: every figures block matches {args.results}")
-        return
-    path.write_text(new)
-    print(f"{path}: {'updated' if new != old else 'already up to date'}")
+            path.write_text(new)
+        print(f"{path}: {'updated' if new != old else 'already up to date'}")
+    if args.check and not bad:
+        print(f"every figures block matches {results}")
+    sys.exit(1 if bad else 0)
 
 
 if __name__ == "__main__":

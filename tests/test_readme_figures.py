@@ -1,7 +1,9 @@
-"""Every figure the README quotes from a benchmark is rendered from a committed result file
-(docs/results/*.json) by benchmarks/readme_figures.py: the README must agree with those files."""
+"""Every figure the README and the docs quote from a benchmark is rendered from a committed result
+file (docs/results/*.json) by benchmarks/readme_figures.py: every page must agree with those files."""
 import importlib.util
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -14,27 +16,48 @@ def figures():
     return mod
 
 
-def test_the_readme_quotes_exactly_what_the_result_files_hold():
-    readme = (ROOT / "README.md").read_text()
-    blocks = [name for name in figures().RENDER if f"<!-- figures:{name} -->" in readme]
-    assert blocks, "the README has no generated figures block"
-    for name in blocks:
-        assert (ROOT / "docs" / "results" / f"{name}.json").is_file(), f"{name}: no result file behind its block"
-    assert figures().render(readme, ROOT / "docs" / "results") == readme, \
-        "README figures differ from docs/results: run python benchmarks/readme_figures.py"
+def pages_with_blocks(mod) -> dict[Path, str]:
+    return {p: p.read_text() for p in mod.pages(ROOT) if mod.blocks(p.read_text())}
 
 
-def test_a_changed_result_file_changes_the_readme(tmp_path):
+def test_every_page_quotes_exactly_what_the_result_files_hold():
+    mod = figures()
+    pages = pages_with_blocks(mod)
+    names = {name for text in pages.values() for name in mod.blocks(text)}
+    assert names >= set(mod.RENDER), f"result files rendered nowhere: {set(mod.RENDER) - names}"
+    for path, text in pages.items():
+        assert not mod.problems(text, ROOT / "docs" / "results"), path
+        assert mod.render(text, ROOT / "docs" / "results") == text, \
+            f"{path.relative_to(ROOT)}: figures differ from docs/results: run python benchmarks/readme_figures.py"
+
+
+def test_the_check_command_passes_here_and_fails_on_an_unknown_block(tmp_path):
+    script = ROOT / "benchmarks" / "readme_figures.py"
+    ok = subprocess.run([sys.executable, str(script), "--check"], cwd=ROOT, capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    page = tmp_path / "page.md"
+    page.write_text("<!-- figures:no_such_benchmark -->\n<!-- /figures:no_such_benchmark -->\n")
+    bad = subprocess.run([sys.executable, str(script), "--check", "--results", str(ROOT / "docs" / "results"), str(page)],
+                         capture_output=True, text=True)
+    assert bad.returncode == 1 and "no renderer" in bad.stdout
+
+
+def test_a_changed_result_file_changes_the_page(tmp_path):
     """The check can fail: one repeat of a committed file edited, and its block no longer matches."""
     mod = figures()
-    readme = (ROOT / "README.md").read_text()
-    name = next(n for n in mod.RENDER if f"<!-- figures:{n} -->" in readme)
+    name = "policies"
+    text = next(t for t in pages_with_blocks(mod).values() if name in mod.blocks(t))
     for f in (ROOT / "docs" / "results").glob("*.json"):
         (tmp_path / f.name).write_text(f.read_text())
     data = json.loads((tmp_path / f"{name}.json").read_text())
     data["load_avg_1_5_15"]["before"][0] += 10.0
     (tmp_path / f"{name}.json").write_text(json.dumps(data))
-    assert mod.render(readme, tmp_path) != readme
+    assert mod.render(text, tmp_path) != text
+
+
+def test_a_supporting_run_uses_its_familys_renderer():
+    mod = figures()
+    assert mod.renderer("serving-max-num-seqs-128") is mod.serving and mod.renderer("nothing-here") is None
 
 
 def _serving_result(vllm_rates: list[float | None], ours_tok_s: float = 1800.0) -> dict:

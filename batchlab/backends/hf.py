@@ -22,7 +22,8 @@ class ModelOptions(BackendOptions):
     kind: str
     extra = "hf"
     model: str | None = None
-    """A hub name (cached), a local path, `tiny`, or `random:<shape>` (random weights; no download)."""
+    """A hub name (cached), a local path, `tiny` (the locally built tiny Llama, cached in
+    <repo>/.data/tiny-llama or $BATCHLAB_DATA), or `random:<shape>` (random weights; no download)."""
     dtype: Literal["auto", "float32", "fp32", "float16", "fp16", "bfloat16", "bf16"] = "auto"
     """auto: fp16 on a GPU, fp32 on a CPU."""
     device: str = "auto"
@@ -30,7 +31,9 @@ class ModelOptions(BackendOptions):
     threads: Annotated[int, Field(gt=0, le=1024)] | None = None
     """On a CPU: torch intra-op threads (unset: torch's default)."""
     memory_budget_bytes: Annotated[int, Field(gt=0, le=1 << 50)] | None = None
-    """KV budget for dynamic batching's memory trigger and the KV blocks (unset: from the device)."""
+    """KV budget for dynamic batching's memory trigger and the KV blocks (unset: on a GPU, free memory
+    plus PyTorch's cached-but-free blocks less twice what a warm-up batch needed beyond its KV; on a
+    CPU, 1 GiB)."""
     warmup_batches: Annotated[int, Field(ge=0, le=1000)] = 2
     """Batches run before measuring."""
 
@@ -60,6 +63,7 @@ class HFOptions(ModelOptions):
     """A Hugging Face model batchlab drives: `generate()` for request-level strategies, our step
     engine for iteration-level ones."""
     kind: Literal["hf"] = "hf"
+    """A Hugging Face model batchlab drives."""
     compile: bool = False
     """Continuous: decode-only passes padded to row buckets and compiled (torch.compile; CUDA
     graphs on CUDA), built at start-up; mixed steps stay eager."""

@@ -16,6 +16,7 @@ from batchlab.backends.hf import ModelOptions
 class HFCBOptions(ModelOptions):
     """transformers' continuous batching (`generate_batch`'s manager) on a Hugging Face model."""
     kind: Literal["hf-cb"] = "hf-cb"
+    """transformers' own continuous batching."""
     role = TARGET
     reads = {"continuous": ("max_num_seqs", "max_num_batched_tokens", "num_kv_blocks", "block_size")}
 

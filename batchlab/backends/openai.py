@@ -24,6 +24,7 @@ _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 class OpenAIOptions(BackendOptions):
     """An OpenAI-compatible server, sent the trace through `/v1/completions` with streaming."""
     kind: Literal["openai"] = "openai"
+    """An OpenAI-compatible server."""
     role = TARGET
     extra = "serve"
     model: str | None = None

@@ -37,14 +37,18 @@ class LinearModel(Model):
 class SimOptions(BackendOptions):
     """The simulator: every step charged by the step-time model, in virtual time."""
     kind: Literal["sim"] = "sim"
+    """The simulator."""
     preset: str = "llama2-7b-a100"
-    """A model and device preset (backends/presets.py), or a measured one from batchlab/data/presets/."""
+    """A model and device preset: `llama2-7b-a100` (default), `mistral-7b-a100`, `mistral-7b-h200`,
+    `tinyllama-3090` (roofline estimates), `toy` (a linear toy model's constants), or `<name>` for a
+    measured profile saved as batchlab/data/presets/<name>.json."""
     profile: str | None = identity_role(INPUT_FILE)
     """A measured step-time profile (JSON, `batchlab profile`) instead of the preset."""
     replicas: Annotated[int, Field(gt=0, le=1024)] = 1
     """Replicas behind a router."""
     router: Literal["round_robin", "least_outstanding", "cache_aware"] = "round_robin"
-    """How requests are spread over the replicas."""
+    """How requests are spread over the replicas (cache_aware: the replica caching most of the
+    prompt, among those with at most 8 more outstanding requests than the least loaded)."""
     linear: LinearModel | None = None
     """A linear step-time model instead of the preset or profile."""
 

@@ -71,7 +71,9 @@ class RunConfig(Model):
     name: str = identity_role(NO_EFFECT, "batchlab")
     """The experiment's name: results/latest links to results/<name>-<digest>."""
     strategies: list[Strategy] = identity_role(GROWS, default_factory=lambda: ["naive", "dynamic", "continuous"], min_length=1)
-    """Batching policies to compare, each on the same traces."""
+    """Batching policies to compare, each on the same traces: naive, dynamic, continuous, priority,
+    sjf, vtc (`server` for a backend that batches for itself), or a policy of your own by import path
+    (`pkg.module:Class`) or `batchlab.schedulers` entry-point name."""
     traffic: TrafficConfig = TrafficConfig()
     """The requests."""
     slo: SLOConfig = SLOConfig()

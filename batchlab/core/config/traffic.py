@@ -197,7 +197,7 @@ class TrafficConfig(Model):
     trace_file: str | None = identity_role(INPUT_FILE)
     """trace: the file replayed (batchlab CSV, Azure, BurstGPT or Mooncake)."""
     rates: list[Rate] = identity_role(GROWS, default_factory=lambda: [5.0, 20.0, 50.0], min_length=1, max_length=1000)
-    """Arrival rates, req/s: one sweep point each."""
+    """Arrival rates, req/s: one sweep point each (with traffic.sessions: sessions started per second)."""
     duration_s: Seconds = 60.0
     """Seconds of traffic per point, after the warm-up."""
     warmup_s: Annotated[float, Field(ge=0, le=MAX_SECONDS)] = 5.0
