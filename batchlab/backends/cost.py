@@ -7,6 +7,9 @@
              + admit * admitted_requests   (per request starting its prompt: slot, cache and bookkeeping set-up)
              + warmup * warm               (request-level decode: a call's first steps run slower, fading
                                             linearly to nothing after WARM_STEPS steps)
+             + shape(tokens)               (a measured profile's correction by the tokens the pass computes:
+                                            small matrix products run below the machine's rate, so cost
+                                            bends with size where the terms above are straight lines)
 
 One model for every strategy: continuous steps are charged by their contents, request-level
 batches step by step like Hugging Face `generate()` (every row padded, all decoding to the
@@ -72,6 +75,14 @@ class StepCost:
     admit_s: float = 0.0          # per request whose prompt starts in the step
     warmup_s: float = 0.0         # request-level decode: extra time of a call's first step, fading (warm_weight)
     frontend_s: float = 0.0       # per request, before any step: a server's front end (HTTP, tokenizing), not a step
+    shape_s: tuple[tuple[float, float], ...] = ()   # (tokens computed, seconds) knots of the shape correction
+
+    def shape(self, tokens):
+        """The shape correction for a pass computing `tokens` (prompt tokens + decode rows; numpy
+        arrays too): the knots' seconds interpolated in log(tokens), flat beyond the end knots."""
+        xs, ys = zip(*self.shape_s)
+        v = np.interp(np.log(np.maximum(tokens, 1)), np.log(xs), ys)
+        return v if np.ndim(v) else float(v)
 
     def step_time(self, context_tokens, prefill_tokens, decode_rows, attn_pairs=0, admitted=0, warm=0):
         """Seconds of one forward pass, from what it contains. Scalars give one step; numpy arrays
@@ -88,6 +99,8 @@ class StepCost:
             t = t + self.admit_s * admitted
         if self.warmup_s:
             t = t + self.warmup_s * warm
+        if self.shape_s:
+            t = t + self.shape(prefill_tokens + decode_rows)
         return t
 
     def decode_ends(self, start: float, context_tokens: int, rows: int, steps: int,
@@ -102,6 +115,8 @@ class StepCost:
             raise ValueError(f"a decode step has at least one row (got {rows})")
         fixed = self.overhead_s + self.weight_s
         kv, per_rows = self.kv_s_per_token, self.decode_s_per_row * rows
+        if self.shape_s:                   # every step of the window computes `rows` tokens: one correction
+            return self._decode_ends_shaped(start, context_tokens, rows, steps, until)
         no_prefill, no_pass = self.prefill_s_per_token * 0, self.prefill_step_s * False
         ends, t = [], start
         stop = context_tokens + rows * steps
@@ -117,6 +132,16 @@ class StepCost:
             return ends
         for context in range(context_tokens, stop, rows):
             t += fixed + kv * context + no_prefill + per_rows + no_pass
+            ends.append(t)
+            if t >= until:
+                break
+        return ends
+
+    def _decode_ends_shaped(self, start: float, context_tokens: int, rows: int, steps: int, until: float) -> list[float]:
+        """decode_ends for a model with a shape correction: the running sums of step_time itself."""
+        ends, t = [], start
+        for context in range(context_tokens, context_tokens + rows * steps, rows):
+            t += self.step_time(context, 0, rows)
             ends.append(t)
             if t >= until:
                 break
@@ -144,8 +169,10 @@ class StepCost:
         try:
             data = json.loads(p.read_text())
             fields = {k: data[k] for k in cls.__dataclass_fields__ if k in data}
+            if "shape_s" in fields:
+                fields["shape_s"] = tuple((float(x), float(y)) for x, y in fields["shape_s"])
             return cls(**fields)
-        except (json.JSONDecodeError, TypeError) as e:
+        except (json.JSONDecodeError, TypeError, ValueError) as e:
             raise ConfigError(f"{p}: not a batchlab profile: {e}") from None
 
 

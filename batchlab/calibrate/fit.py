@@ -8,6 +8,10 @@ We solve non-negative least squares on *relative* residuals (each row divided by
 overhead and weight read cannot be told apart from step times, so it is reported as `overhead_s`.
 NOTE: with eight coefficients, exact NNLS is "best feasible unconstrained fit over every subset of
 columns" (255 small solves, well under a second for a profile's ~1,000 steps) - no scipy needed.
+The straight lines miss one thing a CPU (and a GPU at small batches) shows: a pass's cost bends
+with the tokens it computes (2 rows cost far more than twice 1 row's share; 16 rows less than
+twice 8 rows'). What they leave is kept as a shape correction: per token count with enough steps,
+the median residual, the linear terms refitted without it (cost.py `shape`).
 """
 from __future__ import annotations
 
@@ -44,6 +48,7 @@ class Fit:
     max_rel_error: float
     mape: float                      # mean absolute relative error
     num_samples: int
+    shape: tuple[tuple[float, float], ...] = ()   # (tokens computed, seconds) knots (cost.StepCost.shape_s)
 
     def predict(self, samples: Iterable[StepSample]) -> np.ndarray:
         """The fitted model's step times, through the simulator's own step-time function."""
@@ -52,8 +57,8 @@ class Fit:
                                         s.admitted, s.warm) for s in samples], dtype=np.float64)
 
     def to_cost(self, base: StepCost) -> StepCost:
-        """`base` with the fitted timing coefficients (memory fields are kept)."""
-        return replace(base, weight_s=0.0, **self.coefficients)
+        """`base` with the fitted timing coefficients and shape (memory fields are kept)."""
+        return replace(base, weight_s=0.0, shape_s=self.shape, **self.coefficients)
 
     def summary(self) -> dict[str, float]:
         return {"fit_rms_rel_error": self.rms_rel_error, "fit_max_rel_error": self.max_rel_error,
@@ -92,21 +97,47 @@ def _nnls_unit(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return best
 
 
+SHAPE = "shape_s"                   # the correction, held off like a term with `without`
+SHAPE_MIN_STEPS = 5                 # a token count needs this many steps to get a knot
+
+
 def fit_step_times(samples: list[StepSample], without: Iterable[str] = ()) -> Fit:
-    """Non-negative, relative-error least squares of the step-time model to `samples`; the terms
-    named in `without` are held at zero (to measure what each one earns)."""
-    unknown = set(without) - set(COEFFS[1:])
+    """Non-negative, relative-error least squares of the step-time model to `samples`, then the
+    shape correction from what it leaves (twice: the lines refitted without the shape); the terms
+    named in `without` (and SHAPE) are held at zero, to measure what each one earns."""
+    unknown = set(without) - set(COEFFS[1:]) - {SHAPE}
     if unknown:
-        raise ValueError(f"unknown step-time term(s) {', '.join(sorted(unknown))}; terms: {', '.join(COEFFS[1:])}")
+        raise ValueError(f"unknown step-time term(s) {', '.join(sorted(unknown))}; terms: {', '.join((*COEFFS[1:], SHAPE))}")
     if len(samples) < len(COEFFS):
         raise ValueError(f"need at least {len(COEFFS)} step samples to fit, got {len(samples)}")
     y = np.array([s.seconds for s in samples], dtype=np.float64)
     if np.any(y <= 0):
         raise ValueError("step times must be > 0")
     x = design_matrix(samples)
-    x[:, [COEFFS.index(t) for t in without]] = 0.0     # a zero column: nnls leaves its coefficient at 0
-    w = 1.0 / y                      # relative residuals
-    coef = nnls(x * w[:, None], np.ones_like(y))
-    rel = (x @ coef - y) / y
+    x[:, [COEFFS.index(t) for t in without if t != SHAPE]] = 0.0     # a zero column: nnls leaves it at 0
+    tokens = np.array([s.prefill_tokens + s.decode_rows for s in samples])
+    shape: tuple[tuple[float, float], ...] = ()
+    for _ in range(1 if SHAPE in without else 2):
+        bent = _shape_values(shape, tokens)
+        coef = nnls(x / y[:, None], 1.0 - bent / y)          # relative residuals of what the shape leaves
+        shape = () if SHAPE in without else _knots(tokens, y - x @ coef)
+    rel = (x @ coef + _shape_values(shape, tokens) - y) / y
     return Fit(dict(zip(COEFFS, map(float, coef))), float(np.sqrt(np.mean(rel**2))),
-               float(np.max(np.abs(rel))), float(np.mean(np.abs(rel))), len(samples))
+               float(np.max(np.abs(rel))), float(np.mean(np.abs(rel))), len(samples), shape)
+
+
+def _knots(tokens: np.ndarray, residual: np.ndarray) -> tuple[tuple[float, float], ...]:
+    """(tokens, median residual) for every token count with at least SHAPE_MIN_STEPS steps."""
+    out = []
+    for t in np.unique(tokens):
+        r = residual[tokens == t]
+        if len(r) >= SHAPE_MIN_STEPS:
+            out.append((float(t), float(np.median(r))))
+    return tuple(out) if len(out) >= 2 else ()
+
+
+def _shape_values(shape: tuple[tuple[float, float], ...], tokens: np.ndarray) -> np.ndarray:
+    if not shape:
+        return np.zeros_like(tokens, dtype=np.float64)
+    xs, ys = zip(*shape)
+    return np.interp(np.log(np.maximum(tokens, 1)), np.log(xs), ys)
