@@ -22,6 +22,7 @@ from batchlab.backends.openai_client import OpenAIBackend
 from batchlab.baselines import process, vllm_bench
 from batchlab.baselines.compare import PORT, WARMUP_USERS
 from batchlab.baselines.loadtest import closed_loop
+from batchlab.errors import ConfigError, user_errors
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -46,21 +47,17 @@ def parse_args() -> argparse.Namespace:
     return ap.parse_args()
 
 
-def refuse(message: str) -> None:
-    print(f"error: {message}", file=sys.stderr)
-    raise SystemExit(2)
-
-
+@user_errors
 def main() -> None:
     args = parse_args()
     try:
         trace = vllm_bench.make_trace(args.rate, args.duration, args.prompt_len, args.output_len, args.seed)
     except ValueError as e:
-        refuse(str(e))
+        raise ConfigError(str(e)) from None
     if args.repeats < 1:
-        refuse("--repeats must be at least 1")
+        raise ConfigError("--repeats must be at least 1")
     if not (Path(args.venv) / "bin" / "python").is_file():
-        refuse(f"no vLLM environment at {args.venv} (`batchlab vllm up` builds one; or pass --venv)")
+        raise ConfigError(f"no vLLM environment at {args.venv} (`batchlab vllm up` builds one; or pass --venv)")
     from batchlab.backends.tiny import resolve_model
     cpus = process.split_cores(args.pin)               # vLLM's client, our child, inherits core 0
     modes = ["sequential", "concurrent"] if args.mode == "both" else [args.mode]

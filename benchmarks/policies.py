@@ -36,6 +36,7 @@ import numpy as np
 from batchlab.backends import make_backend
 from batchlab.core.metrics import latencies, measured, per_request, percentile
 from batchlab.core.traffic import build_trace
+from batchlab.errors import ConfigError, user_errors
 from batchlab.run.config import load_config
 from batchlab.run.point import run_point
 from batchlab.tune.burst import saturated
@@ -184,6 +185,7 @@ def agreement(out: dict) -> dict | None:
             "sjf_cuts_mean_e2e": {"sim": s["sjf"]["mean_e2e_cut"] > 0, "hf": h["sjf"]["mean_e2e_cut"] > 0}}
 
 
+@user_errors
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--repeats", type=int, default=3)
@@ -202,8 +204,7 @@ def main() -> None:
     t = time.perf_counter()
     if a.only_hf:
         if not (a.json and a.json.is_file()):
-            print("error: --only-hf needs --json naming a result file that has the simulator's part", file=sys.stderr)
-            raise SystemExit(2)
+            raise ConfigError("--only-hf needs --json naming a result file that has the simulator's part")
         old = json.loads(a.json.read_text())
         out["sim"] = old["sim"]
         out["command"] = old["command"] + f"; HF part rerun: {out['command']}"

@@ -34,6 +34,7 @@ from batchlab.core.metrics import measured, prefix_cache, summarize
 from batchlab.core.request import Request
 from batchlab.core.search import knee
 from batchlab.core.sustain import judge, makespan_rate, saturated_rate
+from batchlab.errors import RunFailed, user_errors
 from batchlab.run.config import load_config
 from batchlab.run.driver import Inbox, drive
 from batchlab.run.replicas import make_replicas, serve_replicated
@@ -114,7 +115,7 @@ def sim_capacity(cost) -> float:
 
     found = knee(holds, 1.0, 200.0, tolerance=0.01)
     if found.lo is None:
-        raise SystemExit(f"the simulator sustains none of the rates tried ({found.probes})")
+        raise RunFailed(f"the simulator sustains none of the rates tried ({found.probes})")
     return found.lo
 
 
@@ -224,6 +225,7 @@ def replicas_part(cost, single_cap: float, repeats: int, kv_blocks: list[int | N
     return {"replicas": n, "rate_req_s": rate, "slack": ROUTERS["cache_aware"].slack, "settings": out}
 
 
+@user_errors
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=3)

@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 from batchlab.baselines import compare, overhead, process
-from batchlab.errors import ConfigError
+from batchlab.errors import ConfigError, user_errors
 from batchlab.run.config import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -65,14 +65,11 @@ def settings(args: argparse.Namespace) -> compare.Settings:
     return s
 
 
+@user_errors
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    try:
-        s = settings(args)
-        cfg = load_config(args.config, [*args.set, f"traffic.duration_s={args.duration:g}"])
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        raise SystemExit(2) from None
+    s = settings(args)
+    cfg = load_config(args.config, [*args.set, f"traffic.duration_s={args.duration:g}"])
     s.cpus = process.split_cores(args.pin)
     parts = args.servers.split(",")
     command = " ".join(["python benchmarks/serving.py", *(argv if argv is not None else sys.argv[1:])])
