@@ -1,20 +1,11 @@
-"""The one rule for "this setting holds its traffic": the report's knee, the tuner's checks, the
-capacity search and the live searches of benchmarks all ask it here (report/, tune/, calibrate/ and
-baselines/ are siblings and may not import each other, so the rule lives below them).
+"""The one rule for "this setting holds its traffic". report/, tune/, calibrate/ and baselines/ are
+siblings that may not import each other, so the rule lives below them and each asks it here.
 
-A point sustains its rate when both hold:
-- the SLO: at least ATTAINMENT of its measured requests meet every threshold (only when an SLO is set);
-- the throughput: the work completed reaches SERVED x the work offered (the report: requests per
-  second over the measured arrival rate; the searches: `served_share` over the measured window).
-NOTE: the second condition is what catches a growing queue: its latency percentiles can still look
-fine (TPOT does not see queueing at all) while a backlog builds that is served after traffic stops.
-It still lets through a queue that grows by less than 1 - SERVED of what arrives, so the searches,
-which simulate their settings, also ask `stable`: is the offered rate below the rate the setting
-completes requests at when its queue never empties (`saturated_rate`, a burst in the same
-simulator)? Below it a queue drains; above it, it grows without bound, however slowly.
-One point's requests, judged alone (`judge`: a live server's probe, a simulated probe outside a
-sweep), must also show no failure, p99 latencies within the SLO's limits, and no wait for the first
-token growing with arrival time faster than GROWTH (`ttft_slope`).
+A point sustains its rate when at least ATTAINMENT of its requests meet every SLO threshold and the
+work completed reaches SERVED of the work offered (`sustains`: the report's knee, the tuner, the
+capacity search); a search that simulates its points also asks that the rate be below what the
+setting completes with a queue that never empties (`stable`). One point judged alone (`judge`: a
+live server's probe) must also show no failure, p99s within the SLO and no growing wait (GROWTH).
 """
 from __future__ import annotations
 
@@ -93,13 +84,18 @@ def makespan_rate(requests: Iterable[Request]) -> float:
 
 
 def stable(rate: float, saturated: float) -> bool:
-    """The queue does not grow: `rate` is below `saturated` (no verdict, so True, when NaN)."""
+    """The queue does not grow: `rate` is below `saturated` (no verdict, so True, when NaN).
+    NOTE: `sustains` lets through a queue that grows by less than 1 - SERVED of what arrives; below
+    the saturated rate a queue drains, above it it grows without bound, however slowly."""
     return bool(saturated != saturated or rate < saturated)
 
 
 def sustains(attainment, served, with_slo):
     """Whether a point (or, element-wise, a Series of points) holds its traffic: `served` is
-    completed over offered requests per second, `attainment` the share meeting every SLO threshold."""
+    completed over offered requests per second (the report) or `served_share` over the measured
+    window (the searches), `attainment` the share meeting every SLO threshold.
+    NOTE: `served` is what catches a growing queue: latency percentiles can still look fine (TPOT
+    does not see queueing at all) while a backlog builds that is served after traffic stops."""
     ok = served >= SERVED
     return ok & (attainment >= ATTAINMENT) if with_slo else ok
 
