@@ -1,4 +1,4 @@
-"""Our engine's decode step vs the bare captured forward of the same shape (issue 18, GPU check).
+"""Our engine's decode step vs the bare captured forward of the same shape (a GPU check).
 
 A random-weight Llama of a 7B shape (hidden 4096, 32 layers, 32 heads, MLP 11008, vocab 32000)
 in fp16: --rows requests with --prompt-token prompts are prefilled, then --steps decode steps run
@@ -40,28 +40,20 @@ def model_of_7b_shape(args):
     return model
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rows", type=int, default=64)
-    ap.add_argument("--prompt", type=int, default=128)
-    ap.add_argument("--steps", type=int, default=50)
-    ap.add_argument("--layers", type=int, default=32)
-    ap.add_argument("--hidden", type=int, default=4096)
-    ap.add_argument("--device", default="cuda")
-    ap.add_argument("--inductor", action="store_true", help="torch.compile the pass inside the graphs")
-    ap.add_argument("--json", default=None)
-    args = ap.parse_args()
-    model = model_of_7b_shape(args)
+def engine_for(model, args) -> StepEngine:
+    """The step engine with CUDA graphs at bucketed rows (or compiled, with --inductor); on CPU the
+    bucketed path with the eager pass, to smoke-test the script."""
     engine = StepEngine(model, None, args.device, compile=args.inductor)
     if args.device == "cuda" and not args.inductor:
         engine.decode = hcomp.GraphedDecode(model, engine.suppress)
     elif args.device != "cuda":
-        engine.decode = engine._eager                  # CPU smoke test: bucketed path, eager pass
+        engine.decode = engine._eager
+    return engine
+
+
+def engine_steps(engine: StepEngine, reqs: list[Request], args) -> list[float]:
+    """Prefill every request, then --steps decode steps; the durations of all but the first five."""
     clock = RealClock()
-    g = torch.Generator().manual_seed(0)
-    reqs = [Request(f"r{i}", args.prompt, args.steps + 8, 0.0, index=i,
-                    prompt_token_ids=torch.randint(10, 32000, (args.prompt,), generator=g).tolist())
-            for i in range(args.rows)]
 
     async def run() -> list[float]:
         t0 = time.perf_counter()
@@ -77,16 +69,42 @@ def main() -> None:
     t0 = time.perf_counter()
     steps = clock.run(run())
     print(f"engine: {args.steps} decode steps in {time.perf_counter() - t0:.1f} s (captures/compiles included)")
-    # The reference: the last step's padded plan, replayed alone.
+    return steps
+
+
+def bare_replays(engine: StepEngine, model, reqs: list[Request], n: int) -> list[float]:
+    """The reference: the last step's padded plan, replayed alone n times (seconds each)."""
     with torch.inference_mode():
         plan = engine._plan([(r, 1) for r in reqs])
         hcomp.pad_rows(plan, hcomp.bucket(len(plan.emit)))
     replay = []
     with torch.inference_mode(), attention(model, ATTN_NAME):
-        for _ in range(args.steps):
+        for _ in range(n):
             t0 = time.perf_counter()
             engine.decode(plan).tolist()                   # .tolist() syncs the device
             replay.append(time.perf_counter() - t0)
+    return replay
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", type=int, default=64)
+    ap.add_argument("--prompt", type=int, default=128)
+    ap.add_argument("--steps", type=int, default=50)
+    ap.add_argument("--layers", type=int, default=32)
+    ap.add_argument("--hidden", type=int, default=4096)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--inductor", action="store_true", help="torch.compile the pass inside the graphs")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    model = model_of_7b_shape(args)
+    engine = engine_for(model, args)
+    g = torch.Generator().manual_seed(0)
+    reqs = [Request(f"r{i}", args.prompt, args.steps + 8, 0.0, index=i,
+                    prompt_token_ids=torch.randint(10, 32000, (args.prompt,), generator=g).tolist())
+            for i in range(args.rows)]
+    steps = engine_steps(engine, reqs, args)
+    replay = bare_replays(engine, model, reqs, args.steps)
     out = {"rows": args.rows, "prompt": args.prompt, "layers": args.layers, "hidden": args.hidden, "device": args.device,
            "gpu": torch.cuda.get_device_name() if args.device == "cuda" else None, "inductor": args.inductor,
            "engine_step_ms": 1e3 * statistics.median(steps), "graph_replay_ms": 1e3 * statistics.median(replay[5:]),

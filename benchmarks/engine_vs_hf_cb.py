@@ -31,6 +31,7 @@ from batchlab.backends.hf_backend import HFBackend
 from batchlab.backends.hf_cb import HFCBOptions
 from batchlab.backends.hf_cb_backend import HFCBBackend
 from batchlab.backends.hf_engine import backend_efficiency, step_breakdown
+from batchlab.baselines.decode_step import BLOCK, kv_blocks, step_times
 from batchlab.core.clock import RealClock
 from batchlab.core.metrics import summarize
 from batchlab.core.request import Request, Status
@@ -39,8 +40,7 @@ from batchlab.run.driver import Inbox, drive
 from batchlab.schedulers import ContinuousConfig
 from batchlab.schedulers.continuous import ContinuousScheduler
 
-BLOCK = 16
-CB_TARGET = {16: 2.0, 64: 3.0}        # ours / hf-cb throughput (>=), per concurrency (issue 18)
+CB_TARGET = {16: 2.0, 64: 3.0}        # ours / hf-cb throughput (>=), per concurrency
 EFF_TARGET = 0.90                      # backend_eff (>=) at every level
 
 
@@ -48,12 +48,6 @@ def burst(n: int, seed: int, prompt=(32, 96), output=(16, 96)) -> list[TraceItem
     rng = np.random.default_rng(seed)
     return [TraceItem(0.0, int(rng.integers(*prompt, endpoint=True)), int(rng.integers(*output, endpoint=True)))
             for _ in range(n)]
-
-
-def kv_blocks(trace: list[TraceItem], c: int) -> int:
-    """Enough KV for C of the longest sequences: nobody is preempted, both engines get the same."""
-    longest = max(t.prompt_len + t.output_len for t in trace)
-    return c * -(-longest // BLOCK) + c
 
 
 async def ours(hf: HFBackend, trace, c: int, clock) -> dict:
@@ -106,20 +100,6 @@ def result(reqs: list[Request], t0: float) -> dict:
     s = summarize(reqs)
     return {"tok_s": s["throughput_tok_s"], "wall_s": max(r.completion_time for r in reqs) - t0,
             "ttft_p50": s["ttft_p50"], "tpot_p50": s["tpot_p50"]}
-
-
-async def step_times(hf: HFBackend, c: int, clock, p: int = 64, o: int = 64) -> tuple[float, float]:
-    """Median decode step (seconds) at batch C: the engine, then generate()."""
-    trace = [TraceItem(0.0, p, o)] * c
-    engine = hf._engine()
-    mark = len(engine.step_log)
-    await drive(ContinuousScheduler(ContinuousConfig(max_num_seqs=c, block_size=BLOCK), kv_blocks(trace, c)),
-                hf, clock, Inbox(make_requests(trace, clock.now(), hf.prepare)))
-    ours = [s.duration for s in engine.step_log[mark:] if s.prefill_tokens == 0 and s.rows == c]
-    reqs = make_requests(trace, clock.now(), hf.prepare)
-    await hf.run_batch(reqs, clock)
-    gaps = np.diff(reqs[0].token_times)
-    return statistics.median(ours), float(np.median(gaps))
 
 
 def agreement(a: dict, b: dict) -> float:

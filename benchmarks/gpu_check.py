@@ -2,7 +2,7 @@
 
 `engine`: one model loaded once, then
   - step speed: the step engine's median decode step vs generate()'s at batch 16 and 64 (target
-    <= 1.2x, as on CPU; benchmarks/engine_vs_hf_cb.py's `step_times`, 64-token prompts);
+    <= 1.2x, as on CPU; batchlab/baselines/decode_step.py, 64-token prompts);
   - a deliberately small KV budget (backend.memory_budget_bytes = 4 rows of 600 tokens) and 20
     requests arriving within 0.1 s: dynamic must launch on its memory trigger, continuous must run
     within the blocks the budget gives (preempting if it must), and nothing may fail;
@@ -19,11 +19,8 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 from collections import Counter
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 STEP_TARGET = 1.2
 MiB, GiB = 1 << 20, 1 << 30
@@ -54,7 +51,7 @@ def engine_stage(args) -> dict:
 
 
 def step_speed(hf, clock, levels: list[int], repeats: int) -> dict:
-    from engine_vs_hf_cb import step_times
+    from batchlab.baselines.decode_step import step_times
     clock.run(step_times(hf, 8, clock, 16, 8))                 # warm the engine's kernels
     res = {}
     for c in levels:

@@ -14,8 +14,9 @@ Workload (traffic.classes, one config for both backends): 32-token prompts; SJF 
 output lognormal median 32 (8-128). Continuous batching with max_num_seqs 8 for SJF, so a queue
 forms below the memory limits (the regime where the order of admission matters), and 64 for VTC,
 so a slot frees every step or two and a tenant's wait is set by the policy, not by slot turnover.
-Capacity: requests/s served over the makespan of a burst that arrives at once (the queue never
-empties: the most the engine serves with this mix), measured per backend. Each repeat is a trace
+Capacity: requests/s FCFS continuous batching completes in the steady middle of a burst that
+arrives at once (batchlab/tune/burst.py, the package's one burst: the queue never empties, so it is
+the most the engine serves with this mix), measured per backend. Each repeat is a trace
 of its own seed, every policy on the same trace, the order rotating across repeats; medians over
 repeats, per-repeat values in the JSON.
 Usage: python benchmarks/policies.py [--repeats 3] [--skip-hf] [--hf-duration 30] [--json docs/results/policies.json]
@@ -35,8 +36,10 @@ import numpy as np
 from batchlab.backends import make_backend
 from batchlab.core.metrics import latencies, measured, per_request, percentile
 from batchlab.core.traffic import build_trace
+from batchlab.errors import ConfigError, user_errors
 from batchlab.run.config import load_config
 from batchlab.run.point import run_point
+from batchlab.tune.burst import saturated
 
 SJF_TARGET, P99_LIMIT, VTC_LIMIT = 0.30, 1.2, 1.5
 SEQS = 8                        # SJF: few slots, so a queue forms
@@ -56,15 +59,6 @@ def config(kind: str, duration: float, warmup: float, *sets: str, seqs: int = SE
     return load_config(None, [*BACKENDS[kind], "traffic.prompt_len=32", f"continuous.max_num_seqs={seqs}",
                               f"traffic.duration_s={duration}", f"traffic.warmup_s={warmup}", "traffic.rates=[1]",
                               "sjf.aging_s=10", *sets])
-
-
-def capacity(cfg, backend, burst: int) -> float:
-    """Requests/s FCFS continuous batching serves a burst of `burst` requests arriving at once."""
-    trace = build_trace(cfg.traffic, 1000.0, 999)[:burst]
-    trace = [type(t)(0.0, t.prompt_len, t.output_len, klass=t.klass, tenant=t.tenant) for t in trace]
-    res = run_point(cfg, "continuous", 1000.0, 999, backend, trace)
-    done = [r for r in res.requests if r.token_times]
-    return len(done) / max(r.token_times[-1] for r in done)
 
 
 def e2e_stats(requests, warmup: float) -> dict:
@@ -92,7 +86,7 @@ def light_tpot(requests, warmup: float) -> float:
 def sjf_part(kind: str, repeats: int, duration: float, warmup: float, burst: int) -> dict:
     base = config(kind, duration, warmup, SJF_CLASSES)
     backend = make_backend(base)
-    cap = capacity(base, backend, burst)
+    cap = saturated(base, "continuous", backend, burst)
     rate = 0.9 * cap
     print(f"[{kind}] SJF: capacity {cap:.2f} req/s, running at {rate:.2f}", flush=True)
     sides = {"fcfs": ("continuous", base), "sjf_oracle": ("sjf", base),
@@ -128,7 +122,7 @@ def sjf_part(kind: str, repeats: int, duration: float, warmup: float, burst: int
 def vtc_part(kind: str, repeats: int, duration: float, warmup: float, burst: int) -> dict:
     base = config(kind, duration, warmup, VTC_CLASSES, VTC_LENGTH, seqs=VTC_SEQS)
     backend = make_backend(base)
-    cap = capacity(base, backend, burst)
+    cap = saturated(base, "continuous", backend, burst)
     rate = 2.0 * cap                                    # light 0.4 cap + heavy 1.6 cap
     print(f"[{kind}] VTC: capacity {cap:.2f} req/s; light {0.2 * rate:.2f}, heavy {0.8 * rate:.2f} req/s", flush=True)
     runs = []
@@ -191,6 +185,7 @@ def agreement(out: dict) -> dict | None:
             "sjf_cuts_mean_e2e": {"sim": s["sjf"]["mean_e2e_cut"] > 0, "hf": h["sjf"]["mean_e2e_cut"] > 0}}
 
 
+@user_errors
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--repeats", type=int, default=3)
@@ -209,7 +204,7 @@ def main() -> None:
     t = time.perf_counter()
     if a.only_hf:
         if not (a.json and a.json.is_file()):
-            raise SystemExit("--only-hf needs --json naming a result file that has the simulator's part")
+            raise ConfigError("--only-hf needs --json naming a result file that has the simulator's part")
         old = json.loads(a.json.read_text())
         out["sim"] = old["sim"]
         out["command"] = old["command"] + f"; HF part rerun: {out['command']}"

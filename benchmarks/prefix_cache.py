@@ -5,11 +5,12 @@ Workload: 8 system prompts of 1,024 tokens, each request one of them (uniform, s
 64-token user message of its own, 32 output tokens, Poisson arrivals. Continuous batching with
 default knobs (block 16 tokens, 8,192 batched tokens, 256 sequences), caching off vs on.
 Capacity (without caching), measured first:
-  - simulator (llama2-7b-a100 preset): bisection on the Poisson rate, 60 s points after a 10 s
-    warm-up; a rate is sustained when ≥ 95 % of the measured requests finish by 5 s after the
-    last arrival and p90 queue wait stays under 1 s (12 halvings from [1, 200] req/s);
-  - HF engine (tiny model, CPU): saturated throughput, requests/s over the makespan of a burst of
-    --burst requests arriving at once (a queue that never empties: the most it can serve).
+  - simulator (llama2-7b-a100 preset): the package's search on the Poisson rate (core/search.py,
+    from [1, 200] req/s to within 1 %), 60 s points after a 10 s warm-up, each judged by the one
+    rule (core/sustain.py judge: nothing failed, >= 95 % of the window's work served, no growing
+    queue, below what a burst of 8 full batches completes saturated);
+  - HF engine (tiny model, CPU): requests/s over the whole span of a burst of --burst requests
+    arriving at once (core/sustain.py makespan_rate: a burst of about one batch).
 Each part then runs at 80 % of its own capacity, repeats = traces of different seeds, caching off
 and on over the same trace (order alternating). The HF trace is also replayed on the simulator
 (same arrivals, same prompts) to compare hit rates: they are bookkeeping of the same scheduler.
@@ -31,14 +32,19 @@ from batchlab.backends.simulated import SimulatedBackend
 from batchlab.core.clock import RealClock, VirtualClock
 from batchlab.core.metrics import measured, prefix_cache, summarize
 from batchlab.core.request import Request
+from batchlab.core.search import knee
+from batchlab.core.sustain import judge, makespan_rate, saturated_rate
+from batchlab.errors import RunFailed, user_errors
 from batchlab.run.config import load_config
 from batchlab.run.driver import Inbox, drive
 from batchlab.run.replicas import make_replicas, serve_replicated
 from batchlab.run.router import ROUTERS
 from batchlab.schedulers import ContinuousConfig
 from batchlab.schedulers.continuous import ContinuousScheduler
+from batchlab.tune.burst import burst_size
 
 GROUPS, SYSTEM, USER, OUTPUT, BLOCK = 8, 1024, 64, 32, 16
+SIM_WARMUP, SIM_DURATION = 10.0, 60.0   # each simulated point: seconds of warm-up, then measured
 TARGET = 2.0                      # TTFT cut, p50 without / with caching
 VOCAB = (10, 2000)                # ordinary token ids of the tiny model (no specials)
 
@@ -89,23 +95,28 @@ def sim_run(reqs: list[Request], caching: bool, warmup: float, cost) -> dict:
     return point(reqs, warmup) | {"cached_tokens_per_request": [r.num_cached_tokens for r in reqs]}
 
 
-def sustained(cost, rate: float, duration: float = 60.0, warmup: float = 10.0) -> bool:
-    """≥ 95 % of the measured requests done by 5 s after the last arrival, p90 queue wait < 1 s."""
-    end = warmup + duration
-    reqs = simulate(workload(rate, end, seed=999), False, cost)
-    m = measured(reqs, warmup)
-    served = sum(r.completion_time is not None and r.completion_time <= end + 5.0 for r in m)
-    return served >= 0.95 * len(m) and point(reqs, warmup)["queue_wait_p90_s"] < 1.0
+def burst(n: int, seed: int) -> list[Request]:
+    """The workload's first n requests, all arriving at once (a queue that never empties)."""
+    reqs = workload(1000.0, 1.0 + 1.5 * n / 1000.0, seed)[:n]
+    for r in reqs:
+        r.arrival_time = 0.0
+    return reqs
 
 
-def sim_capacity(cost, lo: float = 1.0, hi: float = 200.0, steps: int = 12) -> float:
-    """Bisection between a sustained rate and one that is not (see the module docstring)."""
-    while sustained(cost, hi):
-        lo, hi = hi, 2 * hi
-    for _ in range(steps):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if sustained(cost, mid) else (lo, mid)
-    return lo
+def sim_capacity(cost) -> float:
+    """The highest Poisson rate the simulator sustains without caching (see the module docstring)."""
+    cfg = load_config(None, [f"continuous.block_size={BLOCK}"])
+    saturated = saturated_rate(simulate(burst(burst_size(cfg, "continuous"), seed=998), False, cost))
+    end = SIM_WARMUP + SIM_DURATION
+
+    def holds(rate: float) -> bool:
+        reqs = simulate(workload(rate, end, seed=999), False, cost)
+        return judge(reqs, SIM_WARMUP, end, rate=rate, saturated=saturated).sustained
+
+    found = knee(holds, 1.0, 200.0, tolerance=0.01)
+    if found.lo is None:
+        raise RunFailed(f"the simulator sustains none of the rates tried ({found.probes})")
+    return found.lo
 
 
 def ttft_cut(runs: list[dict]) -> list[float]:
@@ -117,25 +128,32 @@ def simulator_part(cost, repeats: int) -> dict:
     rate = 0.8 * cap
     runs = []
     for k in range(repeats):
-        reqs = workload(rate, 70.0, seed=k)
-        runs.append({"seed": k, "off": sim_run(reqs, False, 10.0, cost), "on": sim_run(reqs, True, 10.0, cost)})
+        reqs = workload(rate, SIM_WARMUP + SIM_DURATION, seed=k)
+        runs.append({"seed": k, "off": sim_run(reqs, False, SIM_WARMUP, cost), "on": sim_run(reqs, True, SIM_WARMUP, cost)})
         for side in ("off", "on"):
             runs[-1][side].pop("cached_tokens_per_request")
         print(f"sim seed {k}: p50 TTFT off {runs[-1]['off']['ttft_p50_s']:.3f} s, on {runs[-1]['on']['ttft_p50_s']:.3f} s, "
               f"hit {runs[-1]['on']['prefix_hit_rate_tokens']:.3f}", flush=True)
-    return {"capacity_req_s": cap, "rate_req_s": rate, "duration_s": 60.0, "warmup_s": 10.0, "runs": runs,
+    return {"capacity_req_s": cap, "rate_req_s": rate, "duration_s": SIM_DURATION, "warmup_s": SIM_WARMUP, "runs": runs,
             "ttft_cut_per_repeat": ttft_cut(runs)}
 
 
-async def hf_run(hf, reqs: list[Request], caching: bool, warmup: float, clock) -> dict:
+async def hf_serve(hf, reqs: list[Request], caching: bool, clock) -> tuple[list[Request], float]:
+    """Unrun copies of `reqs`, arriving from now, through a fresh engine (no K/V kept from the last
+    run); returns them and the time they started from."""
     cfg = ContinuousConfig(block_size=BLOCK, prefix_caching=caching)
-    hf.engine = None                                   # a fresh engine: no K/V kept from the last run
+    hf.engine = None
     sched = ContinuousScheduler(cfg, hf.facts().num_kv_blocks(BLOCK), windows=True, finish_in_window=True)
     t0 = clock.now()
     reqs = fresh(reqs, t0)
     for r in reqs:
         hf.prepare(r)
     await drive(sched, hf, clock, Inbox(reqs))
+    return reqs, t0
+
+
+async def hf_run(hf, reqs: list[Request], caching: bool, warmup: float, clock) -> dict:
+    reqs, t0 = await hf_serve(hf, reqs, caching, clock)
     return point(reqs, warmup, t0) | {"cached_tokens_per_request": [r.num_cached_tokens for r in reqs]}
 
 
@@ -175,22 +193,12 @@ def hf_part(repeats: int, burst: int, duration: float, threads: int | None, cost
             "ttft_cut_per_repeat": ttft_cut(runs)}
 
 
-async def _saturation(hf, burst: int, clock) -> float:
-    """Requests/s a burst of `burst` requests (no caching) is served at: the engine's capacity."""
+async def _saturation(hf, n: int, clock) -> float:
+    """Requests/s a burst of n requests (no caching) is served at: the engine's capacity."""
     await hf.start(clock)
     await hf_run(hf, workload(50.0, 0.2, seed=500), False, 0.0, clock)   # warm the engine
-    reqs = workload(1000.0, 10.0, seed=501)[:burst]
-    for r in reqs:
-        r.arrival_time = 0.0
-    cfg = ContinuousConfig(block_size=BLOCK)
-    hf.engine = None
-    t0 = clock.now()
-    reqs = fresh(reqs, t0)
-    for r in reqs:
-        hf.prepare(r)
-    await drive(ContinuousScheduler(cfg, hf.facts().num_kv_blocks(BLOCK), windows=True, finish_in_window=True), hf, clock,
-                Inbox(reqs))
-    return len(reqs) / (max(r.token_times[-1] for r in reqs) - t0)
+    reqs, _ = await hf_serve(hf, burst(n, seed=501), False, clock)
+    return makespan_rate(reqs)
 
 
 def replicas_part(cost, single_cap: float, repeats: int, kv_blocks: list[int | None]) -> dict:
@@ -205,11 +213,11 @@ def replicas_part(cost, single_cap: float, repeats: int, kv_blocks: list[int | N
         for router in ("least_outstanding", "cache_aware"):
             per[router] = []
             for k in range(repeats):
-                reqs = workload(rate, 70.0, seed=200 + k)
+                reqs = workload(rate, SIM_WARMUP + SIM_DURATION, seed=200 + k)
                 replicas = make_replicas(cfg, "continuous", SimulatedBackend(cost), n)
                 clock = VirtualClock()
                 clock.run(serve_replicated(reqs, replicas, ROUTERS[router](), clock))
-                per[router].append(point(reqs, 10.0))
+                per[router].append(point(reqs, SIM_WARMUP))
             print(f"replicas kv_blocks={blocks or 'default'} {router}: p50 TTFT "
                   f"{statistics.median(p['ttft_p50_s'] for p in per[router]):.3f} s, hit "
                   f"{statistics.median(p['prefix_hit_rate_tokens'] for p in per[router]):.3f}", flush=True)
@@ -217,6 +225,7 @@ def replicas_part(cost, single_cap: float, repeats: int, kv_blocks: list[int | N
     return {"replicas": n, "rate_req_s": rate, "slack": ROUTERS["cache_aware"].slack, "settings": out}
 
 
+@user_errors
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=3)

@@ -1,9 +1,9 @@
 """How fast does the simulator push requests through the *real* scheduler code?
 
 1. Side by side, in one run: batchlab's continuous scheduler + driver + VirtualClock + simulated
-   backend, against the seed's reference toy (its continuous mode), on the toy's own workload
+   backend, against a reference toy simulator (its continuous mode), on the toy's own workload
    (5,000 requests) and cost constants (preset `toy`). Medians over repeats; the ratio is
-   toy wall time / batchlab wall time (issue 14's targets: >= 4, and >= 50,000 simulated
+   toy wall time / batchlab wall time (targets: >= 4, and >= 50,000 simulated
    requests per second of wall time).
 2. An hour of traffic at 50 req/s with the default sweep's settings, continuous batching.
 
@@ -26,6 +26,7 @@ from batchlab.backends.simulated import SimulatedBackend
 from batchlab.core.clock import VirtualClock
 from batchlab.core.limits import MAX_BATCH
 from batchlab.core.request import Request
+from batchlab.errors import ConfigError, user_errors
 from batchlab.run.config import load_user_config
 from batchlab.run.driver import Inbox, drive
 from batchlab.run.point import run_point
@@ -37,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def load_toy():
     path = Path(os.environ.get("BATCHLAB_TOY", ROOT.parent / "shared" / "seeds" / "toy-simulator.py.txt"))
     if not path.is_file():
-        sys.exit(f"toy simulator not found at {path} (set BATCHLAB_TOY)")
+        raise ConfigError(f"toy simulator not found at {path} (set BATCHLAB_TOY)")
     spec = importlib.util.spec_from_loader("toy", loader=None)
     toy = importlib.util.module_from_spec(spec)
     sys.modules["toy"] = toy               # its dataclasses look their module up
@@ -76,6 +77,7 @@ def hour_at_50(*overrides: str) -> tuple[float, int, dict]:
     return res.meta["wall_s"], len(res.requests), res.summary
 
 
+@user_errors
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=5)

@@ -10,10 +10,12 @@ import argparse
 import math
 from pathlib import Path
 
+from batchlab.errors import ConfigError, user_errors
 from batchlab.report.load import load_requests
 from batchlab.report.turns import ttft_by_turn
 
 
+@user_errors
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("results", type=Path)
@@ -22,7 +24,7 @@ def main() -> None:
     rows = load_requests(args.results)
     table = ttft_by_turn(rows, args.q) if rows is not None else None
     if table is None or table.empty:
-        raise SystemExit(f"{args.results}: no session turns in requests.csv (run with traffic.sessions)")
+        raise ConfigError(f"{args.results}: no session turns in requests.csv (run with traffic.sessions)")
     name = f"ttft_p{args.q:g}"
     for (rate, repeat), part in table.groupby(["rate", "repeat"]):
         strategies = list(dict.fromkeys(part["strategy"]))

@@ -8,7 +8,7 @@
    gamma arrivals with shape 0.25: the same mean rate in clumps), at three rates each; every point
    runs twice on the real model (the noise floor), once on the simulator and twice more with the
    step costs moved by the fit's error (the interval); a burst per strategy judges saturated throughput.
-Targets (issue 13): median |E2E error| <= 6 %, P90 <= 10 %; p50 TTFT and TPOT median <= 10 %; or
+Targets: median |E2E error| <= 6 %, P90 <= 10 %; p50 TTFT and TPOT median <= 10 %; or
 within 1.5x the measured noise floor; 90 % intervals covering 85-95 % of cells.
 Each step runs the CLI exactly as printed, so the figures can be reproduced by hand.
 Usage: python benchmarks/validate_sim.py [--out results/validate_sim] [--rates 3,6,10] [--duration 10]
@@ -55,7 +55,7 @@ def sh(cmd: list[str], env: dict[str, str]) -> None:
 
 
 # What each later term of the step model earns: the same real runs, the profiles refitted with the
-# term held at zero; "five-term model" is the model before issue 13.
+# term held at zero; "five-term model" is the model without any of the three.
 VARIANTS = {"without attention": "attn_s_per_pair", "without admission": "admit_s", "without warm-up": "warmup_s",
             "five-term model": "attn_s_per_pair,admit_s,warmup_s"}
 
@@ -112,13 +112,31 @@ def main() -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     strategies = args.strategies.split(",")
+    config = write_config(args, out, strategies)
+    bl = [sys.executable, "-m", "batchlab.cli"]
+    env = {"OMP_NUM_THREADS": str(args.threads)}
+    profiles = profile_all(args, bl, config, out, strategies, env)
+    sh(bl + ["validate", str(config), *profiles, "--out", str(out / "validate")], env)
+    ablation = {} if args.no_ablation else ablate(bl, config, out, strategies, env)
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(result(args, out, ablation, load_before), indent=2) + "\n")
+    return 0
+
+
+def write_config(args, out: Path, strategies: list[str]) -> Path:
+    """The run config every step reads: CONFIG with the flags' rates, duration and strategies."""
     cfg = CONFIG | {"strategies": strategies, "out": str(out / "run")}
     cfg["traffic"] = CONFIG["traffic"] | {"rates": [float(r) for r in args.rates.split(",")],
                                           "duration_s": args.duration, "repeats": args.traffic_repeats}
     config = out / "validate.yaml"
     config.write_text(yaml.safe_dump(cfg, sort_keys=False))
-    bl = [sys.executable, "-m", "batchlab.cli"]
-    env = {"OMP_NUM_THREADS": str(args.threads)}
+    return config
+
+
+def profile_all(args, bl: list[str], config: Path, out: Path, strategies: list[str], env: dict[str, str]) -> list[str]:
+    """One profile per level the strategies run at (request-level `dynamic`, iteration-level
+    `continuous`): measured, or with --skip-profile the kept one refitted; their --profile flags."""
     profiles = []
     for strategy in dict.fromkeys("continuous" if s == "continuous" else "dynamic" for s in strategies):
         path = out / f"profile_{strategy}.json"
@@ -129,22 +147,21 @@ def main() -> int:
                      "--repeats", str(args.repeats), "--gap-ms", str(args.gap_ms), "--out", str(path)], env)
         else:   # a kept profile may predate the later terms: fit its samples with the whole model
             sh(bl + ["profile", "--refit", str(path), "--out", str(path)], env)
-    sh(bl + ["validate", str(config), *profiles, "--out", str(out / "validate")], env)
-    ablation = {} if args.no_ablation else ablate(bl, config, out, strategies, env)
+    return profiles
+
+
+def result(args, out: Path, ablation: dict, load_before) -> dict:
+    """The result file: the errors per metric, every cell, the ablation, and how they were made."""
     acc = json.loads((out / "validate" / "accuracy.json").read_text())
     cells = pd.read_csv(out / "validate" / "validation.csv")
-    if args.json:
-        out_json = {"command": "python benchmarks/validate_sim.py " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
-                    "rates": args.rates, "duration_s": args.duration, "traffic_repeats": args.traffic_repeats,
-                    "threads": args.threads, "workloads": acc["workloads"], "profiles": acc["profiles"],
-                    "metrics": acc["metrics"], "coverage": float(cells["inside"].mean()), "cells": len(cells),
-                    "ablation": ablation, "drift": acc["drift"], "uncorrected": acc["uncorrected"],
-                    "load_1min_at_reference_bursts": acc.get("load_1min", {}),
-                    "cell_rows": cells.drop(columns=["kind"]).to_dict(orient="records"),
-                    "load_avg_1_5_15": {"before": load_before, "after": os.getloadavg()}, "cpus": os.cpu_count()}
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(out_json, indent=2) + "\n")
-    return 0
+    return {"command": "python benchmarks/validate_sim.py " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
+            "rates": args.rates, "duration_s": args.duration, "traffic_repeats": args.traffic_repeats,
+            "threads": args.threads, "workloads": acc["workloads"], "profiles": acc["profiles"],
+            "metrics": acc["metrics"], "coverage": float(cells["inside"].mean()), "cells": len(cells),
+            "ablation": ablation, "drift": acc["drift"], "uncorrected": acc["uncorrected"],
+            "load_1min_at_reference_bursts": acc.get("load_1min", {}),
+            "cell_rows": cells.drop(columns=["kind"]).to_dict(orient="records"),
+            "load_avg_1_5_15": {"before": load_before, "after": os.getloadavg()}, "cpus": os.cpu_count()}
 
 
 if __name__ == "__main__":

@@ -23,13 +23,12 @@ import numpy as np
 import pandas as pd
 
 from batchlab.core.metrics import percentile
-from batchlab.core.sustain import ATTAINMENT  # noqa: F401  (the report reads it as stats.ATTAINMENT)
+from batchlab.core.sustain import ATTAINMENT, GROWTH, queue_slope  # noqa: F401  (the report reads ATTAINMENT as stats.ATTAINMENT)
 
 MIN_REPEATS = 3          # fewer repeats: intervals over requests, and none for whole-run metrics
 N_BOOT = 1000            # bootstrap replicates (single-trace block bootstrap)
 CONF = 0.95
 TIE = 0.02               # relative difference treated as a tie when looking for crossovers
-GROWTH = 0.1             # s of queue wait gained per s of run: above this the queue only grows
 
 # metric -> (request column, percentile) for latencies; None for whole-run metrics
 METRICS: dict[str, tuple[str, float] | None] = {
@@ -301,8 +300,7 @@ def past_capacity(summary: pd.DataFrame, requests: pd.DataFrame | None) -> set[t
     ok = requests[(requests["status"] == "finished") & (requests["warmup"] == 0)]
     out = set()
     for (s, rate), rows in ok.groupby(["strategy", "rate"]):
-        slopes = [np.polyfit(g["arrival_time"], g["queue_wait"], 1)[0]
-                  for _, g in rows.groupby("repeat") if len(g) > 2]
+        slopes = [queue_slope(g["arrival_time"], g["queue_wait"]) for _, g in rows.groupby("repeat") if len(g) > 2]
         if slopes and np.median(slopes) > GROWTH:
             out.add((s, float(rate)))
     return out

@@ -271,7 +271,6 @@ class ResultsDir:
         self.write_text(self.summary_csv, csv_text([header]) + "".join(p.summary.raw for p in points))
 
 
-@contextlib.contextmanager
 def check_location(path: Path) -> None:
     """An output directory must be a directory we can write in, or a path where one can be made.
     Checked before anything is written; the probe is an unnamed temp file, gone when closed."""

@@ -2,13 +2,12 @@
 
 Like vLLM's `bench sweep serve_sla`, but on the simulator and with the report's rule
 (core/sustain.py): a rate holds when, in the medians over the config's repeats, at least
-ATTAINMENT of the measured requests meet every threshold of the config's `slo` section and the
-work served over the measured window reaches SERVED of the work offered (a queue that keeps
-growing fails the second half even where the SLO only bounds TPOT). A search keeps a bracket:
-`lo`, the highest rate seen to hold, and `hi`, the lowest above it seen to fail. Each round probes
-`width` rates evenly inside it, for every strategy at once, as one batch of pure functions on the
-executor (one probe per round locally: plain bisection; k per round on a cluster: a (k+1)-section),
-until hi / lo - 1 is within the tolerance.
+ATTAINMENT of the measured requests meet every threshold of the config's `slo` section, the
+work served over the measured window reaches SERVED of the work offered, and the rate is below
+what the strategy completes saturated. Each strategy keeps a bracket (core/search.py, the one
+bracket-and-bisect search): --low, then --high, then `width` rates evenly inside per round, every
+strategy's probes sent to the executor together (one per round locally: plain bisection; k on a
+cluster: a (k+1)-section), until hi / lo - 1 is within the tolerance.
 """
 from __future__ import annotations
 
@@ -17,6 +16,7 @@ import statistics
 from dataclasses import dataclass, field
 
 from batchlab.core.config import RunConfig
+from batchlab.core.search import Bracket
 from batchlab.core.sustain import served_share, stable, sustains
 from batchlab.errors import ConfigError
 from batchlab.run.executors import Executor, LocalExecutor
@@ -33,42 +33,45 @@ class Probe:
     holds: bool
     ttft_p99: float                  # seconds, for the table
     tpot_p50: float
-    round: int                       # the search round that probed it (0: the opening ladder)
+    round: int                       # the search round that probed it (0: the opening's first)
 
 
 @dataclass
 class Search:
-    """One strategy's bracket and every probe it took."""
+    """One strategy's bracket (core/search.py) and every probe it took."""
     strategy: str
+    bracket: Bracket
     probes: list[Probe] = field(default_factory=list)
     saturated_req_s: float = float("nan")    # completed per second with a queue that never empties
 
     @property
     def lo(self) -> float | None:
         """The highest rate that held below every rate that failed (None: not even the lowest)."""
-        hi = self.hi
-        held = [p.rate for p in self.probes if p.holds and (hi is None or p.rate < hi)]
-        return max(held) if held else None
+        return self.bracket.lo
 
     @property
     def hi(self) -> float | None:
         """The lowest rate that failed (None: every rate probed held)."""
-        failed = [p.rate for p in self.probes if not p.holds]
-        return min(failed) if failed else None
+        return self.bracket.hi
 
-    def settled(self, tolerance: float) -> bool:
-        lo, hi = self.lo, self.hi
-        return lo is None or hi is None or hi / lo - 1 <= tolerance
+    def add(self, probe: Probe) -> None:
+        self.probes.append(probe)
+        self.bracket.record(probe.rate, probe.holds)
 
 
 @dataclass(frozen=True)
 class CapacityPlan:
     cfg: RunConfig
     strategies: list[str]
-    low: float                       # the opening ladder's ends, req/s
+    low: float                       # the opening's ends, req/s
     high: float
     tolerance: float                 # stop when hi / lo - 1 is within this
     width: int                       # rates probed per strategy per round
+
+    def bracket(self) -> Bracket:
+        """One strategy's search: arithmetic midpoints, and no widening past the opening's ends
+        (a strategy that holds none, or all, of them is reported so: lower --low or raise --high)."""
+        return Bracket(self.low, self.high, self.tolerance, self.width, geometric=False, widen=False)
 
 
 def check_plan(cfg: RunConfig, strategies: list[str], low: float, high: float, tolerance: float, width: int) -> CapacityPlan:
@@ -112,26 +115,18 @@ def search(plan: CapacityPlan, executor: Executor | None = None, on_round=None) 
     """Every strategy's search, round by round; each round's probes go out together. First, each
     strategy's saturated rate: no rate at or above it holds, however the window's numbers read."""
     executor = executor or LocalExecutor()
-    found = {s: Search(s) for s in plan.strategies}
+    found = {s: Search(s, plan.bracket()) for s in plan.strategies}
     for fin in executor.map(saturation_point, [(plan.cfg, s) for s in plan.strategies]):
         if fin.error is not None:
             raise ConfigError(f"capacity: the saturation run of {plan.strategies[fin.index]} was lost: {fin.error}")
         found[plan.strategies[fin.index]].saturated_req_s = fin.value
     rnd = 0
-    rates = {s: ladder(plan.low, plan.high, max(2, plan.width)) for s in plan.strategies}
-    while rates:
+    while rates := {s: rs for s, f in found.items() if (rs := f.bracket.next_round())}:
         _probe(plan, executor, rates, found, rnd)
         if on_round:
             on_round(rnd, list(found.values()))
         rnd += 1
-        rates = {s: _new(f, inside(f.lo, f.hi, plan.width)) for s, f in found.items() if not f.settled(plan.tolerance)}
-        rates = {s: rs for s, rs in rates.items() if rs}     # NOTE: nothing new between lo and hi: as fine as rates go
     return list(found.values())
-
-
-def _new(f: Search, rates: list[float]) -> list[float]:
-    seen = {p.rate for p in f.probes}
-    return sorted({r for r in rates if r not in seen})
 
 
 def _probe(plan: CapacityPlan, executor: Executor, rates: dict[str, list[float]], found: dict[str, Search], rnd: int) -> None:
@@ -148,22 +143,7 @@ def _probe(plan: CapacityPlan, executor: Executor, rates: dict[str, list[float]]
     for (s, r), runs in sorted(got.items()):
         med = {k: statistics.median(x[k] for x in runs) for k in runs[0]}
         held = bool(sustains(med["attainment"], med["served"], with_slo)) and stable(r, found[s].saturated_req_s)
-        found[s].probes.append(Probe(s, r, med["attainment"], med["served"], held, med["ttft_p99"], med["tpot_p50"], rnd))
-
-
-def ladder(low: float, high: float, n: int) -> list[float]:
-    """n rates from low to high, evenly on a log scale (the opening round)."""
-    return [_round(low * (high / low) ** (i / (n - 1))) for i in range(n)]
-
-
-def inside(lo: float, hi: float, k: int) -> list[float]:
-    """k rates evenly inside (lo, hi): k = 1 is bisection."""
-    return [_round(lo + (hi - lo) * (i + 1) / (k + 1)) for i in range(k)]
-
-
-def _round(rate: float) -> float:
-    """Four significant figures: a probe's rate reads as typed (a finer bracket stops, see `search`)."""
-    return float(f"{rate:.4g}")
+        found[s].add(Probe(s, r, med["attainment"], med["served"], held, med["ttft_p99"], med["tpot_p50"], rnd))
 
 
 def summary_lines(results: list[Search], plan: CapacityPlan, unit: str = "req/s") -> list[str]:

@@ -13,10 +13,12 @@ from pathlib import Path
 
 import click
 
+from batchlab.core.files import write_atomic
 from batchlab.errors import user_errors
 from batchlab.run.config import load_user_config
 from batchlab.run.executors import make_executor
 from batchlab.run.experiment import config_tree
+from batchlab.run.results import check_location
 from batchlab.tune.capacity import check_plan, search, summary_lines
 
 
@@ -39,6 +41,8 @@ def capacity_cmd(config, overrides, strategies, low, high, tolerance, probes, ex
     cfg = load_user_config(config, list(overrides) + ([f"executor.kind={executor}"] if executor else []))
     rates = sorted(cfg.traffic.rates)
     plan = check_plan(cfg, list(strategies), low or rates[0], high or rates[-1], tolerance, probes or 1)
+    out_dir = Path(out)
+    check_location(out_dir)                     # before the search: a bad --out costs nothing
     runner = make_executor(cfg.executor)        # connects (or starts Ray) before anything is written
     where = runner.where()                      # NOTE: while connected: after close() Ray is gone
     try:
@@ -50,14 +54,13 @@ def capacity_cmd(config, overrides, strategies, low, high, tolerance, probes, ex
             f"round {r}: " + "; ".join(f"{f.strategy} {_bracket(f, unit)}" for f in fs), err=True))
     finally:
         runner.close()
-    out_dir = Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
     record = {"config": config_tree(cfg), "low": plan.low, "high": plan.high, "tolerance": tolerance, "probes_per_round": plan.width,
               "executor": where, "rule": "core/sustain.py",
               "strategies": {f.strategy: {"sustains": f.lo, "fails_at": f.hi, "saturated_req_s": f.saturated_req_s,
                                           "probes": [asdict(p) for p in f.probes]}
                              for f in found}}
-    (out_dir / "capacity.json").write_text(json.dumps(record, indent=2) + "\n")
+    write_atomic(out_dir / "capacity.json", json.dumps(record, indent=2) + "\n")
     for line in summary_lines(found, plan, unit):
         click.echo(line)
     click.echo(f"wrote {out_dir / 'capacity.json'} (probes ran on {where})")

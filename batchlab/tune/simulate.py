@@ -12,6 +12,7 @@ round of replica counts side by side (run/executors.py).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -20,6 +21,7 @@ from pydantic import ValidationError
 
 from batchlab.backends.cost import StepCost
 from batchlab.core.config import RunConfig, format_error
+from batchlab.core.search import Bracket
 from batchlab.core.sustain import served_share, stable, sustains
 from batchlab.errors import ConfigError
 from batchlab.run.config import config_model
@@ -174,15 +176,14 @@ def bisect_cap(cost: StepCost, target: Target, cf: ClosedForm, lo: int, hi: int,
     """Between a grid cap that holds (lo) and the next that fails (hi): the largest that holds.
     Each round probes as many caps as the executor runs at once, evenly inside (lo, hi): plain
     bisection on one core, fewer rounds on a cluster; the same answer while holding is monotone."""
-    while hi - lo > 1:
-        k = min(executor.parallelism, hi - lo - 1)
-        mids = sorted({lo + (hi - lo) * (i + 1) // (k + 1) for i in range(k)} - {lo, hi})
+    bracket = Bracket(lo, hi, 0.0, executor.parallelism, geometric=False, widen=False, snap=math.floor,
+                      probes=[(lo, True), (hi, False)])
+    while mids := bracket.next_round():
         probes = run_all(executor, [(cost, target, m, 1, saturation_rate(cf, target, m), batch_slos(target))
                                     for m in mids])
-        held = [m for m, p in zip(mids, probes) if all(p.slo_ok.values())]
-        failed = [m for m, p in zip(mids, probes) if not all(p.slo_ok.values()) and m > max(held, default=lo)]
-        lo, hi = max(held, default=lo), min(failed, default=hi)
-    return lo
+        for m, p in zip(mids, probes):
+            bracket.record(m, all(p.slo_ok.values()))
+    return int(bracket.lo)
 
 
 # ---------------------------------------------------------------- the replicas: the target traffic

@@ -5,11 +5,12 @@ lifecycle test runs only with BATCHLAB_VLLM_TESTS=1; it is not part of the defau
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import httpx
 import pytest
 
-from batchlab.baselines import vllm
+from batchlab.baselines import process, vllm
 
 METRICS = """# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.
 vllm:kv_cache_usage_perc{engine="0",model_name="tiny"} 0.25
@@ -29,7 +30,7 @@ def test_down_without_a_pid_file_is_a_no_op(tmp_path, monkeypatch):
 
 @pytest.mark.skipif(os.environ.get("BATCHLAB_VLLM_TESTS") != "1", reason="set BATCHLAB_VLLM_TESTS=1 (slow: ~1 min)")
 def test_vllm_up_serves_the_tiny_model_then_down_stops_it():
-    running = vllm.up("vllm", "tiny", 8031, vllm.Path(".venv-vllm"), 1024, "float32", 400, echo=print)
+    running = vllm.up("vllm", "tiny", 8031, Path(".venv-vllm"), 1024, "float32", 400, echo=print)
     try:
         body = {"model": running.model, "prompt": [100, 101, 102], "max_tokens": 5, "ignore_eos": True}
         out = httpx.post(running.url + "/completions", json=body, timeout=60).json()
@@ -37,4 +38,4 @@ def test_vllm_up_serves_the_tiny_model_then_down_stops_it():
         assert vllm.kv_cache_usage(running.url)["num_gpu_blocks"] > 0
     finally:
         assert vllm.down("vllm", echo=print)
-    assert not vllm.alive(running.pid)
+    assert not process.members(running.pid)

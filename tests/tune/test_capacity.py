@@ -12,7 +12,7 @@ from batchlab.report.load import load_requests, load_results
 from batchlab.run.config import load_user_config
 from batchlab.run.executors import RayExecutor
 from batchlab.run.sweep import run_sweep
-from batchlab.tune.capacity import check_plan, inside, ladder, search
+from batchlab.tune.capacity import check_plan, search
 from batchlab.tune.capacity_cmd import capacity_cmd
 
 SHORT = ["traffic.duration_s=30", "report=false"]
@@ -22,11 +22,6 @@ def found(overrides, strategies, executor=None, width=1, tolerance=0.02, low=2.0
     cfg = load_user_config(None, SHORT + overrides)
     plan = check_plan(cfg, strategies, low, high, tolerance, width)
     return {f.strategy: f for f in search(plan, executor)}, cfg
-
-
-def test_rates_of_each_round():
-    assert ladder(2, 200, 3) == [2.0, 20.0, 200.0]
-    assert inside(10, 20, 1) == [15.0] and inside(10, 40, 2) == [20.0, 30.0]
 
 
 def test_the_bracket_is_within_tolerance_and_the_report_agrees_at_its_ends(tmp_path):

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from batchlab.backends.presets import load_cost
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "benchmarks" / "gpu_check.sh"
 TOOL_COMMAND_LIMIT_S = 600          # the device tool's limit for one command
 KILL_AFTER_S = 5                    # `timeout --kill-after` grace per stage

@@ -1,20 +1,15 @@
-"""The pure parts of benchmarks/client_vs_vllm_bench.py: the trace both clients replay, vLLM's
-command line and result file, batchlab's figures under vLLM's definitions. Nothing is timed and
-neither vLLM nor a server runs."""
+"""The client comparison's pure parts: the trace both clients replay, vLLM's command line and
+result file, batchlab's figures under vLLM's definitions, the server's own means. Nothing is timed
+and neither vLLM nor a server runs."""
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
+from batchlab.baselines import vllm_bench as bench
 from batchlab.core.request import Request, Status
-
-ROOT = Path(__file__).resolve().parents[2]
-spec = importlib.util.spec_from_file_location("client_vs_vllm_bench", ROOT / "benchmarks" / "client_vs_vllm_bench.py")
-bench = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(bench)
 
 
 def test_the_trace_starts_at_zero_is_seeded_and_keeps_its_lengths():
@@ -101,7 +96,7 @@ def test_server_means_from_two_scrapes_of_its_histograms():
     text = "\n".join(["# HELP batchlab_ttft_seconds x", "batchlab_ttft_seconds_sum 1.5", "batchlab_ttft_seconds_count 100",
                       'batchlab_ttft_seconds_bucket{le="0.01"} 3', "batchlab_tpot_seconds_sum 0.5",
                       "batchlab_tpot_seconds_count 100", "batchlab_e2e_seconds_sum 15", "batchlab_e2e_seconds_count 100"])
-    before = bench.parse_prometheus(text)
+    before = bench.metrics.values(text, [f"batchlab_{n}_seconds_{k}" for n in bench.SERVER_SERIES for k in ("sum", "count")])
     after = {k: v * 2 for k, v in before.items()}
     means = bench.server_means(before, after)
     assert means == pytest.approx({"ttft_mean": 0.015, "tpot_mean": 0.005, "e2e_mean": 0.15})

@@ -1,0 +1,57 @@
+"""Every name a benchmark script imports from the package exists (read from its source, not by
+running it), the serving script starts, and bad input to the scripts with checked flags is one error
+line, exit status 2, nothing written. What the scripts compute is tested on the package modules
+they call; scripts only ever run here as subprocesses."""
+from __future__ import annotations
+
+import ast
+import importlib
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPTS = sorted((ROOT / "benchmarks").glob("*.py"))
+
+
+def package_imports(script: Path) -> list[tuple[str, str | None]]:
+    """(module, name) for every `import batchlab...` and `from batchlab... import name` in a script."""
+    out = []
+    for node in ast.walk(ast.parse(script.read_text())):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("batchlab"):
+            out += [(node.module, a.name) for a in node.names]
+        elif isinstance(node, ast.Import):
+            out += [(a.name, None) for a in node.names if a.name.startswith("batchlab")]
+    return out
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
+def test_what_each_script_imports_from_the_package_exists(script):
+    if any(m.startswith(("batchlab.backends.hf", "batchlab.baselines.decode_step")) for m, _ in package_imports(script)):
+        pytest.importorskip("transformers")
+    for module, name in package_imports(script):
+        mod = importlib.import_module(module)
+        assert name is None or hasattr(mod, name) or importlib.util.find_spec(f"{module}.{name}"), f"{module}.{name}"
+
+
+def test_the_serving_script_answers_help():
+    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "serving.py"), "--help"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0 and res.stdout.startswith("usage:") and "--max-points" in res.stdout, res.stderr
+
+
+@pytest.mark.parametrize("script, args, says", [
+    ("serving.py", ["--duration", "0"], "traffic.duration_s"),
+    ("serving.py", ["--bracket", "fast"], "--bracket: want LO,HI"),
+    ("client_vs_vllm_bench.py", ["--venv", "/nonexistent"], "no vLLM environment"),
+    ("policies.py", ["--only-hf"], "--only-hf needs --json"),
+])
+def test_bad_input_is_one_line_exit_2_and_nothing_written(tmp_path, script, args, says):
+    out = tmp_path / "result.json"
+    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), *args, "--json", str(out)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 2 and res.stderr.startswith("error: ") and says in res.stderr, res.stderr
+    assert res.stderr.count("\n") == 1 and not out.exists()
