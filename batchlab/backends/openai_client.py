@@ -322,6 +322,44 @@ def server_metrics(base_url: str, key: str = "EMPTY", transport: httpx.BaseTrans
     return parse_metrics(resp.text) if resp.status_code == 200 else {}
 
 
+GIB = 1 << 30
+
+
+def server_config(base_url: str, key: str = "EMPTY", transport: httpx.BaseTransport | None = None,
+                  timeout_s: float = MODELS_TIMEOUT_S) -> dict[str, Any]:
+    """The scheduler and cache limits a vLLM server says it runs with, from its /server_info page,
+    named as the `continuous` section names them (`parse_server_config`). vLLM serves that page
+    only in its development mode (VLLM_SERVER_DEV_MODE=1, which `batchlab vllm up` sets); {} where
+    it is absent."""
+    url = base_url.rstrip("/").removesuffix("/v1") + "/server_info"
+    try:
+        with httpx.Client(timeout=timeout_s, transport=transport, headers={"Authorization": f"Bearer {key}"}) as client:
+            resp = client.get(url, params={"config_format": "json"})
+        config = resp.json()["vllm_config"] if resp.status_code == 200 else {}
+    except (httpx.HTTPError, ValueError, KeyError, TypeError):
+        return {}
+    return parse_server_config(config)
+
+
+def parse_server_config(config: Any) -> dict[str, Any]:
+    """vLLM's config (as JSON) in the continuous section's names: max_num_seqs,
+    max_num_batched_tokens, chunk_size (chunked prefill: its per-request cap,
+    long_prefill_token_threshold, or else the whole token budget; None when off), block_size,
+    num_kv_blocks, prefix_caching, and kv_cache_gib. What it does not state is left out."""
+    sched, cache = ((config.get(k) if isinstance(config, dict) else None) for k in ("scheduler_config", "cache_config"))
+    sched, cache = (x if isinstance(x, dict) else {} for x in (sched, cache))
+    names = [(sched, "max_num_seqs", "max_num_seqs"), (sched, "max_num_batched_tokens", "max_num_batched_tokens"),
+             (cache, "block_size", "block_size"), (cache, "num_kv_blocks", "num_gpu_blocks"),
+             (cache, "prefix_caching", "enable_prefix_caching")]
+    out = {ours: section[theirs] for section, ours, theirs in names if section.get(theirs) is not None}
+    if sched.get("enable_chunked_prefill") is not None:
+        cap = sched.get("long_prefill_token_threshold") or sched.get("max_num_batched_tokens")
+        out["chunk_size"] = cap if sched["enable_chunked_prefill"] else None
+    if cache.get("kv_cache_memory_bytes"):
+        out["kv_cache_gib"] = cache["kv_cache_memory_bytes"] / GIB
+    return out
+
+
 def parse_metrics(text: str) -> dict[str, Any]:
     """The cache geometry labels and process start time in a Prometheus text page."""
     out: dict[str, Any] = {}

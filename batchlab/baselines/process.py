@@ -23,6 +23,7 @@ from pathlib import Path
 import click
 import httpx
 
+from batchlab.core.files import write_atomic
 from batchlab.errors import ConfigError
 
 SERVER_CPUS, CLIENT_CPU = "1", 0      # split_cores: servers on core 1, the load generator on core 0
@@ -35,6 +36,8 @@ class Running:
     url: str                 # base URL including /v1
     model: str               # the served model name clients send
     log: str
+    asked: dict | None = None       # the scheduler limits it was started with (continuous-section names)
+    runs_with: dict | None = None   # the limits it says it runs with, once ready (None: it does not say)
 
 
 def state_dir() -> Path:
@@ -47,8 +50,18 @@ def state_file(server: str) -> Path:
 
 
 def read(server: str) -> Running | None:
+    """The state record of `server` (None: none, or not one batchlab can read)."""
     p = state_file(server)
-    return Running(**json.loads(p.read_text())) if p.is_file() else None
+    try:
+        record = json.loads(p.read_text()) if p.is_file() else None
+        return Running(**{k: v for k, v in record.items() if k in Running.__dataclass_fields__}) if record else None
+    except (OSError, ValueError, TypeError, AttributeError):
+        return None
+
+
+def note(running: Running) -> None:
+    """Rewrite the state record of a running server (e.g. with what it says it runs with)."""
+    write_atomic(state_file(running.server), json.dumps(asdict(running)))
 
 
 def alive(pid: int) -> bool:
@@ -94,7 +107,7 @@ def orphans() -> list[Running]:
 
 
 def start(server: str, cmd: list[str], url: str, model: str, env: dict[str, str] | None = None,
-          cpus: str | None = None) -> tuple[Running, subprocess.Popen]:
+          cpus: str | None = None, asked: dict | None = None) -> tuple[Running, subprocess.Popen]:
     """Start `cmd` in a process group of its own (pinned to `cpus` with taskset), its output to
     <state dir>/<server>.log, and record it."""
     state_dir().mkdir(parents=True, exist_ok=True)
@@ -102,8 +115,8 @@ def start(server: str, cmd: list[str], url: str, model: str, env: dict[str, str]
     with log.open("w") as out:
         proc = subprocess.Popen(["taskset", "-c", cpus, *cmd] if cpus else cmd, stdout=out, stderr=subprocess.STDOUT,
                                 env=os.environ | (env or {}), start_new_session=True)
-    running = Running(server, proc.pid, url, model, str(log))
-    state_file(server).write_text(json.dumps(asdict(running)))
+    running = Running(server, proc.pid, url, model, str(log), asked)
+    note(running)
     return running, proc
 
 

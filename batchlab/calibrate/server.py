@@ -22,7 +22,7 @@ def profile_server(cfg: RunConfig, grid: ProbeGrid, profile_path: Path, twin_pat
                    target: LoadTarget | None = None, transport=None) -> RunConfig:
     """Profile the server `cfg` names; write its profile and twin config; return the twin.
     `target` and `transport` replace the client and its HTTP transport (tests fake a server)."""
-    from batchlab.backends.openai_client import api_key, check_server, server_metrics
+    from batchlab.backends.openai_client import api_key, check_server, server_config, server_metrics
     key = api_key(cfg.backend.api_key_env)
     for line in check_server(cfg.backend.base_url, cfg.backend.model, key, transport=transport):
         if progress:
@@ -41,7 +41,7 @@ def profile_server(cfg: RunConfig, grid: ProbeGrid, profile_path: Path, twin_pat
         raise ConfigError("profile: the server restarted during the profile (its process start time changed); "
                           "nothing was written")
     prof = fit_profile(probes)
-    found = limits(cfg, after, started_record(cfg.backend.base_url))
+    found = limits(cfg, after, started_record(cfg.backend.base_url), server_config(cfg.backend.base_url, key, transport))
     setup = target.describe() | {"load_avg_1min": [load_before, os.getloadavg()[0]], "cpu_count": os.cpu_count(),
                                  "server_metrics": {k: v for k, v in after.items() if k != "process_start_time_seconds"}}
     twin = write_twin(cfg, prof, grid, setup, found, profile_path, twin_path)

@@ -26,48 +26,44 @@ from batchlab.core.files import write_atomic
 from batchlab.run.config import validate
 from batchlab.schedulers import ContinuousConfig, ContinuousScheduler
 
-# vLLM's defaults for online serving where the server publishes none (its engine arguments: V1
-# schedules chunked prefill and caches prefixes unless told not to)
-VLLM_DEFAULTS = {"max_num_seqs": 256, "block_size": 16, "prefix_caching": True, "chunked_prefill": True}
+# vLLM's defaults for its OpenAI server where nothing says otherwise: they differ by platform
+# (CPU: 128 sequences and a 2048-token budget; H100-class GPUs: 1024 and 8192), these are its
+# defaults on most GPUs. V1 schedules chunked prefill and caches prefixes unless told not to.
+VLLM_DEFAULTS = {"max_num_seqs": 256, "max_num_batched_tokens": 2048, "block_size": 16, "prefix_caching": True}
 
 
 @dataclass(frozen=True)
 class Limit:
     value: Any
-    source: str                  # where it was read: "server /metrics", "started with", "config", "vLLM default"
+    source: str                  # where it was read: "server /server_info", "server /metrics", "runs with"
+                                 # (batchlab's record), "started with", "config" or "vLLM default"
 
 
-def limits(cfg: RunConfig, published: dict[str, Any], started: dict[str, Any] | None) -> dict[str, Limit]:
-    """The server's scheduler limits as continuous-section keys, each with its source."""
-    mine = cfg.continuous
-    out = {k: Limit(v, "config") for k, v in mine.model_dump().items() if k != "preemption"}
-    vllm = "num_gpu_blocks" in published or (started or {}).get("server") == "vllm"
-    if vllm:
-        out |= {"max_num_seqs": Limit(VLLM_DEFAULTS["max_num_seqs"], "vLLM default"),
-                "block_size": Limit(VLLM_DEFAULTS["block_size"], "vLLM default"),
-                "prefix_caching": Limit(VLLM_DEFAULTS["prefix_caching"], "vLLM default")}
-        if VLLM_DEFAULTS["chunked_prefill"]:
-            out["chunk_size"] = Limit(mine.max_num_batched_tokens, "vLLM default (chunked prefill)")
-    out |= _flags((started or {}).get("flags") or {})
+def limits(cfg: RunConfig, published: dict[str, Any], started: dict[str, Any] | None,
+           stated: dict[str, Any] | None = None) -> dict[str, Limit]:
+    """The server's scheduler limits as continuous-section keys, each from the most direct source:
+    what the server states (`stated`: its /server_info, already in continuous-section names; then
+    `published`: its /metrics labels) over what batchlab recorded starting it (`started`: the
+    state record, what it says it runs with over what it was asked for) over, for a vLLM, its
+    defaults, over the config's own section."""
+    started = started or {}
+    out = {k: Limit(v, "config") for k, v in cfg.continuous.model_dump().items() if k != "preemption"}
+    if "num_gpu_blocks" in published or started.get("server") == "vllm" or stated:
+        out |= {k: Limit(v, "vLLM default") for k, v in VLLM_DEFAULTS.items()}
+        out["chunk_size"] = Limit(VLLM_DEFAULTS["max_num_batched_tokens"], "vLLM default (chunked prefill)")
+    for record, source in ((started.get("asked"), "started with"), (started.get("runs_with"), "runs with"),
+                           (stated, "server /server_info")):
+        out |= {k: Limit(v, source) for k, v in (record or {}).items() if k in ContinuousConfig.model_fields}
+        if (record or {}).get("chunked_prefill") is False:
+            out["chunk_size"] = Limit(None, source)
+        elif record and "max_num_batched_tokens" in record and out["chunk_size"].source.startswith("vLLM default"):
+            out["chunk_size"] = Limit(record["max_num_batched_tokens"], f"{source} (chunked prefill)")
     out |= _published(published)
     return out
 
 
-def _flags(flags: dict[str, Any]) -> dict[str, Limit]:
-    """The limits among the flags a server was started with (vLLM's names)."""
-    out = {}
-    for flag, key in (("max_num_seqs", "max_num_seqs"), ("max_num_batched_tokens", "max_num_batched_tokens"),
-                      ("block_size", "block_size"), ("enable_prefix_caching", "prefix_caching")):
-        if flags.get(flag) is not None:
-            out[key] = Limit(flags[flag], "started with")
-    if flags.get("enable_chunked_prefill") is not None:
-        chunked = bool(flags["enable_chunked_prefill"])
-        budget = flags.get("max_num_batched_tokens")
-        out["chunk_size"] = Limit(budget if chunked else None, "started with")
-    return out
-
-
 def _published(metrics: dict[str, Any]) -> dict[str, Limit]:
+    """The limits among a server's /metrics labels (vLLM's cache_config_info)."""
     out = {}
     if str(metrics.get("num_gpu_blocks", "")).isdigit():
         out["num_kv_blocks"] = Limit(int(metrics["num_gpu_blocks"]), "server /metrics")

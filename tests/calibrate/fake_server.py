@@ -15,9 +15,10 @@ import httpx
 
 class FakeServer:
     def __init__(self, step_s=0.003, per_row_s=0.0002, per_prompt_s=2e-5, frontend_s=0.002, *, usage=True, merge=1,
-                 refuse_eos=False, rate_limit=False, restart=False):
+                 refuse_eos=False, rate_limit=False, restart=False, vllm_config=None):
         self.step_s, self.per_row_s, self.per_prompt_s, self.frontend_s = step_s, per_row_s, per_prompt_s, frontend_s
         self.usage, self.merge, self.refuse_eos, self.rate_limit, self.restart = usage, merge, refuse_eos, rate_limit, restart
+        self.vllm_config = vllm_config          # what /server_info states (None: no such page, as without dev mode)
         self.started = 1_700_000_000.0
         self.pending: list[dict] = []
         self.running: list[dict] = []
@@ -35,6 +36,8 @@ class FakeServer:
                 text = (f'process_start_time_seconds {self.started}\n'
                         'vllm:cache_config_info{block_size="32",enable_prefix_caching="False",num_gpu_blocks="900"} 1.0\n')
                 return httpx.Response(200, text=text)
+            if request.url.path == "/server_info" and self.vllm_config is not None:
+                return httpx.Response(200, json={"vllm_config": self.vllm_config, "vllm_env": {}})
             return httpx.Response(404)
         return httpx.MockTransport(handle)
 

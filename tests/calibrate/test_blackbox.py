@@ -60,6 +60,17 @@ def profile(fake: FakeServer, tmp_path):
                           transport=fake.sync_transport())
 
 
+def test_a_server_that_states_its_limits_gets_a_twin_with_them(tmp_path):
+    stated = {"scheduler_config": {"max_num_seqs": 12, "max_num_batched_tokens": 512, "enable_chunked_prefill": True,
+                                   "long_prefill_token_threshold": 0},
+              "cache_config": {"block_size": 32, "num_gpu_blocks": 900, "enable_prefix_caching": False}}
+    twin = profile(FakeServer(vllm_config=stated), tmp_path)
+    c = twin.continuous
+    assert (c.max_num_seqs, c.max_num_batched_tokens, c.chunk_size) == (12, 512, 512)
+    text = (tmp_path / "p.twin.yaml").read_text()
+    assert "continuous.max_num_seqs: 12 (server /server_info)" in text and "assumed" not in text
+
+
 def test_a_server_is_profiled_into_a_twin_that_runs(tmp_path):
     twin = profile(FakeServer(), tmp_path)
     assert (tmp_path / "p.json").is_file() and (tmp_path / "p.twin.yaml").is_file()

@@ -1,0 +1,37 @@
+"""The twin's limits: each from the most direct source there is, and said so."""
+from batchlab.calibrate.twin import VLLM_DEFAULTS, limits
+from batchlab.run.config import load_config
+
+
+def cfg(*sets):
+    return load_config(None, ["backend.kind=openai", "backend.base_url=http://x/v1", "backend.model=m", "strategies=[server]", *sets])
+
+
+def values(found):
+    return {k: (v.value, v.source) for k, v in found.items()}
+
+
+def test_a_server_that_says_nothing_keeps_the_config_section():
+    got = values(limits(cfg("continuous.max_num_seqs=7"), {}, None))
+    assert got["max_num_seqs"] == (7, "config") and got["chunk_size"] == (None, "config")
+
+
+def test_a_vllm_that_publishes_only_its_cache_gets_vllm_defaults_said_to_be_assumed():
+    got = values(limits(cfg(), {"num_gpu_blocks": "4096", "block_size": "128", "enable_prefix_caching": "True"}, None))
+    assert got["max_num_seqs"] == (VLLM_DEFAULTS["max_num_seqs"], "vLLM default")
+    assert got["chunk_size"][1].startswith("vLLM default") and got["num_kv_blocks"] == (4096, "server /metrics")
+    assert got["block_size"] == (128, "server /metrics")
+
+
+def test_what_the_server_states_beats_what_it_was_asked_for_which_beats_the_defaults():
+    record = {"server": "vllm", "asked": {"max_num_seqs": 8, "max_num_batched_tokens": 256, "chunked_prefill": True},
+              "runs_with": {"max_num_seqs": 8, "max_num_batched_tokens": 256, "chunk_size": 256}}
+    got = values(limits(cfg(), {}, record))
+    assert got["max_num_seqs"] == (8, "runs with") and got["chunk_size"] == (256, "runs with")
+    got = values(limits(cfg(), {}, record, stated={"max_num_seqs": 9}))
+    assert got["max_num_seqs"] == (9, "server /server_info")
+
+
+def test_chunked_prefill_turned_off_when_started_is_no_chunking():
+    got = values(limits(cfg(), {}, {"server": "vllm", "asked": {"chunked_prefill": False}}))
+    assert got["chunk_size"] == (None, "started with")
