@@ -326,11 +326,12 @@ GIB = 1 << 30
 
 
 def server_config(base_url: str, key: str = "EMPTY", transport: httpx.BaseTransport | None = None,
-                  timeout_s: float = MODELS_TIMEOUT_S) -> dict[str, Any]:
+                  timeout_s: float = 60.0) -> dict[str, Any]:
     """The scheduler and cache limits a vLLM server says it runs with, from its /server_info page,
     named as the `continuous` section names them (`parse_server_config`). vLLM serves that page
     only in its development mode (VLLM_SERVER_DEV_MODE=1, which `batchlab vllm up` sets); {} where
-    it is absent."""
+    it is absent.
+    NOTE: a long timeout: vLLM's first answer gathers its system info (seconds of subprocesses)."""
     url = base_url.rstrip("/").removesuffix("/v1") + "/server_info"
     try:
         with httpx.Client(timeout=timeout_s, transport=transport, headers={"Authorization": f"Bearer {key}"}) as client:

@@ -9,7 +9,7 @@ Three probes, each a short trace sent through the load target (the client every 
   the front end (HTTP, tokenizing, streaming: what happens before the engine has the request).
 Probes go round the grid `repeats` times after `warmup` passes, and step medians are fitted with
 calibrate/fit.py, so a twin charges its steps as the simulator charges any engine. A reference
-burst opens and closes every pass: a server whose steps changed speed meanwhile (a restart,
+burst (the median of three) opens and closes every pass: a server whose steps changed speed meanwhile (a restart,
 other work on the machine) is refused, as is a stream that cannot give step times.
 """
 from __future__ import annotations
@@ -30,6 +30,7 @@ from batchlab.core.trace_item import TraceItem
 from batchlab.errors import ConfigError
 
 REFERENCE = (4, 32, 16)          # the reference burst: rows, prompt tokens, new tokens
+REFERENCE_REPEATS = 3            # bursts per check (their median)
 MAX_DRIFT = 0.30                 # a reference step slower or faster than this between passes: refused
 WINDOW = 4                       # steps per measured decode window (see decode_gaps)
 
@@ -76,11 +77,16 @@ class Prober:
         return [(r, stream_checked(r, self.target.chunk_stamps(r))) for r in reqs]
 
     async def check_reference(self, measured: bool) -> None:
+        """The reference burst, REFERENCE_REPEATS times: its median decode gap and first-token time.
+        NOTE: several bursts, because one on a shared machine can catch another job's moment and
+        read tens of percent off; a server whose speed really changed is off in all of them."""
         rows, p, n = REFERENCE
-        got = await self.send([(0.0, p, n)] * rows)
-        gaps = [g for _, g in decode_gaps([s for _, s in got], p)]
-        self.ref_gap = statistics.median(gaps)
-        self.ref_ttft = statistics.median(s[0] - r.arrival_time for r, s in got)
+        gaps, ttfts = [], []
+        for _ in range(REFERENCE_REPEATS):
+            got = await self.send([(0.0, p, n)] * rows)
+            gaps.append(statistics.median(g for _, g in decode_gaps([s for _, s in got], p)))
+            ttfts.append(statistics.median(s[0] - r.arrival_time for r, s in got))
+        self.ref_gap, self.ref_ttft = statistics.median(gaps), statistics.median(ttfts)
         if measured:
             self.reference.append(self.ref_gap)
             first = self.reference[0]

@@ -152,7 +152,8 @@ def sim_point(cfg: RunConfig, strategy: str, rate: float, repeat: int, prof: Pro
     sim_cfg, runs_as = prof.replay_as(cfg, strategy)
     trace = build_trace(cfg.traffic, rate, repeat)
     res = run_point(sim_cfg, runs_as, rate, repeat, SimulatedBackend(cost), trace)
-    return summary_row(sim_cfg, strategy, rate, repeat, cost.name, res.summary, {"profile": prof.path, **res.meta})
+    row = summary_row(sim_cfg, runs_as, rate, repeat, cost.name, res.summary, {"profile": prof.path, **res.meta})
+    return row | {"strategy": strategy}
 
 
 def saturation_burst(cfg: RunConfig, strategy: str):
@@ -297,69 +298,86 @@ def validate(cfg: RunConfig, profile_paths: list[str], out: Path, progress=None,
     profiles = load_profiles(profile_paths, twin)
     for s in cfg.strategies:
         profile_for(s, profiles)                 # fail before the (long) real run, not after
-    noise, drift_on = cfg.validation.noise, cfg.validation.drift
-    levels = sorted({level_of(s) for s in cfg.strategies})
     parts, drifts = [], {}
     executor = make_executor(cfg.executor)     # NOTE: first, so a Ray started here serves every half
     try:
         for name in ["base", *cfg.validation.workloads]:
-            wc = cfg.workload(name)
             say = (lambda m, n=name: progress(f"{n}: {m}")) if progress else None
-            real_backend = LentBackend(wc)
-            ref = out / name / "reference.csv"
-            try:
-                if drift_on:
-                    (out / name).mkdir(parents=True, exist_ok=True)
-                    reference(ref, "before", levels, real_backend, say)
-                lend = real_backend.get() if wc.executor.kind == "local" and not _complete(wc, out / name / "real") else None
-                real = pd.read_csv(run_sweep(wc, out / name / "real", progress=say, backend=lend) / "summary.csv")
-                rerun = None
-                if noise:
-                    if drift_on:
-                        reference(ref, "between", levels, real_backend, say)
-                    lend = real_backend.get() if wc.executor.kind == "local" and not _complete(wc, out / name / "rerun") else None
-                    rerun = pd.read_csv(run_sweep(wc, out / name / "rerun", progress=say, backend=lend) / "summary.csv")
-                if drift_on:
-                    reference(ref, "after", levels, real_backend, say)
-                drift = drift_factors(ref, profiles, cfg.strategies) if drift_on else {}
-                drifts[name] = drift
-                sims = simulate_points(wc, real, profiles, executor, drift)
-                lat = accuracy.cells(real, rerun, sims, KEY, accuracy.LATENCY, "latency")
-                lat.insert(1, "workload", name)
-                if drift_on:       # the same replays at the profile's own speed: what the correction earns
-                    plain = simulate_points(wc, real, profiles, executor, sides={"sim": 0.0})["sim"]
-                    lat = lat.merge(plain.melt(id_vars=KEY, value_vars=list(accuracy.LATENCY), var_name="metric",
-                                               value_name="sim_uncorrected"), on=KEY + ["metric"], how="left")
-                parts.append(lat)
-                if cfg.validation.saturation:
-                    wide = saturation(wc, profiles, out / name / "saturation.csv", noise, real_backend, drift, say)
-                    sat = accuracy.cells(*_sat_sides(wide), ["strategy"], accuracy.SATURATION, "saturation")
-                    sat.insert(1, "workload", name)
-                    parts.append(sat)
-            finally:
-                real_backend.close()
+            cells, drifts[name] = validate_workload(cfg, name, profiles, out / name, executor, say)
+            parts += cells
     finally:
         executor.close()
     table = accuracy.with_errors(pd.concat(parts, ignore_index=True))
     summ = accuracy.summary(table)
     write_atomic(out / "validation.csv", table.to_csv(index=False))
+    write_atomic(out / "accuracy.json", json.dumps(accuracy_record(cfg, profiles, table, summ, drifts, out), indent=2) + "\n")
+    from batchlab.calibrate.validate_plot import plot_validation
+    plot_validation(table, summ, out / "validation.png")
+    return Validation(table, summ)
+
+
+def validate_workload(cfg: RunConfig, name: str, profiles: dict[str, Profile], where: Path, executor: Executor,
+                      say=None) -> tuple[list[pd.DataFrame], dict[str, Drift]]:
+    """One workload: its real runs (and rerun), reference bursts around them, the replays, the
+    saturation bursts. Returns its cells (latency, then saturation) and the drift it measured."""
+    wc = cfg.workload(name)
+    noise, drift_on = cfg.validation.noise, cfg.validation.drift
+    levels = sorted({level_of(s) for s in cfg.strategies})
+    real_backend, ref = LentBackend(wc), where / "reference.csv"
+    try:
+        if drift_on:
+            where.mkdir(parents=True, exist_ok=True)
+            reference(ref, "before", levels, real_backend, say)
+        real = _sweep(wc, where / "real", real_backend, say)
+        rerun = None
+        if noise:
+            if drift_on:
+                reference(ref, "between", levels, real_backend, say)
+            rerun = _sweep(wc, where / "rerun", real_backend, say)
+        if drift_on:
+            reference(ref, "after", levels, real_backend, say)
+        drift = drift_factors(ref, profiles, cfg.strategies) if drift_on else {}
+        sims = simulate_points(wc, real, profiles, executor, drift)
+        lat = accuracy.cells(real, rerun, sims, KEY, accuracy.LATENCY, "latency")
+        lat.insert(1, "workload", name)
+        if drift_on:       # the same replays at the profile's own speed: what the correction earns
+            plain = simulate_points(wc, real, profiles, executor, sides={"sim": 0.0})["sim"]
+            lat = lat.merge(plain.melt(id_vars=KEY, value_vars=list(accuracy.LATENCY), var_name="metric",
+                                       value_name="sim_uncorrected"), on=KEY + ["metric"], how="left")
+        cells = [lat]
+        if cfg.validation.saturation:
+            wide = saturation(wc, profiles, where / "saturation.csv", noise, real_backend, drift, say)
+            sat = accuracy.cells(*_sat_sides(wide), ["strategy"], accuracy.SATURATION, "saturation")
+            sat.insert(1, "workload", name)
+            cells.append(sat)
+        return cells, drift
+    finally:
+        real_backend.close()
+
+
+def _sweep(wc: RunConfig, path: Path, real: LentBackend, say) -> pd.DataFrame:
+    """The workload's real sweep into `path` (resumed there), on the shared backend when local."""
+    lend = real.get() if wc.executor.kind == "local" and not _complete(wc, path) else None
+    return pd.read_csv(run_sweep(wc, path, progress=say, backend=lend) / "summary.csv")
+
+
+def accuracy_record(cfg: RunConfig, profiles: dict[str, Profile], table: pd.DataFrame, summ: pd.DataFrame,
+                    drifts: dict[str, dict[str, Drift]], out: Path) -> dict:
+    """accuracy.json: the profiles, workloads, drift and load, and the per-metric figures (with and,
+    where drift was corrected, without the correction)."""
     uncorrected = {}
-    if drift_on:
+    if cfg.validation.drift:
         lat = table[table["kind"] == "latency"]
         err = ((lat["sim_uncorrected"] - lat["real"]) / lat["real"]).abs()
         uncorrected = {m: {"error_median": float(e.median()), "error_p90": float(e.quantile(0.9))}
                        for m, e in err.groupby(lat["metric"], sort=False)}
-    meta = {"profiles": {lvl: {"path": p.path, "fit_rms_rel_error": p.sigma} for lvl, p in profiles.items()},
-            "workloads": {"base": {}} | cfg.validation.workloads, "noise_runs": 2 if noise else 1,
+    return {"profiles": {lvl: {"path": p.path, "fit_rms_rel_error": p.sigma} for lvl, p in profiles.items()},
+            "workloads": {"base": {}} | cfg.validation.workloads, "noise_runs": 2 if cfg.validation.noise else 1,
             "drift": {w: {lvl: {"factor": d.factor, "spread": d.spread} for lvl, d in ds.items()} for w, ds in drifts.items()},
             "load_1min": _loads(out, ["base", *cfg.validation.workloads]),
             "reference_burst": {"rows": REFERENCE[0], "prompt": REFERENCE[1], "new_tokens": REFERENCE[2]},
             "interval": "90 %: sim +- 1.645 sqrt(model^2 + run^2), see batchlab/calibrate/accuracy.py",
             "metrics": summ.to_dict(orient="records"), "uncorrected": uncorrected}
-    write_atomic(out / "accuracy.json", json.dumps(meta, indent=2) + "\n")
-    from batchlab.calibrate.validate_plot import plot_validation
-    plot_validation(table, summ, out / "validation.png")
-    return Validation(table, summ)
 
 
 def _loads(out: Path, workloads: list[str]) -> dict[str, list[float]]:

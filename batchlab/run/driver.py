@@ -126,7 +126,7 @@ class Inbox:
         nxt = self.planned[0].arrival_time if self.planned else None
         if self.later and (nxt is None or self.later[0][0] < nxt):
             nxt = self.later[0][0]
-        return nxt if nxt is None or not self.delay_s else nxt + self.delay_s
+        return None if nxt is None else nxt + self.delay_s
 
     @property
     def paused_at(self) -> float | None:
@@ -142,13 +142,15 @@ class Inbox:
         return self.quiet or (self.flush_idle_s is not None and now >= self.last_arrival + self.flush_idle_s)
 
     def release(self, now: float, scheduler: Scheduler, occupancy: Occupancy | None = None) -> None:
-        now -= self.delay_s                                  # NOTE: arrivals up to now - delay are handed over
-        while self.later and self.later[0][0] <= now:      # merged with the trace by (arrival, index)
+        # NOTE: due when arrival + delay <= now, the sum `next_arrival` wakes the loop at: testing
+        # arrival <= now - delay instead can miss by one ulp, and the loop then wakes forever
+        d = self.delay_s
+        while self.later and self.later[0][0] + d <= now:  # merged with the trace by (arrival, index)
             if self.planned and (self.planned[0].arrival_time, self.planned[0].index) < self.later[0][:2]:
                 self._hand(self.planned.popleft(), scheduler, occupancy)
             else:
                 self._hand(heapq.heappop(self.later)[2], scheduler, occupancy)
-        while self.planned and self.planned[0].arrival_time <= now:
+        while self.planned and self.planned[0].arrival_time + d <= now:
             self._hand(self.planned.popleft(), scheduler, occupancy)
         while self.live:
             self._hand(self.live.popleft(), scheduler, occupancy)

@@ -134,3 +134,13 @@ def test_a_server_backend_has_no_driver_so_the_stamps_stand_in_and_say_so():
     s = res.summary
     assert s["little_source"] == "stamps" and len(res.in_system) == 10      # from the stamps: in and out each
     assert s["little_L"] > 0 and abs(s["little_gap"]) < 1e-9     # every request inside [0, 1 s]
+
+
+def test_a_front_end_delay_hands_over_a_request_whose_arrival_plus_delay_rounds_down():
+    # (a + d) - d < a in floating point for these two: testing the arrival against now - d would
+    # never hand the request over, and the loop would wake at a + d forever
+    a, d = 0.12026867862137802, 0.0077927
+    assert (a + d) - d < a
+    reqs, clock = make_requests([a], [3]), VirtualClock()
+    clock.run(drive(continuous(), UnitStepBackend(), clock, Inbox(reqs, delay_s=d)))
+    assert reqs[0].status is Status.FINISHED and reqs[0].token_times[0] > a + d
