@@ -17,6 +17,7 @@ Usage: python benchmarks/validate_sim.py [--out results/validate_sim] [--rates 3
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shlex
@@ -26,6 +27,9 @@ from pathlib import Path
 
 import pandas as pd
 import yaml
+
+from batchlab.baselines.background import background_load
+from batchlab.core.files import write_atomic
 
 CONFIG = {
     "name": "validate-tiny-cpu",
@@ -57,7 +61,7 @@ def sh(cmd: list[str], env: dict[str, str]) -> None:
 # What each later term of the step model earns: the same real runs, the profiles refitted with the
 # term held at zero; "five-term model" is the model without any of the three.
 VARIANTS = {"without attention": "attn_s_per_pair", "without admission": "admit_s", "without warm-up": "warmup_s",
-            "five-term model": "attn_s_per_pair,admit_s,warmup_s"}
+            "without the shape correction": "shape_s", "five-term model": "attn_s_per_pair,admit_s,warmup_s,shape_s"}
 
 
 def ablate(bl: list[str], config: Path, out: Path, strategies: list[str], env: dict[str, str]) -> dict:
@@ -85,9 +89,18 @@ def ablate(bl: list[str], config: Path, out: Path, strategies: list[str], env: d
             profiles += ["--profile", str(dst)]
         sh(bl + ["validate", str(config), *profiles, "--out", str(vdir)], env)
         metrics = json.loads((vdir / "accuracy.json").read_text())["metrics"]
+        below = signs(pd.read_csv(vdir / "validation.csv"))
         result[name] = {m["metric"]: {"error_median": m["error_median"], "error_p90": m["error_p90"],
-                                      "coverage": m["coverage"]} for m in metrics}
+                                      "coverage": m["coverage"]} | below.get(m["metric"], {}) for m in metrics}
     return result
+
+
+def signs(cells: pd.DataFrame) -> dict[str, dict[str, float]]:
+    """Per latency metric, the share of cells where the simulator read below the real run (and
+    above): an error that is one-sided shows here however small its median."""
+    lat = cells[cells["kind"] == "latency"]
+    return {m: {"below": float((g["sim"] < g["real"]).mean()), "above": float((g["sim"] > g["real"]).mean())}
+            for m, g in lat.groupby("metric", sort=False)}
 
 
 def main() -> int:
@@ -107,6 +120,8 @@ def main() -> int:
     ap.add_argument("--no-ablation", action="store_true",
                     help="skip refitting without each later term (replays of the same real runs: seconds)")
     ap.add_argument("--json", default=None, help="Write the errors (and how they were made) to this file.")
+    ap.add_argument("--busy", type=float, default=None, metavar="DUTY",
+                    help="run the validation (not the profile) beside a background load burning DUTY of every core")
     args = ap.parse_args()
     load_before = os.getloadavg()
     out = Path(args.out)
@@ -116,11 +131,14 @@ def main() -> int:
     bl = [sys.executable, "-m", "batchlab.cli"]
     env = {"OMP_NUM_THREADS": str(args.threads)}
     profiles = profile_all(args, bl, config, out, strategies, env)
-    sh(bl + ["validate", str(config), *profiles, "--out", str(out / "validate")], env)
+    with contextlib.ExitStack() as stack:
+        busy = stack.enter_context(background_load(list(range(os.cpu_count() or 1)), args.busy)) if args.busy else None
+        sh(bl + ["validate", str(config), *profiles, "--out", str(out / "validate")], env)
     ablation = {} if args.no_ablation else ablate(bl, config, out, strategies, env)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(result(args, out, ablation, load_before), indent=2) + "\n")
+        record = result(args, out, ablation, load_before) | {"background": busy and {k: v for k, v in busy.items() if k != "pids"}}
+        write_atomic(Path(args.json), json.dumps(record, indent=2) + "\n")
     return 0
 
 
@@ -157,7 +175,7 @@ def result(args, out: Path, ablation: dict, load_before) -> dict:
     return {"command": "python benchmarks/validate_sim.py " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
             "rates": args.rates, "duration_s": args.duration, "traffic_repeats": args.traffic_repeats,
             "threads": args.threads, "workloads": acc["workloads"], "profiles": acc["profiles"],
-            "metrics": acc["metrics"], "coverage": float(cells["inside"].mean()), "cells": len(cells),
+            "metrics": acc["metrics"], "coverage": float(cells["inside"].mean()), "cells": len(cells), "signs": signs(cells),
             "ablation": ablation, "drift": acc["drift"], "uncorrected": acc["uncorrected"],
             "load_1min_at_reference_bursts": acc.get("load_1min", {}),
             "cell_rows": cells.drop(columns=["kind"]).to_dict(orient="records"),

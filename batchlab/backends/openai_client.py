@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 from typing import Any
 
 import httpx
@@ -58,6 +59,7 @@ class OpenAIBackend(LoadTarget):
         self.length_control = length_control
         self.max_connections = max_connections
         self.transport = transport               # tests inject httpx.MockTransport
+        self.salt = secrets.randbits(48)         # the synthetic prompts' salt: this process's, fresh again per session
         self.server_timing: dict[str, dict] = {}  # request id -> batchlab serve's own stamps, if sent
         self.sent_at: dict[str, float] = {}       # request id -> when httpx began writing it to the socket
         self.started_at: dict[str, float] = {}    # request id -> when its send coroutine began (vLLM's start)
@@ -74,13 +76,16 @@ class OpenAIBackend(LoadTarget):
 
     def prepare(self, request: Request) -> None:
         if self.prompt_format == "tokens" and request.prompt_token_ids is None:
-            request.prompt_token_ids = synthetic_token_ids(request.index, request.prompt_len)
+            request.prompt_token_ids = synthetic_token_ids(request.index, request.prompt_len, self.salt)
         elif self.prompt_format == "text" and not request.prompt:
-            request.prompt = synthetic_text(request.index, request.prompt_len)
+            request.prompt = synthetic_text(request.index, request.prompt_len, self.salt)
 
     def session(self, concurrency: int) -> httpx.AsyncClient:
-        """One client and pool for a run, sized for `concurrency` requests in flight."""
+        """One client and pool for a run, sized for `concurrency` requests in flight. A run's
+        synthetic prompts are its own (a fresh salt): a server's prefix cache never finds a prompt
+        it saw in an earlier run, so a rerun of the same trace costs what the first run cost."""
         self.server_timing, self.sent_at, self.started_at, self.chunk_times = {}, {}, {}, {}
+        self.salt = secrets.randbits(48)
         size = self.max_connections or max(1, min(concurrency, 1024))
         limits = httpx.Limits(max_connections=size, max_keepalive_connections=size)
         timeout = httpx.Timeout(self.timeout_s)            # connect, read, write and pool waits alike
@@ -239,15 +244,18 @@ def send_lag_summary(lags: list[float]) -> dict[str, Any]:
             "send_lag_flag": bool(p99 > LAG_WARN_S)}
 
 
-def synthetic_token_ids(index: int, n: int) -> list[int]:
-    """A deterministic prompt of exactly n token ids, drawn from ids 100..1099 (any vocabulary
-    of the tiny model or larger has them)."""
-    return [100 + (index * 7919 + k * 104729) % 1000 for k in range(n)]
+def synthetic_token_ids(index: int, n: int, salt: int = 0) -> list[int]:
+    """A prompt of exactly n token ids drawn from ids 100..1099 (any vocabulary of the tiny model or
+    larger has them), fixed by (salt, index) and unrelated to any other pair's: two requests share
+    no prefix, so a prefix cache finds nothing it was not given on purpose."""
+    return (100 + np.random.default_rng([salt, index]).integers(0, 1000, n)).tolist()
 
 
-def synthetic_text(index: int, n: int) -> str:
-    """About n tokens of plain words; the server's usage report gives the exact count."""
-    return " ".join(WORDS[(index + k) % len(WORDS)] for k in range(n))
+def synthetic_text(index: int, n: int, salt: int = 0) -> str:
+    """About n tokens of plain words, starting at a place fixed by (salt, index); the server's
+    usage report gives the exact count."""
+    start = int(np.random.default_rng([salt, index]).integers(0, len(WORDS)))
+    return " ".join(WORDS[(start + k) % len(WORDS)] for k in range(n))
 
 
 def redact(text: str, key: str | None) -> str:

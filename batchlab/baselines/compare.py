@@ -26,6 +26,7 @@ from batchlab.baselines.metrics import Peaks, metrics_url
 from batchlab.core.clock import RealClock
 from batchlab.core.config import RunConfig
 from batchlab.core.files import write_atomic
+from batchlab.core.metrics import summarize
 from batchlab.core.search import knee, significant
 from batchlab.core.sustain import GROWTH, SERVED, judge, saturated_rate, saturated_tokens
 from batchlab.core.trace_item import TraceItem
@@ -124,11 +125,13 @@ def serving(name: str, s: Settings) -> Iterator[tuple[OpenAIBackend, str, tuple[
 def saturated(backend: OpenAIBackend, n: int, prompt_len: int, output_len: int) -> dict:
     """`n` requests sent at once (the same trace for every server): output tokens per second in
     the burst's steady middle (core/sustain.py saturated_tokens: the queue never empties there),
-    and requests per second (saturated_rate)."""
+    and requests per second (saturated_rate); median TPOT and TTFT over the finished."""
     trace = [TraceItem(0.0, prompt_len, output_len) for _ in range(n)]
     reqs, _ = RealClock().run(backend.run_trace(trace, RealClock()))
     failed = sum(r.status.value != "finished" for r in reqs)
-    return {"requests": n, "failed": failed, "tok_s": saturated_tokens(reqs), "req_s": saturated_rate(reqs)}
+    s = summarize(reqs)
+    return {"requests": n, "failed": failed, "tok_s": saturated_tokens(reqs), "req_s": saturated_rate(reqs),
+            "tpot_p50": s["tpot_p50"], "ttft_p50": s["ttft_p50"]}
 
 
 def probe(name: str, backend: OpenAIBackend, cfg: RunConfig, rate: float) -> dict:
@@ -146,7 +149,7 @@ def probe(name: str, backend: OpenAIBackend, cfg: RunConfig, rate: float) -> dic
 def search_server(name: str, backend: OpenAIBackend, cfg: RunConfig, bracket: tuple[float, float], s: Settings) -> dict:
     """Warm up, measure the saturated burst, then search the knee from `bracket` (max_points 0:
     the burst alone, for a quick paired throughput check); every point kept."""
-    p, o = cfg.traffic.prompt_len.value, cfg.traffic.output_len.value
+    p, o = (round(d.mean()) for d in (cfg.traffic.prompt_len, cfg.traffic.output_len))   # the lengths or their means
     closed_loop(backend, WARMUP_USERS, 1, p, o)
     sat = saturated(backend, s.burst, p, o) if s.burst else None
     if sat:

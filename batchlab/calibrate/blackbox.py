@@ -14,6 +14,7 @@ other work on the machine) is refused, as is a stream that cannot give step time
 """
 from __future__ import annotations
 
+import secrets
 import statistics
 from collections import defaultdict
 from collections.abc import Callable
@@ -61,6 +62,7 @@ class Prober:
     def __init__(self, target: LoadTarget, clock: Clock, grid: ProbeGrid, progress: Callable[[str], None] | None):
         self.target, self.clock, self.grid, self.say = target, clock, grid, progress or (lambda m: None)
         self.tag = 0
+        self.nonce = secrets.randbits(48)    # this profile's prompts: a prefix cache has seen none of them
         self.decode: dict[tuple[int, int, int], list[float]] = defaultdict(list)
         self.mixed: dict[tuple[int, int, int], list[float]] = defaultdict(list)   # (rows, prompt, context) -> gap
         self.idle: dict[int, list[float]] = defaultdict(list)                     # prompt -> TTFT
@@ -72,7 +74,7 @@ class Prober:
         prefix cache must not shorten them); its requests and their chunk stamps, checked."""
         self.tag += 1
         await self.clock.sleep(self.grid.gap_s)
-        trace = [TraceItem(at, p, n, content=((("probe", self.tag, i), p),)) for i, (at, p, n) in enumerate(items)]
+        trace = [TraceItem(at, p, n, content=((("probe", self.nonce, self.tag, i), p),)) for i, (at, p, n) in enumerate(items)]
         reqs, _ = await self.target.run_trace(trace, self.clock)
         return [(r, stream_checked(r, self.target.chunk_stamps(r))) for r in reqs]
 

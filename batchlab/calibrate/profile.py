@@ -25,7 +25,7 @@ from batchlab.backends.base import Engine
 from batchlab.backends.cost import COEFFS, StepCost, attention_pairs, warm_weight
 from batchlab.backends.presets import load_cost
 from batchlab.calibrate.blackbox import ProbeGrid
-from batchlab.calibrate.fit import Fit, StepSample, fit_step_times
+from batchlab.calibrate.fit import SHAPE, Fit, StepSample, fit_step_times
 from batchlab.core.clock import Clock, RealClock, VirtualClock
 from batchlab.core.request import Request
 from batchlab.errors import ConfigError, user_errors
@@ -212,7 +212,7 @@ def _ints(text: str, flag: str) -> tuple[int, ...]:
               help="Idle time before each burst: requests of live traffic often arrive at an idle backend.")
 @click.option("--refit", "refit_src", default=None, type=click.Path(dir_okay=False),
               help="Fit this profile's saved samples again (no measuring), e.g. with --without.")
-@click.option("--without", default="", help=f"With --refit: step-time terms held at zero, comma-separated ({', '.join(COEFFS[1:])}).")
+@click.option("--without", default="", help=f"With --refit: step-time terms held at zero, comma-separated ({', '.join((*COEFFS[1:], SHAPE))}).")
 @click.option("--out", "out", required=True, type=click.Path(dir_okay=False), help="Profile JSON to write.")
 @click.option("--twin", "twin", default=None, type=click.Path(dir_okay=False),
               help="A server (backend.kind openai): where its twin's run config goes (default: beside --out, NAME.twin.yaml).")
@@ -236,9 +236,9 @@ def _profile_main(config, overrides, preset, strategy, batch_sizes, contexts, pr
         if not src.is_file():
             raise ConfigError(f"--refit: file not found: {src}")
         terms = tuple(t.strip() for t in without.split(",") if t.strip())
-        bad = [t for t in terms if t not in COEFFS[1:]]
+        bad = [t for t in terms if t not in (*COEFFS[1:], SHAPE)]
         if bad:
-            raise ConfigError(f"--without {', '.join(bad)}: unknown term; terms: {', '.join(COEFFS[1:])}")
+            raise ConfigError(f"--without {', '.join(bad)}: unknown term; terms: {', '.join((*COEFFS[1:], SHAPE))}")
         f = refit(src, path, terms)
         click.echo(f"refitted {src} ({f.num_samples} steps{', without ' + ', '.join(terms) if terms else ''}): "
                    f"error rms {100 * f.rms_rel_error:.1f}%, max {100 * f.max_rel_error:.1f}%")

@@ -21,6 +21,7 @@ import asyncio
 import json
 import math
 import os
+import secrets
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -239,9 +240,9 @@ def burst_seconds(backend, level: str, cfg: RunConfig | None = None, prof: Profi
 
 def _server_burst_seconds(backend, cfg: RunConfig | None, prof: Profile | None) -> float:
     rows, prompt, new = REFERENCE
-    runs = []
+    runs, nonce = [], secrets.randbits(48)
     for i in range(REFERENCE_REPEATS):    # NOTE: new prompts each time: a prefix cache must not shorten them
-        trace = [TraceItem(0.0, prompt, new, content=((("reference", i, j), prompt),)) for j in range(rows)]
+        trace = [TraceItem(0.0, prompt, new, content=((("reference", nonce, i, j), prompt),)) for j in range(rows)]
         run_cfg, strategy = (prof.twin, prof.twin.strategies[0]) if prof is not None else (cfg, cfg.strategies[0])
         res = run_point(run_cfg, strategy, 1.0, 0, backend, trace)
         runs.append(max(r.token_times[-1] for r in res.requests) - min(r.arrival_time for r in res.requests))

@@ -3,6 +3,7 @@
 A real server (ours) drives it in tests/server/test_app.py; here every error path is forced."""
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 
@@ -314,3 +315,19 @@ def test_a_run_against_a_live_server_writes_no_key_anywhere(tmp_path, monkeypatc
     files = [p for p in (tmp_path / "out").rglob("*") if p.is_file()]
     assert any(p.name == "config.yaml" for p in files) and any(p.name == "requests.csv" for p in files)
     assert not [p for p in files if b"sk-live-secret-4242" in p.read_bytes()]
+
+
+def test_synthetic_prompts_are_fixed_by_salt_and_index_and_share_no_prefix_across_runs():
+    from batchlab.backends.openai_client import synthetic_text, synthetic_token_ids
+    assert synthetic_token_ids(3, 64, salt=1) == synthetic_token_ids(3, 64, salt=1)
+    a, b, c = synthetic_token_ids(3, 64, salt=1), synthetic_token_ids(4, 64, salt=1), synthetic_token_ids(3, 64, salt=2)
+    assert len(a) == 64 and all(100 <= t < 1100 for t in a)
+    assert a[:16] != b[:16] and a[:16] != c[:16]          # a prefix cache's first block would differ
+    assert synthetic_text(3, 20, salt=1) != synthetic_text(3, 20, salt=2)
+    bk = OpenAIBackend("http://fake/v1", "m", prompt_format="tokens")
+    first = Request("r0", 32, 4, 0.0)
+    bk.prepare(first)
+    asyncio.run(bk.session(1).aclose())
+    again = Request("r0", 32, 4, 0.0)
+    bk.prepare(again)
+    assert again.prompt_token_ids != first.prompt_token_ids   # the same trace rerun is new to the server

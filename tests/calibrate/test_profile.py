@@ -68,6 +68,9 @@ def test_refit_holds_named_terms_at_zero_and_keeps_the_rest(tmp_path):
     res = CliRunner().invoke(profile_cmd, ["--refit", str(src), "--out", str(tmp_path / "with.json")])
     again = json.loads((tmp_path / "with.json").read_text())
     assert again["warmup_s"] == pytest.approx(5e-4, rel=1e-4) and again["fit_rms_rel_error"] < 1e-6
+    res = CliRunner().invoke(profile_cmd, ["--refit", str(src), "--without", "shape_s", "--out", str(tmp_path / "flat.json")])
+    assert res.exit_code == 0, res.output          # the shape correction is held off like a term
+    assert not json.loads((tmp_path / "flat.json").read_text()).get("shape_s")
     assert again["level"] == "request" and again["vocab_size"] == data["vocab_size"]
     for args, needle in ((["--refit", str(src), "--without", "bogus", "--out", str(dst)], "unknown term"),
                          (["--without", "warmup_s", "--out", str(dst)], "goes with --refit"),

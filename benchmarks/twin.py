@@ -1,0 +1,231 @@
+"""Check a server's twin: profile the server from the client, then hold the twin to what the server does.
+
+    python benchmarks/twin.py configs/twin-vllm.yaml [--condition quiet|busy] [--parts profile,knee,validate,whatif]
+
+The server (vLLM by default) starts with the config's `continuous` limits, pinned to core 1 while
+this client has core 0, and is restarted for every condition and every what-if cap.
+1. profile: `batchlab profile` on the server (black box) writes OUT/profile.json and OUT/twin.yaml,
+   once: later conditions reuse it, because the question is what a profile taken on a quiet
+   machine predicts.
+2. knee: the rate the server sustains under the config's SLO, searched --sustain-repeats times as
+   benchmarks/serving.py searches it, and the rate the twin predicts by the same search and verdict
+   on the same seeded traces (calibrate/twin_check.py).
+3. validate: `batchlab validate --twin` on the base traffic and the config's held-out workloads, each
+   at three rates below capacity (--fractions of the rate the server completes saturated on that
+   workload's requests): every point on the server twice (the noise floor), on the twin, and on the
+   twin with its step costs moved by the fit's error (the interval); a saturated burst each.
+4. whatif: the server restarted at other sequence caps (--caps), a saturated burst at each
+   (twice), against the twin's prediction from the one profile; the profile's own cap is measured
+   on the first server as the control.
+--condition busy runs 2 and 3 with a background load on both cores (baselines/background.py).
+Each part's figures go to --json (docs/results/twin_vllm.json) as soon as they exist; parts not run
+keep what an earlier run measured, with its command and load.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+
+import pandas as pd
+
+from batchlab.backends.openai_client import OpenAIBackend
+from batchlab.baselines import compare, process, vllm
+from batchlab.baselines.background import background_load
+from batchlab.baselines.server_limits import from_section
+from batchlab.calibrate.blackbox import ProbeGrid
+from batchlab.calibrate.server import profile_server
+from batchlab.calibrate.twin_check import Twin, predicted_burst, predicted_knee
+from batchlab.calibrate.validate import report_lines, validate
+from batchlab.core.clock import RealClock
+from batchlab.core.files import write_atomic
+from batchlab.core.search import significant
+from batchlab.core.sustain import saturated_rate
+from batchlab.core.traffic import burst_trace
+from batchlab.errors import ConfigError, user_errors
+from batchlab.run.config import load_config
+
+ROOT = Path(__file__).resolve().parents[1]
+PARTS = ("profile", "knee", "validate", "whatif")
+GRID = ProbeGrid(batch_sizes=(1, 2, 4, 8, 16, 32), contexts=(16, 64, 128, 256), prompts=(16, 64, 256, 512),
+                 new_tokens=24, repeats=3, warmup=1)
+BURST = (384, 64, 32)              # the what-if burst: requests, prompt and output tokens
+SATURATION = 256                   # requests at once that measure a workload's saturated rate
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("config", nargs="?", default=str(ROOT / "configs" / "twin-vllm.yaml"))
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
+    ap.add_argument("--server", choices=["vllm", "transformers"], default="vllm")
+    ap.add_argument("--condition", choices=["quiet", "busy"], default="quiet")
+    ap.add_argument("--parts", default=",".join(PARTS), help=f"any of {', '.join(PARTS)} (comma-separated)")
+    ap.add_argument("--busy-duty", type=float, default=0.4, help="busy: share of each core the background load burns")
+    ap.add_argument("--bracket", default="12,36", metavar="LO,HI", help="req/s the knee searches start from")
+    ap.add_argument("--tolerance", type=float, default=0.10)
+    ap.add_argument("--max-points", type=int, default=8)
+    ap.add_argument("--sustain-repeats", type=int, default=2)
+    ap.add_argument("--fractions", default="0.25,0.45,0.65",
+                    help="validate: rates as fractions of each workload's saturated rate on the server")
+    ap.add_argument("--caps", default="8,128", help="whatif: sequence caps the server is restarted with")
+    ap.add_argument("--venv", default=str(ROOT / ".venv-vllm"))
+    ap.add_argument("--out", default=str(ROOT / "results" / "twin-vllm"))
+    ap.add_argument("--json", default=str(ROOT / "docs" / "results" / "twin_vllm.json"))
+    return ap.parse_args(argv)
+
+
+class Campaign:
+    def __init__(self, args: argparse.Namespace, command: str):
+        self.args, self.out, self.json = args, Path(args.out), Path(args.json)
+        self.cfg = load_config(args.config, args.set)
+        self.limits, warnings = from_section(self.cfg.continuous)
+        for w in warnings:
+            print(f"warning: {w}")
+        self.cpus = process.split_cores()
+        self.record = json.loads(self.json.read_text()) if self.json.is_file() else {}
+        self.record |= {"server": args.server, "config": os.path.relpath(args.config, ROOT), "cpus": os.cpu_count(),
+                        "pinned": bool(self.cpus), "slo": self.cfg.slo.model_dump(exclude_none=True)}
+        self.cond = self.record.setdefault("conditions", {}).setdefault(args.condition, {})
+        self.command = command
+
+    # --- the server -------------------------------------------------------------------------
+    @contextmanager
+    def server(self, **limits):
+        """The server with the config's limits (`limits` replacing some), and the config pointed at it."""
+        chosen = self.limits.merged(type(self.limits)(**limits))
+        port = vllm.DEFAULT_PORTS[self.args.server]
+        with vllm.managed(self.args.server, "tiny", port, Path(self.args.venv), cpus=self.cpus, limits=chosen) as running:
+            cfg = self.cfg.model_copy(update={"backend": self.cfg.backend.model_copy(
+                update={"base_url": running.url, "model": running.model})})
+            yield cfg, OpenAIBackend(running.url, running.model, timeout_s=self.cfg.backend.timeout_s)
+
+    def save(self, part: str, figures: dict) -> None:
+        self.cond[part] = figures | {"command": self.command, "load_1min_after": os.getloadavg()[0]}
+        self.json.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(self.json, json.dumps(self.record, indent=2, default=float) + "\n")
+
+    def twin(self) -> Twin:
+        path = self.out / "twin.yaml"
+        if not path.is_file():
+            raise ConfigError(f"no twin at {path}: run the profile part first")
+        return Twin(load_config(path))
+
+    # --- the parts --------------------------------------------------------------------------
+    def profile(self, cfg) -> None:
+        print("profile: the server from the client (black box)", flush=True)
+        twin = profile_server(cfg, GRID, self.out / "profile.json", self.out / "twin.yaml", progress=print)
+        prof = json.loads((self.out / "profile.json").read_text())
+        self.record["profile"] = {"grid": prof["grid"], "fit_rms_rel_error": prof["fit_rms_rel_error"],
+                                  "fit_samples": prof["fit_samples"], "frontend_s": prof["frontend_s"],
+                                  "limits": prof["limits"], "load_1min": prof["setup"]["load_avg_1min"],
+                                  "decode_step_s_at_1": twin.backend.cost().step_time(0, 0, 1)}
+        self.save("profiled", {})
+
+    def knee(self, cfg, backend) -> None:
+        a, bracket = self.args, self.bracket()
+        settings = compare.Settings(a.config, [], Path(a.venv), cfg.backend.timeout_s, bracket, a.tolerance,
+                                    a.max_points, burst=0)
+        measured = []
+        for rep in range(a.sustain_repeats):
+            print(f"knee: search {rep + 1} of {a.sustain_repeats} from {bracket}", flush=True)
+            res = compare.search_server(a.server, backend, cfg, bracket, settings)
+            measured.append(res)
+            bracket = compare.next_bracket(res, bracket)
+        predicted = predicted_knee(self.twin(), cfg.traffic, cfg.slo, self.bracket(), a.tolerance, a.max_points)
+        self.save("knee", {"measured": measured, "predicted": predicted})
+
+    def validate(self, cfg, backend) -> None:
+        rates = self.rates(cfg, backend)
+        vcfg = cfg.model_copy(update={"traffic": cfg.traffic.model_copy(update={"rates": rates["base"]}),
+                                      "validation": cfg.validation.model_copy(update={"workloads": {
+                                          w: t | {"rates": rates[w]} for w, t in cfg.validation.workloads.items()}})})
+        where = self.out / self.args.condition / "validate"
+        print(f"validate: rates {rates}", flush=True)
+        v = validate(vcfg, [], where, progress=print, twin=str(self.out / "twin.yaml"))
+        for line in report_lines(v):
+            print(line)
+        acc = json.loads((where / "accuracy.json").read_text())
+        self.save("validate", {"rates": rates, "metrics": acc["metrics"], "drift": acc["drift"], "load_1min": acc["load_1min"],
+                               "uncorrected": acc["uncorrected"], "signs": signs(v.cells),
+                               "coverage": float(v.cells["inside"].mean()), "cells": len(v.cells)})
+
+    def rates(self, cfg, backend) -> dict[str, list[float]]:
+        """Each workload's validation rates: --fractions of what the server completes saturated on
+        that workload's own requests (a burst of SATURATION of them at once), so every point sits
+        below capacity, where the trace, not the server, sets the throughput. Kept once chosen, so
+        a resumed validation runs the same points."""
+        path = self.out / self.args.condition / "rates.json"
+        if path.is_file():
+            return json.loads(path.read_text())["rates"]
+        saturated, snap = {}, significant(3)
+        for w in ["base", *cfg.validation.workloads]:
+            _, trace = burst_trace(cfg.workload(w).traffic, SATURATION)
+            reqs, _ = RealClock().run(backend.run_trace(trace, RealClock()))
+            saturated[w] = saturated_rate(reqs)
+            print(f"validate: {w}: {saturated[w]:.3g} req/s saturated", flush=True)
+        rates = {w: [snap(f * r) for f in self.fractions()] for w, r in saturated.items()}
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, json.dumps({"saturated_req_s": saturated, "rates": rates}, indent=2) + "\n")
+        return rates
+
+    def whatif_here(self, backend, cap: int) -> dict:
+        n, p, o = BURST
+        runs = [compare.saturated(backend, n, p, o) for _ in range(2)]
+        print(f"whatif: cap {cap}: measured {[round(r['tok_s']) for r in runs]} tok/s, "
+              f"TPOT p50 {[round(1e3 * r['tpot_p50'], 1) for r in runs]} ms", flush=True)
+        return {"cap": cap, "measured": runs, "predicted": predicted_burst(self.twin(), n, p, o, max_num_seqs=cap)}
+
+    # --- helpers ----------------------------------------------------------------------------
+    def bracket(self) -> tuple[float, float]:
+        lo, hi = (float(x) for x in self.args.bracket.split(","))
+        return lo, hi
+
+    def fractions(self) -> list[float]:
+        return [float(x) for x in self.args.fractions.split(",")]
+
+
+def signs(cells: pd.DataFrame) -> dict[str, dict[str, float]]:
+    """Per latency metric: the share of cells where the twin read below the server, and above."""
+    lat = cells[cells["kind"] == "latency"]
+    return {m: {"below": float((g["sim"] < g["real"]).mean()), "above": float((g["sim"] > g["real"]).mean()),
+                "cells": len(g)} for m, g in lat.groupby("metric", sort=False)}
+
+
+def run(c: Campaign, parts: list[str]) -> None:
+    a = c.args
+    with ExitStack() as stack:
+        if a.condition == "busy":
+            load = stack.enter_context(background_load(list(range(os.cpu_count() or 1)), a.busy_duty))
+            c.record["conditions"]["busy"]["background"] = {k: v for k, v in load.items() if k != "pids"}
+        if {"profile", "knee", "validate"} & set(parts) or "whatif" in parts:
+            cfg, backend = stack.enter_context(c.server())
+            if "profile" in parts:
+                c.profile(cfg)
+            if "knee" in parts:
+                c.knee(cfg, backend)
+            if "validate" in parts:
+                c.validate(cfg, backend)
+            whatif = [c.whatif_here(backend, c.cfg.continuous.max_num_seqs)] if "whatif" in parts else []
+    for cap in ([int(x) for x in a.caps.split(",")] if "whatif" in parts else []):
+        with c.server(max_num_seqs=cap) as (_, backend):
+            whatif.append(c.whatif_here(backend, cap))
+        c.save("whatif", {"burst": dict(zip(("requests", "prompt", "output"), BURST)), "caps": whatif})
+
+
+@user_errors
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    parts = args.parts.split(",")
+    if unknown := [p for p in parts if p not in PARTS]:
+        raise ConfigError(f"--parts: unknown {', '.join(unknown)} (choose from {', '.join(PARTS)})")
+    command = " ".join(["python benchmarks/twin.py", *(argv if argv is not None else sys.argv[1:])])
+    c = Campaign(args, command.replace(str(ROOT) + "/", ""))
+    run(c, parts)
+    print(f"wrote {c.json}")
+
+
+if __name__ == "__main__":
+    main()
