@@ -148,6 +148,9 @@ def check_inputs(cfg: TrafficConfig) -> list[str]:
     tokens = sum(_mean_length(d, role) for d, role in ((cfg.prompt_len, "human"), (cfg.output_len, "gpt")))
     if cfg.sessions is not None and cfg.sessions.message_len.dist == "sharegpt":
         tokens += (cfg.sessions.turns - 1) / 2 * _mean_length(cfg.sessions.message_len, "human")
+    for c in cfg.classes or ():                # a class's own ShareGPT files are read here too
+        tokens = max(tokens, sum(_mean_length(d, role) for d, role in ((c.prompt_len, "human"), (c.output_len, "gpt"))
+                                 if d is not None))
     tokens = max(tokens, cfg.mean_tokens())    # prefix and sessions counted there
     for rate in cfg.rates:
         n = cfg.expected_requests(rate)

@@ -338,3 +338,16 @@ def test_damage_to_an_earlier_point_reruns_it_and_restores_canonical_order(tmp_p
     assert seen == [("continuous", 5.0)]
     assert_same_files(full, out)
     assert not list(out.glob(".*.tmp"))
+
+
+@pytest.mark.parametrize("content", [None, "not json", '{"a": 1}'])
+def test_a_classs_sharegpt_file_is_checked_before_the_first_file_is_written(tmp_path, content):
+    share = tmp_path / "share.json"
+    if content is not None:
+        share.write_text(content)
+    classes = ("traffic.classes=[{name: a, weight: 1}, {name: b, weight: 1, "
+               f"prompt_len: {{dist: sharegpt, path: '{share}'}}}}]")
+    out = tmp_path / "results" / "latest"
+    with pytest.raises(ConfigError, match="share.json"):
+        run_sweep(load_config(None, SMALL + [classes]), out)
+    assert not (tmp_path / "results").exists()
