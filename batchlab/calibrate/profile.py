@@ -230,20 +230,7 @@ def _profile_main(config, overrides, preset, strategy, batch_sizes, contexts, pr
     if without and refit_src is None:
         raise ConfigError("--without goes with --refit (a measured profile fits every term)")
     if refit_src is not None:
-        if config or overrides or preset:
-            raise ConfigError("--refit fits a saved profile's samples; do not give a config, --set or --preset with it")
-        src = Path(refit_src)
-        if not src.is_file():
-            raise ConfigError(f"--refit: file not found: {src}")
-        terms = tuple(t.strip() for t in without.split(",") if t.strip())
-        bad = [t for t in terms if t not in (*COEFFS[1:], SHAPE)]
-        if bad:
-            raise ConfigError(f"--without {', '.join(bad)}: unknown term; terms: {', '.join((*COEFFS[1:], SHAPE))}")
-        f = refit(src, path, terms)
-        click.echo(f"refitted {src} ({f.num_samples} steps{', without ' + ', '.join(terms) if terms else ''}): "
-                   f"error rms {100 * f.rms_rel_error:.1f}%, max {100 * f.max_rel_error:.1f}%")
-        click.echo(f"wrote {path}")
-        return
+        return _refit_main(refit_src, without, path, bool(config or overrides or preset))
     if preset is not None:
         if config or overrides:
             raise ConfigError("--preset writes a preset as it is; do not give a config or --set with it")
@@ -284,4 +271,21 @@ def _profile_main(config, overrides, preset, strategy, batch_sizes, contexts, pr
                f"warm-up {1e3 * c.warmup_s:.3f} ms; "
                f"error rms {100 * f.rms_rel_error:.1f}%, "
                f"max {100 * f.max_rel_error:.1f}%")
+    click.echo(f"wrote {path}")
+
+
+def _refit_main(refit_src: str, without: str, path: Path, with_config: bool) -> None:
+    """profile --refit: fit a saved profile's samples again, some terms held at zero."""
+    if with_config:
+        raise ConfigError("--refit fits a saved profile's samples; do not give a config, --set or --preset with it")
+    src = Path(refit_src)
+    if not src.is_file():
+        raise ConfigError(f"--refit: file not found: {src}")
+    terms = tuple(t.strip() for t in without.split(",") if t.strip())
+    bad = [t for t in terms if t not in (*COEFFS[1:], SHAPE)]
+    if bad:
+        raise ConfigError(f"--without {', '.join(bad)}: unknown term; terms: {', '.join((*COEFFS[1:], SHAPE))}")
+    f = refit(src, path, terms)
+    click.echo(f"refitted {src} ({f.num_samples} steps{', without ' + ', '.join(terms) if terms else ''}): "
+               f"error rms {100 * f.rms_rel_error:.1f}%, max {100 * f.max_rel_error:.1f}%")
     click.echo(f"wrote {path}")

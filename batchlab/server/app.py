@@ -56,7 +56,13 @@ def create_app(server: Server, keep_alive: bool = True, limit_concurrency: int |
         app.add_middleware(CloseConnections)
     app.add_middleware(StampArrival, clock=server.clock)
     app.openapi = lambda: openapi(app, server.opts.model_names, server.vocab, server.max_model_len)
+    errors(app, server)
+    routes(app, server)
+    return app
 
+
+def errors(app: FastAPI, server: Server) -> None:
+    """Every failure answered in the OpenAI error shape, each refusal counted."""
     @app.exception_handler(APIError)
     async def api_error(request, exc: APIError):
         server.metrics.observe_refusal(exc.status)     # NOTE: a request that failed in the engine is
@@ -77,6 +83,9 @@ def create_app(server: Server, keep_alive: bool = True, limit_concurrency: int |
         # NOTE: a bug, not a refusal; the traceback goes to the server log (Starlette re-raises it).
         return APIError(500, f"internal server error: {type(exc).__name__}").response()
 
+
+def routes(app: FastAPI, server: Server) -> None:
+    """The OpenAI endpoints, health and Prometheus metrics."""
     @app.post("/v1/completions")
     async def completions(body: CompletionBody, request: HTTPRequest):
         return await server.handle(body, request)
@@ -105,8 +114,6 @@ def create_app(server: Server, keep_alive: bool = True, limit_concurrency: int |
         if peak:
             server.metrics.peak_memory.labels(peak["peak_mem_kind"]).set(peak["peak_mem_bytes"])
         return Response(server.metrics.render(), media_type=server.metrics.content_type)
-
-    return app
 
 
 def refusal(method: str, path: str, exc: StarletteHTTPException) -> APIError:
