@@ -119,6 +119,18 @@ def _validate_load(d: dict) -> str:
     return _load(d)
 
 
+def _sides(signs: dict | None, metric: str) -> str:
+    """A table cell: the share of cells where the simulator read below the real run, and above."""
+    if signs is None:
+        return ""
+    s = signs.get(metric)
+    return f" {s['below']:.0%} / {s['above']:.0%} |" if s else " – |"
+
+
+def _below(per: dict) -> str:
+    """' (sim below real in N %)' where the record has it."""
+    return f" ({per['below']:.0%} below)" if "below" in per else ""
+
 def validate_sim(d: dict) -> str:
     """Held-out accuracy of the calibrated simulator: per metric, |error| beside the machine's own
     rerun difference, interval coverage and the target; then what each later term of the model earns."""
@@ -128,25 +140,28 @@ def validate_sim(d: dict) -> str:
              f"{d['duration_s']:g} s of traffic per point, each trace run twice on the real model; "
              f"{d['threads']} torch thread(s); {_validate_load(d)}):", "",
              "| metric | cells | simulator error (abs.), median / P90 | real rerun vs run (abs.), median / P90 "
-             "| in 90 % interval | target | met |", "|---|---|---|---|---|---|---|"]
+             "| in 90 % interval | target | met |" + (" simulator below / above the real run |" if d.get("signs") else ""),
+             "|---|---|---|---|---|---|---|" + ("---|" if d.get("signs") else "")]
     for m in d["metrics"]:
         lines.append(f"| {METRIC_NAMES.get(m['metric'], m['metric'])} | {m['cells']} | {pct(m['error_median'])} / "
                      f"{pct(m['error_p90'])} | {pct(m['noise_median'])} / {pct(m['noise_p90'])} | {pct(m['coverage'])} | "
-                     f"{m['target'] or '–'} | {m['met'] or '–'} |")
+                     f"{m['target'] or '–'} | {m['met'] or '–'} |" + _sides(d.get("signs"), m["metric"]))
     lines += ["", f"The 90 % intervals held the real value in **{pct(d['coverage'])}** of all {d['cells']} cells "
               "(an honest 90 % interval: 85–95 %)."]
     if d.get("ablation"):
         full = {m["metric"]: m for m in d["metrics"]}
         keys = [k for k in METRIC_NAMES if k in full]
         lines += ["", "What each term of the step model earns (same real runs; profiles refitted with the term "
-                  "held at zero; median absolute error):", "",
+                  "held at zero; median absolute error" + (", and the share of cells where the simulator read below the "
+                  "real run" if d.get("signs") else "") + "):", "",
                   "| model | " + " | ".join(METRIC_NAMES[k] for k in keys) + " |", "|---" * (len(keys) + 1) + "|",
-                  "| all eight terms | " + " | ".join(pct(full[k]["error_median"]) for k in keys) + " |"]
+                  "| the whole model | " + " | ".join(pct(full[k]["error_median"]) + _below(d.get("signs", {}).get(k, {}))
+                                                     for k in keys) + " |"]
         for name, per in d["ablation"].items():
-            lines.append(f"| {name} | " + " | ".join(pct(per[k]["error_median"]) for k in keys) + " |")
+            lines.append(f"| {name} | " + " | ".join(pct(per[k]["error_median"]) + _below(per[k]) for k in keys) + " |")
         if d.get("uncorrected"):
             u = d["uncorrected"]
-            lines.append("| all eight terms, no drift correction | "
+            lines.append("| the whole model, no drift correction | "
                          + " | ".join(pct(u[k]["error_median"]) if k in u else "–" for k in keys) + " |")
     if d.get("drift"):
         lines += ["", "Drift: the reference burst (8 requests, 48 + 24 tokens) ran at " + "; ".join(
@@ -190,6 +205,16 @@ def serving(d: dict) -> str:
              "| server | sustained req/s | first failing req/s | points per search | p99 TTFT / TPOT there "
              "| saturated tok/s (burst) | tok/s served at the first failing rate | memory (what it is) |",
              "|---|---|---|---|---|---|---|---|"]
+    rows, done = _serving_rows(d, rule)
+    lines += rows
+    lines += _versus(done, rule)
+    lines += _serving_notes(d, done)
+    return "\n".join(lines)
+
+
+def _serving_rows(d: dict, rule: dict) -> tuple[list[str], dict[str, list[dict]]]:
+    """One table row per server (medians over its repeats), and the repeats that ran, by server."""
+    lines: list[str] = []
     done: dict[str, list[dict]] = {}
     for res in d["servers"]:
         reps = [r for r in res["repeats"] if "error" not in r]
@@ -210,7 +235,13 @@ def serving(d: dict) -> str:
                      f"{' / '.join(str(len(r['probes'])) for r in reps)} | {there} | {_median_of(sat, '{:,.0f}')} | "
                      f"{_median_of([p['window_tok_s'] for p in fail_pts], '{:,.0f}')} | "
                      f"{_memory(reps[-1])} |")
-    lines += _versus(done, rule)
+    return lines, done
+
+
+def _serving_notes(d: dict, done: dict[str, list[dict]]) -> list[str]:
+    """Every probe of every search with why it failed, the serving overhead, the load generator's
+    lag, and which lines an earlier run carried."""
+    lines: list[str] = []
     for name, reps in done.items():
         for r in (r for r in reps if r["points"]):
             probes = " · ".join(f"{p['rate']:g} " + ("✓" if p["sustained"] else f"✗ ({', '.join(p['why'])})")
@@ -228,7 +259,7 @@ def serving(d: dict) -> str:
         lines.append(f"- Load generator's send lag p99 at 200 req/s ({label}): **{_spread(o['runs_ms'])} ms**.")
     for part, c in carried.items():
         lines.append(f"- The {part} lines come from an earlier run, `{c['command']}` ({_load(c | {'cpus': d['cpus']})}).")
-    return "\n".join(lines)
+    return lines
 
 
 def _versus(done: dict[str, list[dict]], rule: dict) -> list[str]:
@@ -373,19 +404,24 @@ def policies(d: dict) -> str:
         f"{verdict(p['sjf']['mean_e2e_cut'] >= t['sjf_mean_e2e_cut'] and p['sjf']['p99_ratio'] <= t['sjf_p99_ratio'])}**, "
         f"VTC light p99 TTFT ≤ {t['vtc_light_vs_solo']:g}× solo **{verdict(p['vtc']['target_met'])}**" for _, name, p in parts) + "."]
     if "hf" in d:
-        sides = {k: d[k]["sjf"]["mean_e2e_s"] for k in ("sim", "hf")}
-        order = {k: sorted(m, key=m.get) for k, m in sides.items()}
-        cut = {k: {s: m[s] < m["fcfs"] for s in ("sjf_oracle", "sjf_noisy")} for k, m in sides.items()}
-        helps = {k: d[k]["vtc"]["light_p99_ttft_vs_solo"]["vtc"] < d[k]["vtc"]["light_p99_ttft_vs_solo"]["fcfs"]
-                 for k in ("sim", "hf")}
-        direction = cut["sim"] == cut["hf"] and helps["sim"] == helps["hf"]
-        lines.append(f"Simulator and HF engine agree in direction: **{'yes' if direction else 'no'}** (each SJF variant "
-                     f"{'below' if cut['sim']['sjf_oracle'] else 'above'} FCFS in mean E2E on the simulator, "
-                     f"{'below' if cut['hf']['sjf_oracle'] else 'above'} on HF; VTC cuts light's p99 TTFT against FCFS on "
-                     f"{'both' if all(helps.values()) else 'one'}); in full ranking of mean E2E: "
-                     f"**{'yes' if order['sim'] == order['hf'] else 'no'}** (simulator {' < '.join(order['sim'])}; "
-                     f"HF {' < '.join(order['hf'])}).")
+        lines.append(_policies_agree(d))
     return "\n".join(lines)
+
+
+def _policies_agree(d: dict) -> str:
+    """Whether the simulator and the HF engine rank the policies alike."""
+    sides = {k: d[k]["sjf"]["mean_e2e_s"] for k in ("sim", "hf")}
+    order = {k: sorted(m, key=m.get) for k, m in sides.items()}
+    cut = {k: {s: m[s] < m["fcfs"] for s in ("sjf_oracle", "sjf_noisy")} for k, m in sides.items()}
+    helps = {k: d[k]["vtc"]["light_p99_ttft_vs_solo"]["vtc"] < d[k]["vtc"]["light_p99_ttft_vs_solo"]["fcfs"]
+             for k in ("sim", "hf")}
+    direction = cut["sim"] == cut["hf"] and helps["sim"] == helps["hf"]
+    return (f"Simulator and HF engine agree in direction: **{'yes' if direction else 'no'}** (each SJF variant "
+                 f"{'below' if cut['sim']['sjf_oracle'] else 'above'} FCFS in mean E2E on the simulator, "
+                 f"{'below' if cut['hf']['sjf_oracle'] else 'above'} on HF; VTC cuts light's p99 TTFT against FCFS on "
+                 f"{'both' if all(helps.values()) else 'one'}); in full ranking of mean E2E: "
+                 f"**{'yes' if order['sim'] == order['hf'] else 'no'}** (simulator {' < '.join(order['sim'])}; "
+                 f"HF {' < '.join(order['hf'])}).")
 
 
 def ray_sweep(d: dict) -> str:
@@ -434,11 +470,154 @@ def client_vs_vllm_bench(d: dict) -> str:
     return "\n".join(lines)
 
 
+# The twin's targets: metric -> median bound, met where the error is within max(bound, 1.5x the rerun floor)
+TWIN_TARGETS = {"e2e_p50": 0.07, "tpot_p50": 0.07, "ttft_p50": 0.15}
+PUBLISHED = ("Published beside (their own hardware, their own held-out sets, no noise floor stated): BLIS "
+             "(inference-sim), a twin of vLLM on 36 held-out configurations, median error E2E 6.7 %, TTFT 17.6 %, "
+             "ITL 7.1 %; Vidur, under 9 % error on end-to-end latency; LLMServingSim 2.0, about 2 % once its KV "
+             "capacity is matched to vLLM's.")
+
+
+def _pct(x) -> str:
+    return "–" if x is None or x != x else f"{100 * x:.1f} %"
+
+
+def _twin_verdict(m: dict) -> str:
+    bound = TWIN_TARGETS.get(m["metric"])
+    if bound is None:
+        return "–"
+    limit = max(bound, 1.5 * m["noise_median"])
+    return f"≤ {_pct(limit)}: " + ("**yes**" if m["error_median"] <= limit else "no")
+
+
+def _twin_profile(d: dict) -> list[str]:
+    p = d["profile"]
+    g, lim = p["grid"], p["limits"]
+    said = "; ".join(f"{k} {v['value']} ({v['source']})" for k, v in lim.items())
+    return [f"Profile (`{d['conditions']['quiet']['profiled']['command']}`, 1-minute load "
+            f"{p['load_1min'][0]:.1f}–{p['load_1min'][1]:.1f}): batch sizes {g['batch_sizes']}, contexts "
+            f"{g['contexts']}, prompts {g['prompts']}, {g['repeats']} repeats; {p['fit_samples']} steps fitted with "
+            f"{_pct(p['fit_rms_rel_error'])} rms relative error; decode step {1e3 * p['decode_step_s_at_1']:.2f} ms at "
+            f"one row; front end {1e3 * p['frontend_s']:.1f} ms per request. Limits read: {said}."]
+
+
+def _twin_validate(cond: str, v: dict) -> list[str]:
+    rates = "; ".join(f"`{w}` {r}" for w, r in v["rates"].items())
+    lines = [f"**{cond}** (`{v['command']}`; req/s {rates}; {v['cells']} cells):", "",
+             "| metric | cells | twin error (abs.), median / P90 | rerun floor, median / P90 | twin below / above "
+             "the server | target (median) |", "|---|---|---|---|---|---|"]
+    signs = v["signs"]
+    for m in v["metrics"]:
+        s = signs.get(m["metric"])
+        side = f"{s['below']:.0%} / {s['above']:.0%}" if s else "–"
+        lines.append(f"| {METRIC_NAMES.get(m['metric'], m['metric'])} | {m['cells']} | {_pct(m['error_median'])} / "
+                     f"{_pct(m['error_p90'])} | {_pct(m['noise_median'])} / {_pct(m['noise_p90'])} | {side} | "
+                     f"{_twin_verdict(m)} |")
+    drift = ", ".join(f"`{w}` {f[next(iter(f))]['factor']:.2f}×" for w, f in v["drift"].items())
+    lines += ["", f"90 % intervals held **{_pct(v['coverage'])}** of the cells (target 85–95 %). Drift (a reference "
+              f"burst timed around each workload's runs, against the profile): {drift}."]
+    return lines
+
+
+def _twin_earlier(cond: dict) -> list[str]:
+    """The same real runs replayed on an earlier twin (another placement of the front end, say)."""
+    lines = []
+    for e in cond.get("earlier_validations", []):
+        per = "; ".join(f"{METRIC_NAMES.get(m['metric'], m['metric'])} {_pct(m['error_median'])}"
+                        + (f" (below the server in {e['signs'][m['metric']]['below']:.0%})" if m["metric"] in e["signs"] else "")
+                        for m in e["metrics"])
+        lines += ["", f"The same runs replayed on `{e.get('twin', 'twin.yaml')}` (`{e['command']}`): median error {per}; "
+                  f"intervals held {_pct(e['coverage'])}."]
+    return lines
+
+
+def _twin_knee(conds: dict) -> list[str]:
+    lines = ["| machine | server sustains (each search: held / failed) | twin predicts (held / failed) | "
+             "twin / server | within 10 % |", "|---|---|---|---|---|"]
+    made: list[str] = []
+    for cond, c in conds.items():
+        if "knee" not in c:
+            continue
+        k = c["knee"]
+        held = [m["sustained_rate"] for m in k["measured"] if m.get("sustained_rate")]
+        pred = k["predicted"]["sustained_rate"]
+        searches = ", ".join(f"{m.get('sustained_rate')} / {m.get('failed_rate')}" for m in k["measured"])
+        ratio = pred / statistics.median(held) if held and pred else None
+        made.append(f"{cond}: {_made_by(k)}" + "".join(
+            f"; before it, `{e['by']}` predicted {e['sustained_rate']} / {e['failed_rate']}" for e in k.get("earlier_predictions", [])))
+        lines.append(f"| {cond} | {searches} | {pred} / {k['predicted']['failed_rate']} | "
+                     f"{'–' if ratio is None else f'{ratio:.2f}'} | "
+                     f"{'–' if ratio is None else ('**yes**' if abs(ratio - 1) <= 0.10 else 'no')} |")
+    return lines + ["", "Made by " + "; ".join(made) + "."] if made else lines
+
+
+def _twin_whatif(w: dict) -> list[str]:
+    b = w["burst"]
+    lines = [f"What-if ({_made_by(w)}): a burst of {b['requests']} requests ({b['prompt']} + {b['output']} "
+             "tokens) on vLLM restarted at each sequence cap, twice, against the twin of the one profile:", "",
+             "| cap | measured tok/s | twin tok/s | error | measured p50 TPOT | twin p50 TPOT | error |",
+             "|---|---|---|---|---|---|---|"]
+    for c in w["caps"]:
+        toks = [r["tok_s"] for r in c["measured"]]
+        tpots = [1e3 * r["tpot_p50"] for r in c["measured"]]
+        p = c["predicted"]
+        lines.append(f"| {c['cap']} | {', '.join(f'{x:.0f}' for x in toks)} | {p['tok_s']:.0f} | "
+                     f"{_signed(p['tok_s'] / statistics.median(toks) - 1)} | {', '.join(f'{x:.1f}' for x in tpots)} ms | "
+                     f"{1e3 * p['tpot_p50']:.1f} ms | {_signed(1e3 * p['tpot_p50'] / statistics.median(tpots) - 1)} |")
+    for i, e in enumerate(w["caps"][0].get("earlier_predictions", [])):
+        caps = [(c["cap"], c["earlier_predictions"][i]) for c in w["caps"]]
+        lines += ["", f"Predicted before by `{e['by']}`: " + "; ".join(
+            f"cap {cap} {p['tok_s']:.0f} tok/s, p50 TPOT {1e3 * p['tpot_p50']:.1f} ms" for cap, p in caps) + "."]
+    return lines + ["", _twin_direction(w["caps"])]
+
+
+def _twin_direction(caps: list[dict]) -> str:
+    """Each other cap against the first (the profile's own): the change the server showed and the twin's."""
+    def change(c: dict, key: str) -> tuple[float, float]:
+        real = statistics.median(r[key] for r in c["measured"]) / statistics.median(r[key] for r in caps[0]["measured"])
+        return real - 1, c["predicted"][key] / caps[0]["predicted"][key] - 1
+    parts = []
+    for c in caps[1:]:
+        for key, name in (("tok_s", "throughput"), ("tpot_p50", "p50 TPOT")):
+            real, twin = change(c, key)
+            parts.append(f"cap {c['cap']} {name} {_signed(real)} measured, {_signed(twin)} twin "
+                         f"({'same direction' if real * twin > 0 else 'OPPOSITE direction'})")
+    return f"Against cap {caps[0]['cap']}: " + "; ".join(parts) + "."
+
+
+def _made_by(part: dict) -> str:
+    """The command that measured a part, and the one that predicted it when that was a later one."""
+    if "measured_by" in part:
+        return f"server: `{part['measured_by']}`; twin: `{part['command']}`"
+    return f"`{part['command']}`"
+
+
+def _signed(x: float) -> str:
+    return f"{100 * x:+.1f} %"
+
+
+def twin_vllm(d: dict) -> str:
+    """A twin of vLLM against vLLM: the profile, held-out accuracy per machine condition, the knee
+    and the what-if; the published twins beside."""
+    conds = d["conditions"]
+    lines = _twin_profile(d) + [""]
+    for cond in ("quiet", "busy"):
+        if "validate" in conds.get(cond, {}):
+            lines += _twin_validate(cond, conds[cond]["validate"]) + _twin_earlier(conds[cond]) + [""]
+    lines += ["Sustained rate under the SLO (TTFT p99 ≤ "
+              f"{d['slo']['ttft_s']:g} s, TPOT p99 ≤ {1e3 * d['slo']['tpot_s']:g} ms), searched the same way on both:", ""]
+    lines += _twin_knee(conds) + [""]
+    if "whatif" in conds.get("quiet", {}):
+        lines += _twin_whatif(conds["quiet"]["whatif"]) + [""]
+    return "\n".join(lines + [PUBLISHED])
+
+
 RENDER = {"sim_speed": sim_speed, "hf_dynamic_vs_naive": hf_dynamic_vs_naive, "engine_vs_hf_cb": engine_vs_hf_cb,
           "validate_sim": validate_sim, "serving": serving, "client_vs_vllm_bench": client_vs_vllm_bench,
-          "prefix_cache": prefix_cache, "policies": policies, "ray_sweep": ray_sweep}
+          "prefix_cache": prefix_cache, "policies": policies, "ray_sweep": ray_sweep,
+          "twin_vllm": twin_vllm}
 # Result files written by a benchmark with other settings (serving-max-num-seqs-128.json, ...) use its renderer.
-FAMILIES = {"serving-": serving}
+FAMILIES = {"serving-": serving, "validate_sim_": validate_sim}
 BLOCK = re.compile(r"(<!-- figures:([\w.-]+) -->\n)(.*?)(<!-- /figures:\2 -->)", re.S)
 
 
