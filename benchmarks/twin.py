@@ -18,6 +18,8 @@ this client has core 0, and is restarted for every condition and every what-if c
    (twice), against the twin's prediction from the one profile; the profile's own cap is measured
    on the first server as the control.
 --condition busy runs 2 and 3 with a background load on both cores (baselines/background.py).
+--predict-only recomputes the twin's side of 2 and 4 (after a new profile) beside the server's
+figures already measured, and starts no server.
 Each part's figures go to --json (docs/results/twin_vllm.json) as soon as they exist; parts not run
 keep what an earlier run measured, with its command and load.
 """
@@ -31,6 +33,7 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import pandas as pd
+import yaml
 
 from batchlab.backends.openai_client import OpenAIBackend
 from batchlab.baselines import compare, process, vllm
@@ -71,6 +74,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--fractions", default="0.25,0.45,0.65",
                     help="validate: rates as fractions of each workload's saturated rate on the server")
     ap.add_argument("--caps", default="8,128", help="whatif: sequence caps the server is restarted with")
+    ap.add_argument("--predict-only", action="store_true",
+                    help="knee, whatif: recompute the twin's predictions (a new profile) beside the measured figures kept")
+    ap.add_argument("--front-end-on-engine", action="store_true",
+                    help="use the profile with its front end charged to the engine (batchlab profile does this for a "
+                         "server that says it computes on the CPU; a profile taken before it did not)")
     ap.add_argument("--venv", default=str(ROOT / ".venv-vllm"))
     ap.add_argument("--out", default=str(ROOT / "results" / "twin-vllm"))
     ap.add_argument("--json", default=str(ROOT / "docs" / "results" / "twin_vllm.json"))
@@ -103,21 +111,39 @@ class Campaign:
             yield cfg, OpenAIBackend(running.url, running.model, timeout_s=self.cfg.backend.timeout_s)
 
     def save(self, part: str, figures: dict) -> None:
-        self.cond[part] = figures | {"command": self.command, "load_1min_after": os.getloadavg()[0]}
+        twin = self.out / ("twin-front-end-on-engine.yaml" if self.args.front_end_on_engine else "twin.yaml")
+        self.cond[part] = {"twin": os.path.relpath(twin, ROOT)} | figures | {"command": self.command,
+                                                                           "load_1min_after": os.getloadavg()[0]}
         self.json.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(self.json, json.dumps(self.record, indent=2, default=float) + "\n")
 
-    def twin(self) -> Twin:
+    def twin_path(self) -> Path:
+        """The twin the parts use: the profile's, or with --front-end-on-engine the same profile with
+        its front end charged to the engine (written beside it, once)."""
         path = self.out / "twin.yaml"
         if not path.is_file():
             raise ConfigError(f"no twin at {path}: run the profile part first")
-        return Twin(load_config(path))
+        if not self.args.front_end_on_engine:
+            return path
+        moved, moved_profile = self.out / "twin-front-end-on-engine.yaml", self.out / "profile-front-end-on-engine.json"
+        prof = json.loads((self.out / "profile.json").read_text())
+        write_atomic(moved_profile, json.dumps(prof | {"frontend_on_engine": True}, indent=2) + "\n")
+        tree = yaml.safe_load(path.read_text())
+        tree["backend"]["profile"] = str(moved_profile.resolve())
+        write_atomic(moved, "# The twin of twin.yaml's profile with its front end charged to the engine at admission.\n"
+                     + yaml.safe_dump(tree, sort_keys=False))
+        return moved
+
+    def twin(self) -> Twin:
+        return Twin(load_config(self.twin_path()))
 
     # --- the parts --------------------------------------------------------------------------
     def profile(self, cfg) -> None:
         print("profile: the server from the client (black box)", flush=True)
         twin = profile_server(cfg, GRID, self.out / "profile.json", self.out / "twin.yaml", progress=print)
         prof = json.loads((self.out / "profile.json").read_text())
+        if "profile" in self.record:         # an earlier profile's figures stay, beside the new one's
+            self.record.setdefault("earlier_profiles", []).append(self.record["profile"])
         self.record["profile"] = {"grid": prof["grid"], "fit_rms_rel_error": prof["fit_rms_rel_error"],
                                   "fit_samples": prof["fit_samples"], "frontend_s": prof["frontend_s"],
                                   "limits": prof["limits"], "load_1min": prof["setup"]["load_avg_1min"],
@@ -144,10 +170,14 @@ class Campaign:
                                           w: t | {"rates": rates[w]} for w, t in cfg.validation.workloads.items()}})})
         where = self.out / self.args.condition / "validate"
         print(f"validate: rates {rates}", flush=True)
-        v = validate(vcfg, [], where, progress=print, twin=str(self.out / "twin.yaml"))
+        v = validate(vcfg, [], where, progress=print, twin=str(self.twin_path()))
         for line in report_lines(v):
             print(line)
         acc = json.loads((where / "accuracy.json").read_text())
+        if "validate" in self.cond:          # the same real runs replayed on an earlier twin: kept beside
+            earlier = self.cond["validate"]
+            self.cond.setdefault("earlier_validations", []).append(
+                {k: earlier[k] for k in ("metrics", "signs", "coverage", "command", "twin") if k in earlier})
         self.save("validate", {"rates": rates, "metrics": acc["metrics"], "drift": acc["drift"], "load_1min": acc["load_1min"],
                                "uncorrected": acc["uncorrected"], "signs": signs(v.cells),
                                "coverage": float(v.cells["inside"].mean()), "cells": len(v.cells)})
@@ -194,8 +224,29 @@ def signs(cells: pd.DataFrame) -> dict[str, dict[str, float]]:
                 "cells": len(g)} for m, g in lat.groupby("metric", sort=False)}
 
 
+def predict_again(c: Campaign, parts: list[str]) -> None:
+    """The twin's figures for the knee and the what-if from the current twin, beside the server's
+    figures measured earlier (kept as they are): what a new profile predicts for the same runs."""
+    a, twin, kept = c.args, c.twin(), c.cond
+    if "knee" in parts:
+        cfg = c.cfg
+        kept["knee"].setdefault("earlier_predictions", []).append(kept["knee"]["predicted"] | {"by": kept["knee"]["command"]})
+        kept["knee"]["predicted"] = predicted_knee(twin, cfg.traffic, cfg.slo, c.bracket(), a.tolerance, a.max_points)
+        c.save("knee", {k: v for k, v in kept["knee"].items() if k not in ("command", "load_1min_after")}
+               | {"measured_by": kept["knee"].get("measured_by", kept["knee"]["command"])})
+    if "whatif" in parts:
+        n, p, o = BURST
+        for cap in kept["whatif"]["caps"]:
+            cap.setdefault("earlier_predictions", []).append(cap["predicted"] | {"by": kept["whatif"]["command"]})
+            cap["predicted"] = predicted_burst(twin, n, p, o, max_num_seqs=cap["cap"])
+        c.save("whatif", {k: v for k, v in kept["whatif"].items() if k not in ("command", "load_1min_after")}
+               | {"measured_by": kept["whatif"].get("measured_by", kept["whatif"]["command"])})
+
+
 def run(c: Campaign, parts: list[str]) -> None:
     a = c.args
+    if a.predict_only:
+        return predict_again(c, parts)
     with ExitStack() as stack:
         if a.condition == "busy":
             load = stack.enter_context(background_load(list(range(os.cpu_count() or 1)), a.busy_duty))
@@ -221,6 +272,12 @@ def main(argv: list[str] | None = None) -> None:
     parts = args.parts.split(",")
     if unknown := [p for p in parts if p not in PARTS]:
         raise ConfigError(f"--parts: unknown {', '.join(unknown)} (choose from {', '.join(PARTS)})")
+    try:
+        lo, hi = (float(x) for x in args.bracket.split(","))
+    except ValueError:
+        raise ConfigError(f"--bracket: want LO,HI in req/s, got {args.bracket!r}") from None
+    if not 0 < lo < hi:
+        raise ConfigError(f"--bracket: want 0 < LO < HI, got {args.bracket!r}")
     command = " ".join(["python benchmarks/twin.py", *(argv if argv is not None else sys.argv[1:])])
     c = Campaign(args, command.replace(str(ROOT) + "/", ""))
     run(c, parts)

@@ -146,6 +146,7 @@ class EngineFacts:
     vocab_size: int | None = None          # a prompt given as ids must use 0..vocab_size-1 (None: unchecked)
     max_context: int | None = None         # tokens of context (prompt + output) a request may use (None: no limit)
     arrival_delay_s: float = 0.0           # seconds from a request's arrival until the engine may see it (a front end)
+    frontend_engine_s: float = 0.0         # engine seconds each request's front end takes (one on the engine's cores)
 
     @property
     def memory(self) -> MemoryBudget | None:
@@ -189,6 +190,10 @@ class Engine(Backend):
     def release(self, request: Request) -> None:
         """Free engine-side state (KV) of a finished, failed, cancelled or preempted request.
         A no-op for engines that keep none."""
+
+    def front_end(self, seconds: float) -> None:
+        """Front-end work that took the engine's processor (facts' frontend_engine_s per request):
+        a simulated engine charges it to its next step; a real one has lived it already."""
 
 
 class LoadTarget(Backend):

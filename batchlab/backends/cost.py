@@ -75,7 +75,23 @@ class StepCost:
     admit_s: float = 0.0          # per request whose prompt starts in the step
     warmup_s: float = 0.0         # request-level decode: extra time of a call's first step, fading (warm_weight)
     frontend_s: float = 0.0       # per request, before any step: a server's front end (HTTP, tokenizing), not a step
+    # NOTE: where the front end runs on the processor the steps run on (a server computing on the
+    # CPU), its work takes the engine's time: requests pass the front end one after another, and
+    # the step running meanwhile is longer by the front end's time (EngineFacts.frontend_engine_s),
+    # instead of each arrival being delayed while the engine runs on (a GPU server)
+    frontend_on_engine: bool = False
     shape_s: tuple[tuple[float, float], ...] = ()   # (tokens computed, seconds) knots of the shape correction
+
+    @property
+    def arrival_delay_s(self) -> float:
+        """Time between a request's arrival and the engine seeing it, for a front end beside the
+        engine (one on the engine's processor queues its requests: frontend_engine_s)."""
+        return 0.0 if self.frontend_on_engine else self.frontend_s
+
+    @property
+    def frontend_engine_s(self) -> float:
+        """Engine time each request's front end takes, for a front end on the engine's processor."""
+        return self.frontend_s if self.frontend_on_engine else 0.0
 
     def shape(self, tokens):
         """The shape correction for a pass computing `tokens` (prompt tokens + decode rows; numpy

@@ -354,7 +354,8 @@ def parse_server_config(config: Any) -> dict[str, Any]:
     """vLLM's config (as JSON) in the continuous section's names: max_num_seqs,
     max_num_batched_tokens, chunk_size (chunked prefill: its per-request cap,
     long_prefill_token_threshold, or else the whole token budget; None when off), block_size,
-    num_kv_blocks, prefix_caching, and kv_cache_gib. What it does not state is left out."""
+    num_kv_blocks, prefix_caching, and kv_cache_gib; and the device the model runs on. What it
+    does not state is left out."""
     sched, cache = ((config.get(k) if isinstance(config, dict) else None) for k in ("scheduler_config", "cache_config"))
     sched, cache = (x if isinstance(x, dict) else {} for x in (sched, cache))
     names = [(sched, "max_num_seqs", "max_num_seqs"), (sched, "max_num_batched_tokens", "max_num_batched_tokens"),
@@ -366,6 +367,9 @@ def parse_server_config(config: Any) -> dict[str, Any]:
         out["chunk_size"] = cap if sched["enable_chunked_prefill"] else None
     if cache.get("kv_cache_memory_bytes"):
         out["kv_cache_gib"] = cache["kv_cache_memory_bytes"] / GIB
+    device = config.get("device_config") if isinstance(config, dict) else None
+    if isinstance(device, dict) and isinstance(device.get("device"), str):
+        out["device"] = device["device"]             # what the model runs on: "cpu", "cuda", ...
     return out
 
 

@@ -95,12 +95,19 @@ class SimulatedBackend(Engine):
         self.busy_s = 0.0           # simulated seconds spent in steps
         self._stall_clock = 0.0     # cumulative prefill seconds of all steps (see _charge_stalls)
         self._stall_mark: dict[Request, float] = {}   # decoding row -> _stall_clock when it began
+        self.front_end_due = 0.0    # front-end seconds the engine's processor owes: added to the next step
 
     async def start(self, clock: Clock) -> None:
         """A new run: stall accounting starts from zero, so a point's numbers never depend on
         the points run before it in the same process (resume must reproduce them exactly)."""
         self._stall_clock = 0.0
         self._stall_mark.clear()
+        self.front_end_due = 0.0
+
+    def front_end(self, seconds: float) -> None:
+        """Front-end work done on the engine's processor since the last step: the next step is
+        that much longer (the two take turns on the same cores)."""
+        self.front_end_due += seconds
 
     def describe(self) -> dict[str, Any]:
         return {"backend": "sim", "device": self.cost.description or self.cost.name,
@@ -110,7 +117,7 @@ class SimulatedBackend(Engine):
         return EngineFacts(frozenset({"request", "iteration"}), decode_windows=self.decode_windows,   # see _window
                            kv_bytes_per_token=self.cost.kv_bytes_per_token,
                            kv_budget_bytes=self.cost.kv_budget_bytes, vocab_size=self.vocab,
-                           arrival_delay_s=self.cost.frontend_s)
+                           arrival_delay_s=self.cost.arrival_delay_s, frontend_engine_s=self.cost.frontend_engine_s)
 
     def batch_step_times(self, prompt_lens: list[int], output_lens: list[int]) -> np.ndarray:
         """Durations of each step of a padded request-level batch, as generate() runs it: every
@@ -177,6 +184,8 @@ class SimulatedBackend(Engine):
             if done >= total:
                 emit.append(r)
         dt = self.cost.step_time(context, prefill, decode, *self._prompt_terms(prefilling))
+        if self.front_end_due:
+            dt, self.front_end_due = dt + self.front_end_due, 0.0
         self._charge_stalls(prefill, prefilling)
         self.steps += 1
         self.busy_s += dt
@@ -208,7 +217,10 @@ class SimulatedBackend(Engine):
                 prefilling.append((r, n))
             if r.max_new_tokens - had < shortest:
                 shortest = r.max_new_tokens - had
-        first = start + self.cost.step_time(context, prefill, rows - len(prefilling), *self._prompt_terms(prefilling))
+        dt = self.cost.step_time(context, prefill, rows - len(prefilling), *self._prompt_terms(prefilling))
+        if self.front_end_due:                 # added as step() adds it, so the sums agree bit for bit
+            dt, self.front_end_due = dt + self.front_end_due, 0.0
+        first = start + dt
         if prefill:
             self._charge_stalls(prefill, prefilling)
         until = math.inf if step.until is None else step.until

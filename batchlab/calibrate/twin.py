@@ -58,6 +58,8 @@ def limits(cfg: RunConfig, published: dict[str, Any], started: dict[str, Any] | 
             out["chunk_size"] = Limit(None, source)
         elif record and "max_num_batched_tokens" in record and out["chunk_size"].source.startswith("vLLM default"):
             out["chunk_size"] = Limit(record["max_num_batched_tokens"], f"{source} (chunked prefill)")
+    if (stated or {}).get("device"):
+        out["device"] = Limit(stated["device"], "server /server_info")
     out |= _published(published)
     return out
 
@@ -81,7 +83,8 @@ def write_twin(cfg: RunConfig, prof: BlackBoxProfile, grid: ProbeGrid, setup: di
     block = int(found["block_size"].value)
     base = StepCost(0, 0, 0, 0, 0, kv_bytes_per_token=1,
                     kv_budget_bytes=(kv.value * block) if kv and kv.value else 1 << 40)
-    cost = replace(prof.fit.to_cost(base), frontend_s=prof.frontend_s, name=f"twin of {cfg.backend.model}",
+    cost = replace(prof.fit.to_cost(base), frontend_s=prof.frontend_s, frontend_on_engine=on_engine(found),
+                   name=f"twin of {cfg.backend.model}",
                    description=f"black-box profile of {cfg.backend.model} at {cfg.backend.base_url} "
                                f"(fit rms error {100 * prof.fit.rms_rel_error:.1f}%)")
     pred = prof.fit.predict(prof.samples)
@@ -94,6 +97,17 @@ def write_twin(cfg: RunConfig, prof: BlackBoxProfile, grid: ProbeGrid, setup: di
     twin = validate(tree, f"{twin_path}: ")
     write_atomic(twin_path, _header(cfg, found) + yaml.safe_dump(tree, sort_keys=False))
     return twin
+
+
+def on_engine(found: dict[str, Limit]) -> bool:
+    """Whether the server's front end shares the processor its model runs on: a server that says
+    it computes on the CPU. Tokenizing and HTTP then take the engine's own cores (on one pinned
+    core, 10 ms of front end per request at 20 req/s is a fifth of the engine's time), so the
+    twin's front end takes requests one at a time and the engine pays for it (run/driver.py
+    Inbox); a server that names no device is taken to compute on an accelerator, where the
+    front end only delays the request."""
+    device = found.get("device")
+    return device is not None and str(device.value).lower() == "cpu"
 
 
 def twin_tree(cfg: RunConfig, profile_path: Path, found: dict[str, Limit]) -> dict[str, Any]:
@@ -110,6 +124,12 @@ def _header(cfg: RunConfig, found: dict[str, Limit]) -> str:
     lines += [f"#   continuous.{k}: {v.value!r} ({v.source})" for k, v in found.items() if k in ContinuousConfig.model_fields]
     if any(v.source.startswith("vLLM default") for v in found.values()):
         lines.append("# A 'vLLM default' is assumed, not read: edit it if the server was started otherwise.")
+    if on_engine(found):
+        lines.append(f"# Its front end shares the processor the model runs on (device {found['device'].value}, "
+                     f"{found['device'].source}): requests pass it one at a time, taking the engine's time.")
+    else:
+        lines.append("# Its front end runs beside the engine (no device stated: taken as an accelerator): "
+                     "it delays each request.")
     return "\n".join(lines) + "\n"
 
 

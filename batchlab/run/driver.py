@@ -84,9 +84,14 @@ class Inbox:
     arrival_delay_s), though it counts from its arrival: its stamps are never shifted."""
 
     def __init__(self, planned: Iterable[Request] = (), live: bool = False, flush_idle_s: float | None = None,
-                 delay_s: float = 0.0):
+                 delay_s: float = 0.0, engine_s: float = 0.0):
         self.delay_s = delay_s
         self.planned = deque(sorted(planned, key=lambda r: (r.arrival_time, r.index)))
+        # A front end on the engine's processor (engine_s per request) takes planned requests one
+        # after another: each is handed over when the front end is done with it, and the engine
+        # owes the front end's time (`owed`, charged by the driver to the engine's next step).
+        self.engine_s, self.owed = engine_s, 0.0
+        self.due: deque[float] = deque(_serial(self.planned, engine_s)) if engine_s else deque()
         self.later: list[tuple[float, int, Request]] = []   # planned while running (session turns): a heap
         self.live: deque[Request] = deque()
         self.open = live                   # live submissions may still come
@@ -123,6 +128,11 @@ class Inbox:
     @property
     def next_arrival(self) -> float | None:
         """When the next planned request is handed over (its arrival plus the front end's delay)."""
+        if self.engine_s:
+            nxt = self.due[0] if self.due else None
+            if self.later and (nxt is None or self.later[0][0] + self.engine_s < nxt):
+                nxt = self.later[0][0] + self.engine_s
+            return nxt
         nxt = self.planned[0].arrival_time if self.planned else None
         if self.later and (nxt is None or self.later[0][0] < nxt):
             nxt = self.later[0][0]
@@ -141,9 +151,14 @@ class Inbox:
             return True
         return self.quiet or (self.flush_idle_s is not None and now >= self.last_arrival + self.flush_idle_s)
 
-    def release(self, now: float, scheduler: Scheduler, occupancy: Occupancy | None = None) -> None:
+    def release(self, now: float, scheduler: Scheduler, occupancy: Occupancy | None = None,
+                idle_from: float | None = None) -> None:
+        """Hand the scheduler every request due by `now`. `idle_from`: when the engine went idle,
+        if it has been idle since (a front end on its processor then ran for free)."""
         # NOTE: due when arrival + delay <= now, the sum `next_arrival` wakes the loop at: testing
         # arrival <= now - delay instead can miss by one ulp, and the loop then wakes forever
+        if self.engine_s:
+            return self._release_serial(now, scheduler, occupancy, idle_from)
         d = self.delay_s
         while self.later and self.later[0][0] + d <= now:  # merged with the trace by (arrival, index)
             if self.planned and (self.planned[0].arrival_time, self.planned[0].index) < self.later[0][:2]:
@@ -155,11 +170,39 @@ class Inbox:
         while self.live:
             self._hand(self.live.popleft(), scheduler, occupancy)
 
+    def _release_serial(self, now: float, scheduler: Scheduler, occupancy: Occupancy | None,
+                        idle_from: float | None) -> None:
+        """release() behind a front end on the engine's processor: planned requests when the front
+        end is done with them (`due`); a session's later turn engine_s after its arrival (it is
+        not queued behind the trace: a simplification, turns being few). The engine owes the part
+        of each front end's work done while it was busy; none of what fell in its idle time."""
+        d = self.engine_s
+        busy_until = now if idle_from is None else idle_from
+        while self.planned and self.due[0] <= now:
+            self.owed += min(d, max(0.0, busy_until - (self.due.popleft() - d)))
+            self._hand(self.planned.popleft(), scheduler, occupancy)
+        while self.later and self.later[0][0] + d <= now:
+            self.owed += min(d, max(0.0, busy_until - self.later[0][0]))
+            self._hand(heapq.heappop(self.later)[2], scheduler, occupancy)
+        while self.live:
+            self._hand(self.live.popleft(), scheduler, occupancy)
+
     @staticmethod
     def _hand(r: Request, scheduler: Scheduler, occupancy: Occupancy | None) -> None:
         if occupancy is not None:
             occupancy.arrived(r)
         scheduler.add(r)
+
+
+def _serial(planned: Iterable[Request], engine_s: float) -> list[float]:
+    """When a front end that takes engine_s per request, one at a time, is done with each of
+    the planned requests (in their order): the later of its arrival and the previous one's end,
+    plus engine_s."""
+    done, out = float("-inf"), []
+    for r in planned:
+        done = max(r.arrival_time, done) + engine_s
+        out.append(done)
+    return out
 
 
 def given(cfg: RunConfig, facts: EngineFacts, live: bool, sessions: bool = False) -> Given:
@@ -185,10 +228,14 @@ async def drive(scheduler: Scheduler, backend: Engine, clock: Clock, inbox: Inbo
     if next_turn is not None:
         on_done = _continuing(on_done, next_turn, inbox)
     idle_since = clock.now()
+    idle_from: float | None = idle_since      # when the engine went idle, while it is (None: it ran since)
     stalled: dict[Request, tuple[float, int]] = {}   # preempted -> (when, tokens it had)
     while True:
         now = clock.now()
-        inbox.release(now, scheduler, occupancy)
+        inbox.release(now, scheduler, occupancy, idle_from)
+        if inbox.owed:                         # a front end on the engine's processor took this much of it
+            backend.front_end(inbox.owed)
+            inbox.owed = 0.0
         if inbox.cancelled:                    # NOTE: hot loop (every step): call only when needed
             _drop_cancelled(scheduler, backend, inbox, on_done)
         out = scheduler.schedule(now, draining=inbox.draining(now))
@@ -199,16 +246,18 @@ async def drive(scheduler: Scheduler, backend: Engine, clock: Clock, inbox: Inbo
             if on_launch is not None:
                 on_launch(len(out.requests))
             await _run_batch(scheduler, backend, clock, out, on_done, on_progress)
-            idle_since = clock.now()
+            idle_since, idle_from = clock.now(), None
         elif isinstance(out, Step):
             if out.repeat > 1:
                 _bound_window(out, scheduler, inbox)
             if on_launch is not None:
                 on_launch(len(out.chunks))
             await _run_step(scheduler, backend, clock, out, on_done, on_progress, stalled)
+            idle_from = None
         else:
             if inbox.exhausted and not scheduler.has_work():
                 return
+            idle_from = now if idle_from is None else idle_from
             await _idle(clock, inbox, now, _until_paused(out, scheduler, inbox, now))
 
 

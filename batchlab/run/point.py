@@ -66,7 +66,8 @@ async def drive_trace(cfg: RunConfig, strategy: str, trace: list[TraceItem], bac
     talks = None
     if sessions:                                    # traffic.sessions: later turns come from the driver
         talks = Conversations(trace, requests, t0, cfg.traffic.horizon_s, facts.vocab_size, backend.prepare)
-    await drive(scheduler, backend, clock, Inbox(runnable(requests), delay_s=facts.arrival_delay_s), occupancy=occupancy,
+    await drive(scheduler, backend, clock, Inbox(runnable(requests), delay_s=facts.arrival_delay_s,
+                                                engine_s=facts.frontend_engine_s), occupancy=occupancy,
                 next_turn=talks.next_turn if talks else None)
     return (talks.requests() if talks else requests), t0
 

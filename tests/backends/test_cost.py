@@ -60,3 +60,12 @@ def test_decode_ends_keep_the_zero_terms_when_they_are_not_zero():
     cost = StepCost(1e-3, 0.0, 1e-6, float("inf"), 1e-4, kv_bytes_per_token=1, kv_budget_bytes=1)
     assert all(math.isnan(t) for t in cost.decode_ends(0.0, 10, 2, 3))
     assert math.isnan(cost.step_time(10, 0, 2))
+
+
+def test_a_front_end_on_the_engine_is_engine_time_not_a_delay():
+    from dataclasses import replace
+    beside = replace(COST, frontend_s=5e-3)
+    shared = replace(beside, frontend_on_engine=True)
+    assert (beside.arrival_delay_s, beside.frontend_engine_s) == (5e-3, 0.0)
+    assert (shared.arrival_delay_s, shared.frontend_engine_s) == (0.0, 5e-3)
+    assert shared.step_time(100, 64, 8, admitted=2) == beside.step_time(100, 64, 8, admitted=2)   # steps alike

@@ -48,6 +48,9 @@ def test_the_serving_script_answers_help():
     ("serving.py", ["--bracket", "fast"], "--bracket: want LO,HI"),
     ("client_vs_vllm_bench.py", ["--venv", "/nonexistent"], "no vLLM environment"),
     ("policies.py", ["--only-hf"], "--only-hf needs --json"),
+    ("twin.py", ["--parts", "profile,nap"], "--parts: unknown nap"),
+    ("twin.py", ["--bracket", "fast"], "--bracket: want LO,HI"),
+    ("twin.py", ["--predict-only", "--out", "/nonexistent/twin"], "no twin at /nonexistent/twin/twin.yaml"),
 ])
 def test_bad_input_is_one_line_exit_2_and_nothing_written(tmp_path, script, args, says):
     out = tmp_path / "result.json"

@@ -71,6 +71,15 @@ def test_a_server_that_states_its_limits_gets_a_twin_with_them(tmp_path):
     assert "continuous.max_num_seqs: 12 (server /server_info)" in text and "assumed" not in text
 
 
+def test_a_server_on_the_cpu_gets_a_twin_whose_front_end_takes_engine_time(tmp_path):
+    twin = profile(FakeServer(vllm_config={"device_config": {"device": "cpu"}}), tmp_path)
+    cost = twin.backend.cost()
+    assert cost.frontend_on_engine and cost.arrival_delay_s == 0.0 and cost.frontend_engine_s == cost.frontend_s > 0
+    assert "shares the processor the model runs on (device cpu, server /server_info)" in (tmp_path / "p.twin.yaml").read_text()
+    gpu = profile(FakeServer(vllm_config={"device_config": {"device": "cuda"}}), tmp_path)
+    assert gpu.backend.cost().frontend_engine_s == 0.0 and gpu.backend.cost().arrival_delay_s > 0
+
+
 def test_a_server_is_profiled_into_a_twin_that_runs(tmp_path):
     twin = profile(FakeServer(), tmp_path)
     assert (tmp_path / "p.json").is_file() and (tmp_path / "p.twin.yaml").is_file()

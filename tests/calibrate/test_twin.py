@@ -35,3 +35,12 @@ def test_what_the_server_states_beats_what_it_was_asked_for_which_beats_the_defa
 def test_chunked_prefill_turned_off_when_started_is_no_chunking():
     got = values(limits(cfg(), {}, {"server": "vllm", "asked": {"chunked_prefill": False}}))
     assert got["chunk_size"] == (None, "started with")
+
+
+def test_the_device_a_server_states_decides_where_its_front_end_runs():
+    from batchlab.backends.openai_client import parse_server_config
+    from batchlab.calibrate.twin import on_engine
+    assert parse_server_config({"device_config": {"device": "cpu"}}) == {"device": "cpu"}
+    found = limits(cfg(), {}, None, stated=parse_server_config({"device_config": {"device": "cpu"}}))
+    assert values(found)["device"] == ("cpu", "server /server_info") and on_engine(found)
+    assert not on_engine(limits(cfg(), {}, None)) and not on_engine(limits(cfg(), {}, None, stated={"device": "cuda"}))

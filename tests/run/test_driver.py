@@ -144,3 +144,35 @@ def test_a_front_end_delay_hands_over_a_request_whose_arrival_plus_delay_rounds_
     reqs, clock = make_requests([a], [3]), VirtualClock()
     clock.run(drive(continuous(), UnitStepBackend(), clock, Inbox(reqs, delay_s=d)))
     assert reqs[0].status is Status.FINISHED and reqs[0].token_times[0] > a + d
+
+
+class OwingBackend(UnitStepBackend):
+    """UnitStepBackend that records the front-end time it is charged, and when."""
+
+    def __init__(self, step: float = 1.0):
+        super().__init__(step)
+        self.charged: list[float] = []
+
+    def front_end(self, seconds: float) -> None:
+        self.charged.append(seconds)
+
+
+def test_a_front_end_on_the_engines_processor_takes_requests_one_at_a_time():
+    reqs, clock = make_requests([0.0, 0.0, 0.0, 10.0], [1, 1, 1, 1]), VirtualClock()
+    inbox = Inbox(reqs, engine_s=0.25)
+    assert list(inbox.due) == [0.25, 0.5, 0.75, 10.25]     # queued behind each other, then one alone
+    backend = OwingBackend(step=1.0)
+    clock.run(drive(continuous(), backend, clock, inbox))
+    assert all(r.status is Status.FINISHED for r in reqs)
+    # the first three came while the engine was idle or busy: only the part done while it ran a
+    # step is owed (0.5 and 0.75 end inside the first step, which began at 0.25); the fourth came
+    # to an idle engine and costs it nothing
+    assert reqs[0].token_times[0] == pytest.approx(1.25)
+    assert sum(backend.charged) == pytest.approx(0.5)
+
+
+def test_without_a_front_end_on_the_engine_nothing_is_charged():
+    reqs, clock = make_requests([0.0, 0.0], [2, 2]), VirtualClock()
+    backend = OwingBackend()
+    clock.run(drive(continuous(), backend, clock, Inbox(reqs, delay_s=0.25)))
+    assert backend.charged == [] and reqs[0].token_times[0] == pytest.approx(1.25)
