@@ -30,6 +30,7 @@ import json
 import os
 import sys
 from contextlib import ExitStack, contextmanager
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
@@ -230,14 +231,22 @@ def predict_again(c: Campaign, parts: list[str]) -> None:
     a, twin, kept = c.args, c.twin(), c.cond
     if "knee" in parts:
         cfg = c.cfg
-        kept["knee"].setdefault("earlier_predictions", []).append(kept["knee"]["predicted"] | {"by": kept["knee"]["command"]})
+        before = kept["knee"]["predicted"]
         kept["knee"]["predicted"] = predicted_knee(twin, cfg.traffic, cfg.slo, c.bracket(), a.tolerance, a.max_points)
+        if kept["knee"]["command"] != c.command and before["probes"] != kept["knee"]["predicted"]["probes"]:
+            # an earlier twin's prediction that differs stays beside (a rerun of the same one replaces)
+            kept["knee"].setdefault("earlier_predictions", []).append(before | {"by": kept["knee"]["command"]})
+        drift = kept.get("validate", {}).get("drift", {}).get("base", {}).get("server")
+        if drift:           # the machine as the validation's reference bursts found it (its base workload)
+            kept["knee"]["predicted_at_drift"] = predicted_knee(replace(twin, scale=drift["factor"]), cfg.traffic, cfg.slo,
+                                                                c.bracket(), a.tolerance, a.max_points) | {"factor": drift["factor"]}
         c.save("knee", {k: v for k, v in kept["knee"].items() if k not in ("command", "load_1min_after")}
                | {"measured_by": kept["knee"].get("measured_by", kept["knee"]["command"])})
     if "whatif" in parts:
         n, p, o = BURST
         for cap in kept["whatif"]["caps"]:
-            cap.setdefault("earlier_predictions", []).append(cap["predicted"] | {"by": kept["whatif"]["command"]})
+            if kept["whatif"]["command"] != c.command:
+                cap.setdefault("earlier_predictions", []).append(cap["predicted"] | {"by": kept["whatif"]["command"]})
             cap["predicted"] = predicted_burst(twin, n, p, o, max_num_seqs=cap["cap"])
         c.save("whatif", {k: v for k, v in kept["whatif"].items() if k not in ("command", "load_1min_after")}
                | {"measured_by": kept["whatif"].get("measured_by", kept["whatif"]["command"])})

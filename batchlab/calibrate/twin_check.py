@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from batchlab.backends.simulated import SimulatedBackend
+from batchlab.calibrate.validate import sim_cost
 from batchlab.core.config import RunConfig, SLOConfig, TrafficConfig
 from batchlab.core.metrics import summarize
 from batchlab.core.request import Request
@@ -25,19 +26,21 @@ from batchlab.run.point import run_point
 
 @dataclass(frozen=True)
 class Twin:
-    """A twin config (as `batchlab profile` writes it) ready to replay traces."""
+    """A twin config (as `batchlab profile` writes it) ready to replay traces; `scale` multiplies
+    every step cost (a machine measured slower than at the profile: validate's drift factor)."""
     cfg: RunConfig
+    scale: float = 1.0
 
     def with_limits(self, **limits: Any) -> Twin:
         """The same twin with continuous-section limits replaced (e.g. max_num_seqs=8)."""
         section = self.cfg.continuous.model_copy(update=limits)
-        return Twin(self.cfg.model_copy(update={"continuous": section}))
+        return Twin(self.cfg.model_copy(update={"continuous": section}), self.scale)
 
     def replay(self, trace: list[TraceItem], traffic: TrafficConfig | None = None, slo: SLOConfig | None = None,
                rate: float = 1.0) -> list[Request]:
         """The trace on the twin, in virtual time: its requests, times from the run's start."""
         cfg = self.cfg.model_copy(update={"traffic": traffic or self.cfg.traffic, "slo": slo or self.cfg.slo})
-        backend = SimulatedBackend(cfg.backend.cost())
+        backend = SimulatedBackend(sim_cost(cfg, cfg.backend.cost(), self.scale))
         return run_point(cfg, cfg.strategies[0], rate, 0, backend, trace).requests
 
 

@@ -47,6 +47,14 @@ def test_a_boolean_where_a_number_belongs_is_refused(tmp_path):
     assert status == 2 and "traffic.duration_s" in one_error_line(err) and not (tmp_path / "r").exists()
 
 
+@pytest.mark.parametrize("key", ["traffic.rates=[true]", "traffic.rates=[5, false]", "continuous.max_num_seqs=true"])
+def test_a_boolean_in_a_list_or_section_is_refused_too(key):
+    from batchlab.errors import ConfigError
+    from batchlab.run.config import load_config
+    with pytest.raises(ConfigError, match=key.split("=")[0].replace(".", r"\.")):
+        load_config(None, [key])
+
+
 def test_an_empty_out_is_refused_and_nothing_lands_in_the_working_directory(tmp_path):
     status, _, err = run(*SWEEP, "--set", "out=", cwd=tmp_path)
     assert status == 2 and "out" in one_error_line(err) and files_in(tmp_path) == set()
