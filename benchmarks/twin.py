@@ -33,13 +33,13 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import replace
 from pathlib import Path
 
-import pandas as pd
 import yaml
 
 from batchlab.backends.openai_client import OpenAIBackend
 from batchlab.baselines import compare, process, vllm
 from batchlab.baselines.background import background_load
 from batchlab.baselines.server_limits import from_section
+from batchlab.calibrate.accuracy import sides
 from batchlab.calibrate.blackbox import ProbeGrid
 from batchlab.calibrate.server import profile_server
 from batchlab.calibrate.twin_check import Twin, predicted_burst, predicted_knee
@@ -99,6 +99,12 @@ class Campaign:
                         "pinned": bool(self.cpus), "slo": self.cfg.slo.model_dump(exclude_none=True)}
         self.cond = self.record.setdefault("conditions", {}).setdefault(args.condition, {})
         self.command = command
+        self.moved = False                  # --front-end-on-engine: its twin is written for this profile
+
+    def twin_file(self) -> Path:
+        """The twin the parts use: the profile's, or with --front-end-on-engine the same profile with
+        its front end on the engine (what `batchlab profile` writes for a server on the CPU)."""
+        return self.out / ("twin-front-end-on-engine.yaml" if self.args.front_end_on_engine else "twin.yaml")
 
     # --- the server -------------------------------------------------------------------------
     @contextmanager
@@ -112,27 +118,25 @@ class Campaign:
             yield cfg, OpenAIBackend(running.url, running.model, timeout_s=self.cfg.backend.timeout_s)
 
     def save(self, part: str, figures: dict) -> None:
-        twin = self.out / ("twin-front-end-on-engine.yaml" if self.args.front_end_on_engine else "twin.yaml")
-        self.cond[part] = {"twin": os.path.relpath(twin, ROOT)} | figures | {"command": self.command,
+        self.cond[part] = {"twin": os.path.relpath(self.twin_file(), ROOT)} | figures | {"command": self.command,
                                                                            "load_1min_after": os.getloadavg()[0]}
         self.json.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(self.json, json.dumps(self.record, indent=2, default=float) + "\n")
 
     def twin_path(self) -> Path:
-        """The twin the parts use: the profile's, or with --front-end-on-engine the same profile with
-        its front end charged to the engine (written beside it, once)."""
-        path = self.out / "twin.yaml"
+        """twin_file(), written beside twin.yaml the first time it is asked for after a profile."""
+        path, moved = self.out / "twin.yaml", self.twin_file()
         if not path.is_file():
             raise ConfigError(f"no twin at {path}: run the profile part first")
-        if not self.args.front_end_on_engine:
-            return path
-        moved, moved_profile = self.out / "twin-front-end-on-engine.yaml", self.out / "profile-front-end-on-engine.json"
-        prof = json.loads((self.out / "profile.json").read_text())
-        write_atomic(moved_profile, json.dumps(prof | {"frontend_on_engine": True}, indent=2) + "\n")
-        tree = yaml.safe_load(path.read_text())
-        tree["backend"]["profile"] = str(moved_profile.resolve())
-        write_atomic(moved, "# The twin of twin.yaml's profile with its front end charged to the engine at admission.\n"
-                     + yaml.safe_dump(tree, sort_keys=False))
+        if moved != path and not self.moved:
+            moved_profile = self.out / "profile-front-end-on-engine.json"
+            prof = json.loads((self.out / "profile.json").read_text())
+            write_atomic(moved_profile, json.dumps(prof | {"frontend_on_engine": True}, indent=2) + "\n")
+            tree = yaml.safe_load(path.read_text())
+            tree["backend"]["profile"] = str(moved_profile.resolve())
+            write_atomic(moved, "# twin.yaml's profile with its front end on the engine: requests pass it one at a "
+                         "time, taking the engine's time.\n" + yaml.safe_dump(tree, sort_keys=False))
+            self.moved = True
         return moved
 
     def twin(self) -> Twin:
@@ -142,6 +146,7 @@ class Campaign:
     def profile(self, cfg) -> None:
         print("profile: the server from the client (black box)", flush=True)
         twin = profile_server(cfg, GRID, self.out / "profile.json", self.out / "twin.yaml", progress=print)
+        self.moved = False                  # a new profile: the moved twin is written again from it
         prof = json.loads((self.out / "profile.json").read_text())
         if "profile" in self.record:         # an earlier profile's figures stay, beside the new one's
             self.record.setdefault("earlier_profiles", []).append(self.record["profile"])
@@ -180,7 +185,7 @@ class Campaign:
             self.cond.setdefault("earlier_validations", []).append(
                 {k: earlier[k] for k in ("metrics", "signs", "coverage", "command", "twin") if k in earlier})
         self.save("validate", {"rates": rates, "metrics": acc["metrics"], "drift": acc["drift"], "load_1min": acc["load_1min"],
-                               "uncorrected": acc["uncorrected"], "signs": signs(v.cells),
+                               "uncorrected": acc["uncorrected"], "signs": sides(v.cells),
                                "coverage": float(v.cells["inside"].mean()), "cells": len(v.cells)})
 
     def rates(self, cfg, backend) -> dict[str, list[float]]:
@@ -216,13 +221,6 @@ class Campaign:
 
     def fractions(self) -> list[float]:
         return [float(x) for x in self.args.fractions.split(",")]
-
-
-def signs(cells: pd.DataFrame) -> dict[str, dict[str, float]]:
-    """Per latency metric: the share of cells where the twin read below the server, and above."""
-    lat = cells[cells["kind"] == "latency"]
-    return {m: {"below": float((g["sim"] < g["real"]).mean()), "above": float((g["sim"] > g["real"]).mean()),
-                "cells": len(g)} for m, g in lat.groupby("metric", sort=False)}
 
 
 def predict_again(c: Campaign, parts: list[str]) -> None:

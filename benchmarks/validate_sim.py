@@ -29,6 +29,7 @@ import pandas as pd
 import yaml
 
 from batchlab.baselines.background import background_load
+from batchlab.calibrate.accuracy import sides
 from batchlab.core.files import write_atomic
 
 CONFIG = {
@@ -89,18 +90,10 @@ def ablate(bl: list[str], config: Path, out: Path, strategies: list[str], env: d
             profiles += ["--profile", str(dst)]
         sh(bl + ["validate", str(config), *profiles, "--out", str(vdir)], env)
         metrics = json.loads((vdir / "accuracy.json").read_text())["metrics"]
-        below = signs(pd.read_csv(vdir / "validation.csv"))
+        below = sides(pd.read_csv(vdir / "validation.csv"))
         result[name] = {m["metric"]: {"error_median": m["error_median"], "error_p90": m["error_p90"],
                                       "coverage": m["coverage"]} | below.get(m["metric"], {}) for m in metrics}
     return result
-
-
-def signs(cells: pd.DataFrame) -> dict[str, dict[str, float]]:
-    """Per latency metric, the share of cells where the simulator read below the real run (and
-    above): an error that is one-sided shows here however small its median."""
-    lat = cells[cells["kind"] == "latency"]
-    return {m: {"below": float((g["sim"] < g["real"]).mean()), "above": float((g["sim"] > g["real"]).mean())}
-            for m, g in lat.groupby("metric", sort=False)}
 
 
 def main() -> int:
@@ -175,7 +168,7 @@ def result(args, out: Path, ablation: dict, load_before) -> dict:
     return {"command": "python benchmarks/validate_sim.py " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
             "rates": args.rates, "duration_s": args.duration, "traffic_repeats": args.traffic_repeats,
             "threads": args.threads, "workloads": acc["workloads"], "profiles": acc["profiles"],
-            "metrics": acc["metrics"], "coverage": float(cells["inside"].mean()), "cells": len(cells), "signs": signs(cells),
+            "metrics": acc["metrics"], "coverage": float(cells["inside"].mean()), "cells": len(cells), "signs": sides(cells),
             "ablation": ablation, "drift": acc["drift"], "uncorrected": acc["uncorrected"],
             "load_1min_at_reference_bursts": acc.get("load_1min", {}),
             "cell_rows": cells.drop(columns=["kind"]).to_dict(orient="records"),

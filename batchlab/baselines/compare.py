@@ -26,10 +26,9 @@ from batchlab.baselines.metrics import Peaks, metrics_url
 from batchlab.core.clock import RealClock
 from batchlab.core.config import RunConfig
 from batchlab.core.files import write_atomic
-from batchlab.core.metrics import summarize
 from batchlab.core.search import knee, significant
-from batchlab.core.sustain import GROWTH, SERVED, judge, saturated_rate, saturated_tokens
-from batchlab.core.trace_item import TraceItem
+from batchlab.core.sustain import GROWTH, SERVED, burst_figures, judge
+from batchlab.core.traffic import fixed_burst
 from batchlab.errors import ConfigError
 
 PORT = 8010                 # batchlab serve's port here
@@ -123,15 +122,11 @@ def serving(name: str, s: Settings) -> Iterator[tuple[OpenAIBackend, str, tuple[
 
 
 def saturated(backend: OpenAIBackend, n: int, prompt_len: int, output_len: int) -> dict:
-    """`n` requests sent at once (the same trace for every server): output tokens per second in
-    the burst's steady middle (core/sustain.py saturated_tokens: the queue never empties there),
-    and requests per second (saturated_rate); median TPOT and TTFT over the finished."""
-    trace = [TraceItem(0.0, prompt_len, output_len) for _ in range(n)]
-    reqs, _ = RealClock().run(backend.run_trace(trace, RealClock()))
-    failed = sum(r.status.value != "finished" for r in reqs)
-    s = summarize(reqs)
-    return {"requests": n, "failed": failed, "tok_s": saturated_tokens(reqs), "req_s": saturated_rate(reqs),
-            "tpot_p50": s["tpot_p50"], "ttft_p50": s["ttft_p50"]}
+    """`n` requests sent at once (the same trace for every server), and the burst's figures
+    (core/sustain.py burst_figures: tok/s and req/s in its steady middle, where the queue never
+    empties; median TPOT and TTFT over the finished; how many did not finish)."""
+    reqs, _ = RealClock().run(backend.run_trace(fixed_burst(n, prompt_len, output_len), RealClock()))
+    return {"requests": n} | burst_figures(reqs)
 
 
 def probe(name: str, backend: OpenAIBackend, cfg: RunConfig, rate: float) -> dict:

@@ -86,6 +86,14 @@ def summary(table: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def sides(table: pd.DataFrame) -> dict[str, dict[str, float]]:
+    """Per latency metric: the share of cells where the simulator read below the real run, the
+    share above, and the cells: an error that is one-sided shows here however small its median."""
+    lat = table[table["kind"] == "latency"]
+    return {m: {"below": float((g["sim"] < g["real"]).mean()), "above": float((g["sim"] > g["real"]).mean()),
+                "cells": len(g)} for m, g in lat.groupby("metric", sort=False)}
+
+
 def verdict(metric: str, row: dict) -> dict:
     """The target for `metric`: each bound is met outright, or, where the machine's own
     noise at that percentile is larger than the bound, by an error within FLOOR_FACTOR x the noise."""

@@ -18,9 +18,9 @@ from batchlab.core.config import RunConfig, SLOConfig, TrafficConfig
 from batchlab.core.metrics import summarize
 from batchlab.core.request import Request
 from batchlab.core.search import knee, significant
-from batchlab.core.sustain import judge, saturated_rate, saturated_tokens
+from batchlab.core.sustain import burst_figures, judge
 from batchlab.core.trace_item import TraceItem
-from batchlab.core.traffic import build_trace
+from batchlab.core.traffic import build_trace, fixed_burst
 from batchlab.run.point import run_point
 
 
@@ -63,19 +63,6 @@ def predicted_knee(twin: Twin, traffic: TrafficConfig, slo: SLOConfig, bracket: 
             "points": points}
 
 
-def burst(n: int, prompt_len: int, output_len: int) -> list[TraceItem]:
-    """n requests of these lengths arriving at once (what a live saturated burst sends)."""
-    return [TraceItem(0.0, prompt_len, output_len) for _ in range(n)]
-
-
-def burst_figures(reqs: list[Request]) -> dict[str, float]:
-    """A saturated burst's figures, live or simulated alike: steady-middle output tok/s and req/s
-    (core/sustain.py), and median TPOT over its finished requests."""
-    s = summarize(reqs)
-    return {"tok_s": saturated_tokens(reqs), "req_s": saturated_rate(reqs), "tpot_p50": s["tpot_p50"],
-            "ttft_p50": s["ttft_p50"], "failed": s["failed"] + s["unfinished"]}
-
-
 def predicted_burst(twin: Twin, n: int, prompt_len: int, output_len: int, **limits: Any) -> dict[str, float]:
     """The burst on the twin, with `limits` replacing its own (the what-if)."""
-    return burst_figures((twin.with_limits(**limits) if limits else twin).replay(burst(n, prompt_len, output_len)))
+    return burst_figures((twin.with_limits(**limits) if limits else twin).replay(fixed_burst(n, prompt_len, output_len)))

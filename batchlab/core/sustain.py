@@ -73,6 +73,14 @@ def saturated_tokens(requests: Iterable[Request]) -> float:
     return _per_second(_steady_middle(requests), lambda done: sum(k for _, k in done))
 
 
+def burst_figures(requests: list[Request]) -> dict[str, float]:
+    """A saturated burst's figures, live or simulated alike: steady-middle output tok/s and req/s,
+    median TPOT and TTFT over its finished requests, and how many did not finish."""
+    s = summarize(requests)
+    return {"tok_s": saturated_tokens(requests), "req_s": saturated_rate(requests), "tpot_p50": s["tpot_p50"],
+            "ttft_p50": s["ttft_p50"], "failed": s["failed"] + s["unfinished"]}
+
+
 def makespan_rate(requests: Iterable[Request]) -> float:
     """Requests completed per second by a burst that arrived at once, over its whole span (first
     arrival to last completion): the measure for a burst of a batch or two, whose requests finish

@@ -237,6 +237,11 @@ def make_requests(trace: list[TraceItem], t0: float, prepare: Callable[[Request]
     return reqs
 
 
+def fixed_burst(n: int, prompt_len: int, output_len: int) -> list[TraceItem]:
+    """n requests of exactly these lengths, all arriving at once (a saturated burst)."""
+    return [TraceItem(0.0, prompt_len, output_len) for _ in range(n)]
+
+
 def burst_trace(cfg: TrafficConfig, n: int) -> tuple[float, list[TraceItem]]:
     """The first `n` requests of the traffic's own trace (lengths, classes), all arriving at once:
     a queue that never empties, for measuring what a backend completes saturated. Also the rate

@@ -78,3 +78,15 @@ def test_no_rerun_means_no_floor_and_a_model_only_interval():
     assert list(t["inside"]) == [True, False]
     s = accuracy.summary(t)
     assert math.isnan(s.loc[0, "noise_median"]) and s.loc[0, "met"] == "no"    # no floor excuses nothing
+
+
+def test_sides_counts_the_cells_below_and_above_the_real_run_per_latency_metric():
+    import pandas as pd
+
+    from batchlab.calibrate.accuracy import sides
+    t = pd.DataFrame({"kind": ["latency"] * 4 + ["saturation"], "metric": ["e2e_p50"] * 3 + ["tpot_p50", "throughput_tok_s"],
+                      "real": [1.0, 1.0, 1.0, 2.0, 5.0], "sim": [0.9, 0.8, 1.1, 2.0, 1.0]})
+    got = sides(t)
+    assert got["e2e_p50"] == {"below": 2 / 3, "above": 1 / 3, "cells": 3}
+    assert got["tpot_p50"] == {"below": 0.0, "above": 0.0, "cells": 1}    # equal reads as neither side
+    assert "throughput_tok_s" not in got

@@ -1,5 +1,6 @@
 """What a twin predicts: the knee searched and judged as a live server's, and a what-if burst."""
-from batchlab.calibrate.twin_check import Twin, burst, predicted_burst, predicted_knee
+from batchlab.calibrate.twin_check import Twin, predicted_burst, predicted_knee
+from batchlab.core.traffic import fixed_burst
 from batchlab.run.config import load_config
 
 
@@ -10,7 +11,7 @@ def twin(*sets):
 
 
 def test_a_burst_sends_n_requests_at_once():
-    items = burst(5, 100, 20)
+    items = fixed_burst(5, 100, 20)
     assert len(items) == 5 and {(i.arrival, i.prompt_len, i.output_len) for i in items} == {(0.0, 100, 20)}
 
 
