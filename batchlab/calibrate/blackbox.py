@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from batchlab.backends.base import LoadTarget
-from batchlab.backends.cost import StepCost, attention_pairs
+from batchlab.backends.cost import COEFFS, StepCost, attention_pairs
 from batchlab.calibrate.fit import Fit, StepSample, fit_step_times
 from batchlab.core.clock import Clock
 from batchlab.core.request import Request
@@ -137,6 +137,12 @@ async def measure(target: LoadTarget, clock: Clock, grid: ProbeGrid, progress=No
     return pr
 
 
+def most_samples(grid: ProbeGrid) -> int:
+    """Step samples the grid can give at most: one per decode window of each (batch, context), as
+    decode_gaps cuts a stream of `new_tokens` chunks, and one per prompt and row count beside a stream."""
+    return len(grid.batch_sizes) * len(grid.contexts) * len(range(0, grid.new_tokens - WINDOW, WINDOW)) + 2 * len(grid.prompts)
+
+
 def fit_profile(pr: Prober) -> BlackBoxProfile:
     """The step-time fit of the probes' medians, and the front end from the idle probes."""
     samples = [StepSample(b * (p + k), 0, b, statistics.median(v), "decode") for (b, p, k), v in sorted(pr.decode.items())]
@@ -146,6 +152,9 @@ def fit_profile(pr: Prober) -> BlackBoxProfile:
     if not any(s.kind == "prefill" for s in samples):
         raise ConfigError("no prefill step could be told apart in the stream beside it (every probe's first token came "
                           "in another step than the stream's): the server may batch prompts on their own; nothing was written")
+    if len(samples) < len(COEFFS):         # prefill probes the stream could not tell apart give no sample
+        raise ConfigError(f"the probes gave {len(samples)} step samples and the step-time model has {len(COEFFS)} terms: "
+                          "add batch sizes, contexts or prompts, or raise --new-tokens; nothing was written")
     fit = fit_step_times(samples)
     cost = fit.to_cost(StepCost(0, 0, 0, 0, 0, kv_bytes_per_token=1, kv_budget_bytes=1))
     front = [t - cost.step_time(p, p, 0, attention_pairs(p, 0), 1) for p, ts in pr.idle.items() for t in ts]

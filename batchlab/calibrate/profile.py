@@ -24,7 +24,7 @@ from batchlab.backends import TARGET, make_backend
 from batchlab.backends.base import Engine
 from batchlab.backends.cost import COEFFS, StepCost, attention_pairs, warm_weight
 from batchlab.backends.presets import load_cost
-from batchlab.calibrate.blackbox import ProbeGrid
+from batchlab.calibrate.blackbox import WINDOW, ProbeGrid, most_samples
 from batchlab.calibrate.fit import SHAPE, Fit, StepSample, fit_step_times
 from batchlab.core.clock import Clock, RealClock, VirtualClock
 from batchlab.core.request import Request
@@ -248,8 +248,13 @@ def _profile_main(config, overrides, preset, strategy, batch_sizes, contexts, pr
     cfg = load_user_config(config, overrides)
     if cfg.backend.role == TARGET:
         from batchlab.calibrate.server import profile_server
+        probes = ProbeGrid(*astuple(grid)[:6], gap_s=grid.gap_s or ProbeGrid.gap_s)
+        if most_samples(probes) < len(COEFFS):
+            raise ConfigError(f"the grid gives at most {most_samples(probes)} step samples from a server's streams; the "
+                              f"step-time model has {len(COEFFS)} terms to fit: add batch sizes, contexts or prompts, "
+                              f"or raise --new-tokens (a decode sample takes {WINDOW} tokens)")
         twin_path = Path(twin) if twin else path.with_name(path.stem + ".twin.yaml")
-        profile_server(cfg, ProbeGrid(*astuple(grid)[:6], gap_s=grid.gap_s or ProbeGrid.gap_s), path, twin_path,
+        profile_server(cfg, probes, path, twin_path,
                        progress=lambda m: click.echo(f"  {m}"))
         return
     cfg = cfg.model_copy(update={"strategies": [strategy]})

@@ -19,10 +19,14 @@ def write_atomic(path: str | Path, text: str) -> None:
     if path.is_file() and path.stat().st_size == len(data) and path.read_bytes() == data:
         return
     tmp = path.with_name(f".{path.name}.tmp")
-    with naming(path), tmp.open("wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
+    try:
+        with naming(path), tmp.open("wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException:
+        tmp.unlink(missing_ok=True)              # a full disk leaves no half-written temp file behind (as git's lock files)
+        raise
     os.replace(tmp, path)
     fsync_dir(path.parent)
 

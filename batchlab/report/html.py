@@ -14,6 +14,8 @@ from pathlib import Path
 
 from markdown_it import MarkdownIt
 
+from batchlab.core.files import write_atomic
+
 CSS = """
 body { font: 15px/1.5 system-ui, -apple-system, "Segoe UI", sans-serif; color: #222; max-width: 1100px;
        margin: 2em auto; padding: 0 1em; }
@@ -48,5 +50,5 @@ def write_html(report_md: Path) -> Path:
     text = report_md.read_text()
     title = text.splitlines()[0].lstrip("# ").strip() if text else "batchlab report"
     out = report_md.with_suffix(".html")
-    out.write_text(render(text, title, report_md.parent))
+    write_atomic(out, render(text, title, report_md.parent))
     return out

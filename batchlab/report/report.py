@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
+from batchlab.core.files import write_atomic
 from batchlab.report import capacity, classes, fmt, html, pareto, plots, run_plots, stats
 from batchlab.report import timeline as tl
 from batchlab.report.capacity import Capacity
@@ -89,7 +90,7 @@ def _build(results_dir: Path, summary: pd.DataFrame, setup: dict, config: dict) 
     md += classes.class_lines(requests, config, by_class)
     md += _useful(requests) + _method()
     path = results_dir / "report.md"
-    path.write_text("\n".join(md) + "\n")
+    write_atomic(path, "\n".join(md) + "\n")     # a kill or a full disk mid-write leaves the last report whole
     html.write_html(path)
     return path, lines
 

@@ -5,7 +5,8 @@ import pytest
 pytest.importorskip("httpx")
 
 from batchlab.backends.openai_client import OpenAIBackend  # noqa: E402
-from batchlab.calibrate.blackbox import ProbeGrid, decode_gaps, mixed_step, refusal, stream_checked  # noqa: E402
+from batchlab.calibrate.blackbox import (  # noqa: E402
+    ProbeGrid, decode_gaps, fit_profile, mixed_step, most_samples, refusal, stream_checked)
 from batchlab.calibrate.server import profile_server  # noqa: E402
 from batchlab.core.request import Request  # noqa: E402
 from batchlab.errors import ConfigError  # noqa: E402
@@ -105,3 +106,19 @@ def test_a_server_that_cannot_be_profiled_is_one_line_and_nothing_is_written(fau
         profile(FakeServer(**fault), tmp_path)
     assert "\n" not in str(e.value)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_grid_bounds_the_samples_a_server_gives(tmp_path):
+    """The bound `batchlab profile` checks before it measures holds for what a profile measured."""
+    import json
+    profile(FakeServer(), tmp_path)
+    assert 8 <= len(json.loads((tmp_path / "p.json").read_text())["samples"]) <= most_samples(SMALL)
+
+
+def test_probes_that_give_too_few_samples_are_one_line_not_a_fit_error():
+    from types import SimpleNamespace
+    probes = SimpleNamespace(decode={(1, 16, 2): [0.01], (2, 16, 2): [0.012]}, mixed={(1, 16, 16): [0.02]},
+                             idle={16: [0.03]}, reference=[0.01])
+    with pytest.raises(ConfigError, match="the probes gave 3 step samples") as e:
+        fit_profile(probes)
+    assert "\n" not in str(e.value)

@@ -104,11 +104,16 @@ def test_cli_profiles_a_sim_backend_and_the_profile_drives_the_simulator(tmp_pat
     (["--batch-sizes", "1,x", "--out", "p.json"], "--batch-sizes"),
     (["missing.yaml", "--out", "p.json"], "config file not found"),
     (["--new-tokens", "1", "--out", "p.json"], "--new-tokens"),
+    # a server's streams give one sample per 4-token window: 4 new tokens give none, 2 prompts 4 at most
+    (["--set", "backend.kind=openai", "--set", "backend.base_url=http://127.0.0.1:9/v1", "--set", "backend.model=m",
+      "--set", "strategies=[server]", "--batch-sizes", "1,2,4", "--contexts", "16", "--prompts", "16,64",
+      "--new-tokens", "4", "--out", "p.json"], "the grid gives at most 4 step samples"),
 ])
 def test_cli_bad_input_is_one_line_and_exit_2(args, needle, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     res = CliRunner().invoke(profile_cmd, args)
     assert res.exit_code == 2 and needle in res.output and len(res.output.strip().splitlines()) == 1
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.hf

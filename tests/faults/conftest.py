@@ -51,6 +51,13 @@ def one_error_line(err: str, prefix: str = "error: ") -> str:
     return lines[0]
 
 
+def last_error_line(err: str) -> str:
+    """A command that reports progress on stderr (capacity's rounds) ends in one error line."""
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert lines and sum(line.startswith("error: ") for line in lines) == 1 and "Traceback" not in err, err[-2000:]
+    return one_error_line(lines[-1])
+
+
 def kill_after(proc: subprocess.Popen, seconds: float, sig: int = signal.SIGKILL) -> None:
     """Send `sig` after `seconds`, unless the command has already ended."""
     deadline = time.monotonic() + seconds

@@ -5,7 +5,10 @@ command itself is the real one. `none` installs nothing.
 - `enospc-after-N`: the results writer's appends (run/results.py) write half their text, then
   raise OSError(ENOSPC), from the N+1-th append on: a disk that fills while a point is written.
 - `backend-raises`, `backend-hangs`, `backend-exits`: the simulator's step (and batch) raises
-  RuntimeError, sleeps for ever, or calls sys.exit(3), from the second call on.
+  RuntimeError, sleeps for ever, or calls sys.exit(3), from the second call on; with `-in-step`
+  (`backend-hangs-in-step`) only its step does, so request-level batches (naive) still run.
+- `enospc-writing-NAME`: writing a file named NAME, in place or through the temp file an atomic
+  write renames over it, writes half its text, then raises OSError(ENOSPC).
 - `killed-writing-NAME`: the process dies (os._exit) halfway through writing a file named NAME
   with Path.write_text: a kill that lands mid-write, made certain.
 """
@@ -32,10 +35,10 @@ def enospc_after(n: int) -> None:
     results.append_synced = append_synced
 
 
-def broken_backend(how: str) -> None:
+def broken_backend(how: str, methods: tuple[str, ...] = ("step", "run_batch")) -> None:
     from batchlab.backends.simulated import SimulatedBackend
 
-    for name in ("step", "run_batch"):
+    for name in methods:
         real, calls = getattr(SimulatedBackend, name), itertools.count()
 
         async def broken(self, *args, _real=real, _calls=calls, **kwargs):
@@ -82,11 +85,41 @@ def killed_writing(name: str) -> None:
     pathlib.Path.open = open_
 
 
+def enospc_writing(name: str) -> None:
+    real_open = pathlib.Path.open
+
+    def open_(self, mode="r", *args, **kwargs):
+        f = real_open(self, mode, *args, **kwargs)
+        if self.name not in (name, f".{name}.tmp") or "w" not in mode:
+            return f
+        class Full:                                 # half of the first write fits, then the disk is full
+            def __enter__(self):
+                return self
+
+            def __exit__(self, *exc):
+                f.close()
+                return False
+
+            def write(self, data):
+                f.write(data[: len(data) // 2])
+                f.flush()
+                raise OSError(errno.ENOSPC, "No space left on device")
+
+            def __getattr__(self, attr):
+                return getattr(f, attr)
+        return Full()
+    pathlib.Path.open = open_
+
+
 def install(fault: str) -> None:
     if fault.startswith("enospc-after-"):
         enospc_after(int(fault.rsplit("-", 1)[1]))
+    elif fault.startswith("backend-") and fault.endswith("-in-step"):
+        broken_backend(fault.removeprefix("backend-").removesuffix("-in-step"), methods=("step",))
     elif fault.startswith("backend-"):
         broken_backend(fault.removeprefix("backend-"))
+    elif fault.startswith("enospc-writing-"):
+        enospc_writing(fault.removeprefix("enospc-writing-"))
     elif fault.startswith("killed-writing-"):
         killed_writing(fault.removeprefix("killed-writing-"))
     elif fault != "none":

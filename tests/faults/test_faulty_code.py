@@ -150,3 +150,22 @@ def test_serve_with_a_backend_that_hangs_exits_within_the_shutdown_timeout():
         if server.proc.poll() is None:
             server.proc.kill()
 
+
+
+@pytest.mark.parametrize("sig,status", [(signal.SIGINT, 130), (signal.SIGTERM, None)], ids=["sigint", "sigterm"])
+def test_a_backend_that_hangs_inside_run_ends_on_a_signal_and_keeps_what_finished(tmp_path, sig, status):
+    """naive's batches run; continuous' second step hangs, holding the thread. Ctrl-C ends the run in
+    one line (130); SIGTERM ends it without a word, as a kill would; the naive point stays."""
+    out = tmp_path / "r"
+    proc = batchlab(*SWEEP, "--out", str(out), "--set", "strategies=[naive, continuous]", fault="backend-hangs-in-step")
+    assert wait_for_path(out / "summary.csv", proc)                  # naive is done; continuous hangs
+    time.sleep(0.5)
+    proc.send_signal(sig)
+    got, _, err = finish(proc)
+    if status is not None:
+        assert got == status and one_error_line(err, "interrupted: ")
+    else:
+        assert got in (-signal.SIGTERM, 128 + signal.SIGTERM) and "Traceback" not in err
+    assert set(ResultsDir(out).done_points()) == {("naive", 4.0, 0)}
+    status, _, err = run(*SWEEP, "--out", str(out), "--set", "strategies=[naive, continuous]")
+    assert status == 0 and set(ResultsDir(out).done_points()) == {("naive", 4.0, 0), ("continuous", 4.0, 0)}, err

@@ -10,15 +10,17 @@ from __future__ import annotations
 import json
 import random
 import signal
+import threading
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 from batchlab.run.results import ResultsDir
-from tests.faults.conftest import batchlab, finish, kill_after, one_error_line, run, wait_for_path
+from tests.faults.conftest import ENDS_WITHIN_S, batchlab, finish, kill_after, one_error_line, run, wait_for_path
 from tests.run.test_sweep import assert_same_files
-from tests.server.conftest import ServeProcess
+from tests.server.conftest import ServeProcess, free_port
 
 KILLS = random.Random(7)          # the moments and signals of every kill in this module, the same each run
 SWEEP = ["run", "--quiet", "--set", "strategies=[naive, dynamic, continuous]", "--set", "traffic.rates=[4, 8, 16]",
@@ -132,3 +134,73 @@ def test_loadtest_killed_at_random_moments_leaves_no_half_result_and_reruns(tmp_
         kill_at_random(*args, window=window)
         assert valid_json(out), f"{out} was left unreadable"
         assert run(*args)[0] == 0 and valid_json(out)
+
+
+PROFILE = ["profile", "--set", "backend.preset=toy"]          # the simulator measured in virtual time: the same fit each run
+
+
+def fit_of(path) -> dict:
+    """A profile less its record of the machine it ran on (load average)."""
+    return {k: v for k, v in json.loads(path.read_text()).items() if k != "setup"}
+
+
+def test_profile_killed_at_random_moments_keeps_the_previous_profile_and_reruns(tmp_path):
+    out = tmp_path / "p.json"
+    window = timed(*PROFILE, "--out", str(out))
+    fitted = fit_of(out)
+    out.write_text('{"a previous profile": true}\n')
+    for _ in range(2):
+        kill_at_random(*PROFILE, "--out", str(out), window=window)
+        now = json.loads(out.read_text())                 # the previous profile, or a whole new one
+        assert now == {"a previous profile": True} or fit_of(out) == fitted
+        assert [p.name for p in tmp_path.iterdir()] == ["p.json"]
+    assert run(*PROFILE, "--out", str(out))[0] == 0
+    assert fit_of(out) == fitted
+
+
+def test_a_server_profile_killed_at_a_random_moment_harms_neither_the_last_profile_nor_the_server(tmp_path):
+    out = tmp_path / "p.json"
+    out.write_text('{"a previous profile": true}\n')
+    with ServeProcess() as server:
+        args = ["profile", "--set", "backend.kind=openai", "--set", f"backend.base_url={server.url}/v1",
+                "--set", "backend.model=toy", "--set", "strategies=[server]", "--batch-sizes", "1,4", "--contexts", "16,32",
+                "--prompts", "16,64", "--repeats", "1", "--warmup", "0", "--new-tokens", "10", "--gap-ms", "10",
+                "--out", str(out)]
+        kill_at_random(*args, window=(1.0, 4.0))           # start-up about 1 s, the probes about 3
+        now = json.loads(out.read_text())                 # the previous profile, or (it finished first) a whole new one
+        assert now == {"a previous profile": True} and {p.name for p in tmp_path.iterdir()} == {"p.json"} or \
+            len(now["samples"]) >= 8 and {p.name for p in tmp_path.iterdir()} <= {"p.json", "p.twin.yaml"}
+        answer = httpx.post(server.url + "/v1/completions", json={"model": "toy", "prompt": "hi", "max_tokens": 4}, timeout=10)
+        assert answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] == 4
+
+
+def load(url: str, stop: threading.Event, ended: list) -> None:
+    """Streams completions until `stop`; each ends with an answer or an error, none hangs."""
+    while not stop.is_set():
+        try:
+            with httpx.stream("POST", url + "/v1/completions", timeout=10,
+                              json={"model": "toy", "prompt": "hi", "max_tokens": 32, "stream": True}) as r:
+                for _ in r.iter_lines():
+                    pass
+            ended.append(r.status_code)
+        except httpx.HTTPError as e:
+            ended.append(type(e).__name__)
+
+
+def test_serve_killed_at_random_moments_under_load_comes_back_on_the_same_port():
+    port = free_port()
+    for _ in range(2):
+        with ServeProcess(port=port) as server:
+            stop, ended = threading.Event(), []
+            clients = [threading.Thread(target=load, args=(server.url, stop, ended)) for _ in range(4)]
+            for c in clients:
+                c.start()
+            kill_after(server.proc, KILLS.uniform(0.2, 2.0), KILLS.choice([signal.SIGKILL, signal.SIGTERM]))
+            server.proc.wait(ENDS_WITHIN_S)                 # SIGTERM: in flight end within --shutdown-timeout
+            stop.set()
+            for c in clients:
+                c.join(ENDS_WITHIN_S)
+            assert not any(c.is_alive() for c in clients) and ended, "a client hung on a killed server"
+    with ServeProcess(port=port) as server:                 # the port is free again at once (SO_REUSEADDR)
+        answer = httpx.post(server.url + "/v1/completions", json={"model": "toy", "prompt": "hi", "max_tokens": 4}, timeout=10)
+        assert answer.status_code == 200
