@@ -224,6 +224,18 @@ def profile_cmd(config, overrides, preset, strategy, batch_sizes, contexts, prom
                                new_tokens, repeats, warmup, gap_ms, refit_src, without, out, twin)
 
 
+def _profile_server(cfg, grid: Grid, path: Path, twin: str | None) -> None:
+    """A server (backend.kind openai) measured from the client, once its grid is known to give enough samples."""
+    from batchlab.calibrate.server import profile_server
+    probes = ProbeGrid(*astuple(grid)[:6], gap_s=grid.gap_s or ProbeGrid.gap_s)
+    if most_samples(probes) < len(COEFFS):
+        raise ConfigError(f"the grid gives at most {most_samples(probes)} step samples from a server's streams; the "
+                          f"step-time model has {len(COEFFS)} terms to fit: add batch sizes, contexts or prompts, "
+                          f"or raise --new-tokens (a decode sample takes {WINDOW} tokens)")
+    twin_path = Path(twin) if twin else path.with_name(path.stem + ".twin.yaml")
+    profile_server(cfg, probes, path, twin_path, progress=lambda m: click.echo(f"  {m}"))
+
+
 def _profile_main(config, overrides, preset, strategy, batch_sizes, contexts, prompts, new_tokens, repeats, warmup,
                   gap_ms, refit_src, without, out, twin=None):
     path = Path(out)
@@ -247,16 +259,7 @@ def _profile_main(config, overrides, preset, strategy, batch_sizes, contexts, pr
                           "add batch sizes, contexts or prompts, or raise --new-tokens")
     cfg = load_user_config(config, overrides)
     if cfg.backend.role == TARGET:
-        from batchlab.calibrate.server import profile_server
-        probes = ProbeGrid(*astuple(grid)[:6], gap_s=grid.gap_s or ProbeGrid.gap_s)
-        if most_samples(probes) < len(COEFFS):
-            raise ConfigError(f"the grid gives at most {most_samples(probes)} step samples from a server's streams; the "
-                              f"step-time model has {len(COEFFS)} terms to fit: add batch sizes, contexts or prompts, "
-                              f"or raise --new-tokens (a decode sample takes {WINDOW} tokens)")
-        twin_path = Path(twin) if twin else path.with_name(path.stem + ".twin.yaml")
-        profile_server(cfg, probes, path, twin_path,
-                       progress=lambda m: click.echo(f"  {m}"))
-        return
+        return _profile_server(cfg, grid, path, twin)
     cfg = cfg.model_copy(update={"strategies": [strategy]})
     backend = make_backend(cfg)
     load_before = os.getloadavg()[0]
