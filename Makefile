@@ -2,11 +2,13 @@
 #   make run    -> virtual env with the base install, then the default simulator sweep
 #   make test   -> virtual env with every extra (torch CPU, transformers, server, Ray, docs), then the
 #                  lint (ruff), the architecture contracts (import-linter), the documentation site
-#                  (mkdocs --strict: a broken link fails) and the tests
+#                  (mkdocs --strict: a broken link fails) and the tests, spread over the cores
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip --quiet --disable-pip-version-check
 ARGS   ?=
+# the tests run on up to four processes (pytest-xdist), one per core; TEST_WORKERS=0 runs them in this one
+TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); [ $$n -gt 4 ] && n=4; echo $$n)
 
 .PHONY: run test bench clean
 
@@ -28,7 +30,7 @@ test: $(VENV)/.all
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports --no-cache
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict   # not --quiet: it hides the warnings --strict counts
-	$(PY) -m pytest -q $(ARGS)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup $(ARGS)
 
 bench: $(VENV)/.all
 	$(PY) benchmarks/sim_speed.py
