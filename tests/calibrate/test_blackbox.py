@@ -5,8 +5,7 @@ import pytest
 pytest.importorskip("httpx")
 
 from batchlab.backends.openai_client import OpenAIBackend  # noqa: E402
-from batchlab.calibrate.blackbox import (  # noqa: E402
-    ProbeGrid, decode_gaps, fit_profile, mixed_step, most_samples, refusal, stream_checked)
+from batchlab.calibrate.blackbox import ProbeGrid, decode_gaps, fit_profile, mixed_step, most_samples, refusal, stream_checked  # noqa: E402
 from batchlab.calibrate.server import profile_server  # noqa: E402
 from batchlab.core.request import Request  # noqa: E402
 from batchlab.errors import ConfigError  # noqa: E402
