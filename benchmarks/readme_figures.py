@@ -561,10 +561,13 @@ def _at_drift(k: dict, held: list[float]) -> str:
             f"{p['sustained_rate'] / statistics.median(held):.2f}")
 
 
-def _twin_whatif(w: dict) -> list[str]:
+SERVER_NAMES = {"vllm": "vLLM", "transformers": "transformers serve", "batchlab": "batchlab serve"}
+
+
+def _twin_whatif(w: dict, server: str = "vllm") -> list[str]:
     b = w["burst"]
     lines = [f"What-if ({_made_by(w)}): a burst of {b['requests']} requests ({b['prompt']} + {b['output']} "
-             "tokens) on vLLM restarted at each sequence cap, twice, against the twin of the one profile:", "",
+             f"tokens) on {SERVER_NAMES[server]} restarted at each sequence cap, twice, against the twin of the one profile:", "",
              "| cap | measured tok/s | twin tok/s | error | measured p50 TPOT | twin p50 TPOT | error |",
              "|---|---|---|---|---|---|---|"]
     for c in w["caps"]:
@@ -606,9 +609,9 @@ def _signed(x: float) -> str:
     return f"{100 * x:+.1f} %"
 
 
-def twin_vllm(d: dict) -> str:
-    """A twin of vLLM against vLLM: the profile, held-out accuracy per machine condition, the knee
-    and the what-if; the published twins beside."""
+def twin(d: dict) -> str:
+    """A twin of a server (vLLM, transformers serve, batchlab serve) against the server: the profile,
+    held-out accuracy per machine condition, the knee and the what-if; the published twins beside."""
     conds = d["conditions"]
     lines = _twin_profile(d) + [""]
     for cond in ("quiet", "busy"):
@@ -618,16 +621,15 @@ def twin_vllm(d: dict) -> str:
               f"{d['slo']['ttft_s']:g} s, TPOT p99 ≤ {1e3 * d['slo']['tpot_s']:g} ms), searched the same way on both:", ""]
     lines += _twin_knee(conds) + [""]
     if "whatif" in conds.get("quiet", {}):
-        lines += _twin_whatif(conds["quiet"]["whatif"]) + [""]
+        lines += _twin_whatif(conds["quiet"]["whatif"], d.get("server", "vllm")) + [""]
     return "\n".join(lines + [PUBLISHED])
 
 
 RENDER = {"sim_speed": sim_speed, "hf_dynamic_vs_naive": hf_dynamic_vs_naive, "engine_vs_hf_cb": engine_vs_hf_cb,
           "validate_sim": validate_sim, "serving": serving, "client_vs_vllm_bench": client_vs_vllm_bench,
-          "prefix_cache": prefix_cache, "policies": policies, "ray_sweep": ray_sweep,
-          "twin_vllm": twin_vllm}
+          "prefix_cache": prefix_cache, "policies": policies, "ray_sweep": ray_sweep}
 # Result files written by a benchmark with other settings (serving-max-num-seqs-128.json, ...) use its renderer.
-FAMILIES = {"serving-": serving, "validate_sim_": validate_sim}
+FAMILIES = {"serving-": serving, "validate_sim_": validate_sim, "twin_": twin}
 BLOCK = re.compile(r"(<!-- figures:([\w.-]+) -->\n)(.*?)(<!-- /figures:\2 -->)", re.S)
 
 

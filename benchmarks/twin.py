@@ -2,8 +2,10 @@
 
     python benchmarks/twin.py configs/twin-vllm.yaml [--condition quiet|busy] [--parts profile,knee,validate,whatif]
 
-The server (vLLM by default) starts with the config's `continuous` limits, pinned to core 1 while
-this client has core 0, and is restarted for every condition and every what-if cap.
+The server (vLLM by default; --server transformers or batchlab: `transformers serve` or
+`batchlab serve` continuous on --serve-config's model) starts with the config's `continuous`
+limits, pinned to core 1 while this client has core 0, and is restarted for every condition and
+every what-if cap.
 1. profile: `batchlab profile` on the server (black box) writes OUT/profile.json and OUT/twin.yaml,
    once: later conditions reuse it, because the question is what a profile taken on a quiet
    machine predicts.
@@ -51,6 +53,7 @@ from batchlab.core.sustain import saturated_rate
 from batchlab.core.traffic import burst_trace
 from batchlab.errors import ConfigError, user_errors
 from batchlab.run.config import load_config
+from batchlab.schedulers import ContinuousConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 PARTS = ("profile", "knee", "validate", "whatif")
@@ -58,13 +61,16 @@ GRID = ProbeGrid(batch_sizes=(1, 2, 4, 8, 16, 32), contexts=(16, 64, 128, 256), 
                  new_tokens=24, repeats=3, warmup=1)
 BURST = (384, 64, 32)              # the what-if burst: requests, prompt and output tokens
 SATURATION = 256                   # requests at once that measure a workload's saturated rate
+BATCHLAB_PORT = 8010               # --server batchlab: where batchlab serve listens
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("config", nargs="?", default=str(ROOT / "configs" / "twin-vllm.yaml"))
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
-    ap.add_argument("--server", choices=["vllm", "transformers"], default="vllm")
+    ap.add_argument("--server", choices=["vllm", "transformers", "batchlab"], default="vllm")
+    ap.add_argument("--serve-config", default=str(ROOT / "configs" / "vs-vllm.yaml"),
+                    help="--server batchlab: the config batchlab serve runs (its model and backend)")
     ap.add_argument("--condition", choices=["quiet", "busy"], default="quiet")
     ap.add_argument("--parts", default=",".join(PARTS), help=f"any of {', '.join(PARTS)} (comma-separated)")
     ap.add_argument("--busy-duty", type=float, default=0.4, help="busy: share of each core the background load burns")
@@ -111,11 +117,24 @@ class Campaign:
     def server(self, **limits):
         """The server with the config's limits (`limits` replacing some), and the config pointed at it."""
         chosen = self.limits.merged(type(self.limits)(**limits))
-        port = vllm.DEFAULT_PORTS[self.args.server]
-        with vllm.managed(self.args.server, "tiny", port, Path(self.args.venv), cpus=self.cpus, limits=chosen) as running:
+        with self.started(chosen) as running:
             cfg = self.cfg.model_copy(update={"backend": self.cfg.backend.model_copy(
                 update={"base_url": running.url, "model": running.model})})
             yield cfg, OpenAIBackend(running.url, running.model, timeout_s=self.cfg.backend.timeout_s)
+
+    def started(self, chosen):
+        """vLLM or transformers serve from their environment, or `batchlab serve` (continuous batching
+        on --serve-config's model) with the same limits as `continuous` keys; its queue unbounded, as
+        the others' are, so an overloaded point queues rather than gets 429."""
+        if self.args.server != "batchlab":
+            port = vllm.DEFAULT_PORTS[self.args.server]
+            return vllm.managed(self.args.server, "tiny", port, Path(self.args.venv), cpus=self.cpus, limits=chosen)
+        if unsupported := [k for k in chosen.given() if k not in ContinuousConfig.model_fields]:
+            raise ConfigError(f"batchlab serve takes its limits as continuous keys, not {', '.join(unsupported)}")
+        sets = [f"continuous.{k}={v}" for k, v in chosen.given().items()]
+        cmd = process.serve_command(BATCHLAB_PORT, "continuous", self.args.serve_config, sets, "tiny", "--max-queue", "100000")
+        return process.managed("batchlab-serve-continuous", cmd, f"http://127.0.0.1:{BATCHLAB_PORT}/v1", "tiny",
+                               cpus=self.cpus, wait_s=300)
 
     def save(self, part: str, figures: dict) -> None:
         self.cond[part] = {"twin": os.path.relpath(self.twin_file(), ROOT)} | figures | {"command": self.command,

@@ -335,16 +335,19 @@ GIB = 1 << 30
 
 def server_config(base_url: str, key: str = "EMPTY", transport: httpx.BaseTransport | None = None,
                   timeout_s: float = 60.0) -> dict[str, Any]:
-    """The scheduler and cache limits a vLLM server says it runs with, from its /server_info page,
-    named as the `continuous` section names them (`parse_server_config`). vLLM serves that page
-    only in its development mode (VLLM_SERVER_DEV_MODE=1, which `batchlab vllm up` sets); {} where
-    it is absent.
+    """The scheduler and cache limits a server says it runs with, from its /server_info page,
+    named as the `continuous` section names them: vLLM's config (`parse_server_config`; vLLM serves
+    that page only in its development mode, VLLM_SERVER_DEV_MODE=1, which `batchlab vllm up` sets)
+    or `batchlab serve`'s own (already in those names, with "server": "batchlab"); {} where absent.
     NOTE: a long timeout: vLLM's first answer gathers its system info (seconds of subprocesses)."""
     url = base_url.rstrip("/").removesuffix("/v1") + "/server_info"
     try:
         with httpx.Client(timeout=timeout_s, transport=transport, headers={"Authorization": f"Bearer {key}"}) as client:
             resp = client.get(url, params={"config_format": "json"})
-        config = resp.json()["vllm_config"] if resp.status_code == 200 else {}
+        page = resp.json() if resp.status_code == 200 else {}
+        if isinstance(page, dict) and page.get("server") == "batchlab":
+            return {"server": "batchlab", "device": page.get("device")} | dict(page.get("continuous") or {})
+        config = page["vllm_config"] if page else {}
     except (httpx.HTTPError, ValueError, KeyError, TypeError):
         return {}
     return parse_server_config(config)

@@ -48,7 +48,7 @@ def limits(cfg: RunConfig, published: dict[str, Any], started: dict[str, Any] | 
     defaults, over the config's own section."""
     started = started or {}
     out = {k: Limit(v, "config") for k, v in cfg.continuous.model_dump().items() if k != "preemption"}
-    if "num_gpu_blocks" in published or started.get("server") == "vllm" or stated:
+    if "num_gpu_blocks" in published or started.get("server") == "vllm" or stated and stated.get("server") != "batchlab":
         out |= {k: Limit(v, "vLLM default") for k, v in VLLM_DEFAULTS.items()}
         out["chunk_size"] = Limit(VLLM_DEFAULTS["max_num_batched_tokens"], "vLLM default (chunked prefill)")
     for record, source in ((started.get("asked"), "started with"), (started.get("runs_with"), "runs with"),

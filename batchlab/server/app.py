@@ -36,7 +36,7 @@ from batchlab.server.service import ServeOptions, Server
 
 SWITCH_INTERVAL_S = 0.0005
 ENDPOINTS = ("POST /v1/completions", "POST /v1/chat/completions", "GET /v1/models", "GET /health",
-             "GET /metrics", "GET /openapi.json")
+             "GET /metrics", "GET /server_info", "GET /openapi.json")
 
 
 def create_app(server: Server, keep_alive: bool = True, limit_concurrency: int | None = None) -> FastAPI:
@@ -107,6 +107,10 @@ def routes(app: FastAPI, server: Server) -> None:
             return JSONResponse({"status": "error", "error": why}, status_code=503,
                                 headers={"Connection": "close"} if server.draining else None)
         return {"status": "ok", "queue_depth": server.queue_depth(), "running": server.engine.running_count()}
+
+    @app.get("/server_info")
+    async def server_info():
+        return server.info()
 
     @app.get("/metrics")
     async def metrics():

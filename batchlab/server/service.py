@@ -14,11 +14,13 @@ import asyncio
 import itertools
 import uuid
 from dataclasses import dataclass
+from typing import Any
 
 from fastapi import Request as HTTPRequest
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from batchlab.core.request import Request, Status
+from batchlab.schedulers import ContinuousConfig
 from batchlab.server.engine import Engine
 from batchlab.server.metrics import ServerMetrics
 from batchlab.server.protocol import DONE, APIError, ChatBody, Chunks, CompletionBody, unsupported
@@ -64,6 +66,20 @@ class Server:
         engine.on_done = self.metrics.observe_done
         self._ids = itertools.count()
         self._loop: asyncio.AbstractEventLoop | None = None
+
+    def info(self) -> dict[str, Any]:
+        """What this server runs with, for a client that profiles it: the strategy, the processor
+        the model computes on (none for the simulator: its steps are waits), and for continuous
+        batching its limits in the `continuous` section's names (a twin starts from them)."""
+        sched, facts = self.engine.scheduler, self.engine.backend.describe()
+        device = None if facts.get("backend") == "sim" else str(facts.get("device", "")).split(":")[0] or None
+        out: dict[str, Any] = {"server": "batchlab", "strategy": sched.name, "device": device}
+        cfg = getattr(sched, "cfg", None)
+        if isinstance(cfg, ContinuousConfig):
+            out["continuous"] = {"max_num_seqs": cfg.max_num_seqs, "max_num_batched_tokens": cfg.max_num_batched_tokens,
+                                 "block_size": cfg.block_size, "num_kv_blocks": sched.num_kv_blocks,
+                                 "chunk_size": cfg.chunk_size, "prefix_caching": cfg.prefix_caching}
+        return out
 
     def queue_depth(self) -> int:
         return sum(1 for r in list(self.streams) if r.status is Status.QUEUED)

@@ -44,3 +44,12 @@ def test_the_device_a_server_states_decides_where_its_front_end_runs():
     found = limits(cfg(), {}, None, stated=parse_server_config({"device_config": {"device": "cpu"}}))
     assert values(found)["device"] == ("cpu", "server /server_info") and on_engine(found)
     assert not on_engine(limits(cfg(), {}, None)) and not on_engine(limits(cfg(), {}, None, stated={"device": "cuda"}))
+
+
+def test_a_batchlab_server_that_states_its_limits_gets_them_and_no_vllm_default():
+    stated = {"server": "batchlab", "device": "cpu", "max_num_seqs": 12, "max_num_batched_tokens": 2048,
+              "block_size": 16, "num_kv_blocks": 1024, "chunk_size": None, "prefix_caching": False}
+    got = values(limits(cfg(), {}, None, stated=stated))
+    assert {k: v for k, (v, source) in got.items() if source == "server /server_info"} == {
+        k: v for k, v in stated.items() if k != "server"}
+    assert not any(source.startswith("vLLM") for _, source in got.values())

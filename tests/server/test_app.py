@@ -304,3 +304,15 @@ def test_chat_roles_outside_openais_are_refused(serve, role):
         for ok in ("system", "developer", "user", "assistant", "tool"):
             msgs = [{"role": ok, "content": "x"}, {"role": "user", "content": "hi"}]
             assert client(url).chat.completions.create(model="toy", messages=msgs, max_tokens=1).usage.completion_tokens == 1
+
+
+def test_server_info_states_the_limits_a_twin_starts_from(serve):
+    """A profile of `batchlab serve` reads its limits here (the continuous section's names) rather than
+    assuming them; the simulator computes on no processor of this machine, so it names no device."""
+    from batchlab.backends.openai_client import server_config
+    with serve("continuous", ["continuous.max_num_seqs=12", "continuous.chunk_size=64", "continuous.num_kv_blocks=500"]) as (url, _):
+        stated = server_config(url + "/v1")
+        assert stated == {"server": "batchlab", "device": None, "max_num_seqs": 12, "max_num_batched_tokens": 8192,
+                          "block_size": 16, "num_kv_blocks": 500, "chunk_size": 64, "prefix_caching": False}
+    with serve("dynamic", []) as (url, _):
+        assert server_config(url + "/v1") == {"server": "batchlab", "device": None}
