@@ -533,8 +533,9 @@ def _twin_earlier(cond: dict) -> list[str]:
 
 def _twin_knee(conds: dict) -> list[str]:
     lines = ["| machine | server sustains (each search: held / failed) | twin predicts (held / failed) | "
-             "twin / server | within 10 % | twin scaled by the drift (held / failed; twin / server) |",
-             "|---|---|---|---|---|---|"]
+             "twin / server | within 10 % | twin scaled by the drift (held / failed; twin / server) | "
+             "twin scaled by the contention (held / failed; twin / server) |",
+             "|---|---|---|---|---|---|---|"]
     made: list[str] = []
     for cond, c in conds.items():
         if "knee" not in c:
@@ -548,13 +549,14 @@ def _twin_knee(conds: dict) -> list[str]:
             f"; before it, `{e['by']}` predicted {e['sustained_rate']} / {e['failed_rate']}" for e in k.get("earlier_predictions", [])))
         lines.append(f"| {cond} | {searches} | {pred} / {k['predicted']['failed_rate']} | "
                      f"{'–' if ratio is None else f'{ratio:.2f}'} | "
-                     f"{'–' if ratio is None else ('**yes**' if abs(ratio - 1) <= 0.10 else 'no')} | {_at_drift(k, held)} |")
+                     f"{'–' if ratio is None else ('**yes**' if abs(ratio - 1) <= 0.10 else 'no')} | "
+                     f"{_scaled(k.get('predicted_at_drift'), held)} | {_scaled(k.get('predicted_at_contention'), held)} |")
     return lines + ["", "Made by " + "; ".join(made) + "."] if made else lines
 
 
-def _at_drift(k: dict, held: list[float]) -> str:
-    """The knee of the twin with its steps scaled by the drift factor the validation measured."""
-    p = k.get("predicted_at_drift")
+def _scaled(p: dict | None, held: list[float]) -> str:
+    """The knee of the twin with its steps scaled by a factor measured on the machine: the drift of
+    the validation's reference bursts, or the contention others brought to the server's cores."""
     if not p or not held:
         return "–"
     return (f"×{p['factor']:.2f}: {p['sustained_rate']} / {p['failed_rate']}; "

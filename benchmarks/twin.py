@@ -30,8 +30,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import replace
 from pathlib import Path
 
@@ -40,6 +41,7 @@ import yaml
 from batchlab.backends.openai_client import OpenAIBackend
 from batchlab.baselines import compare, process, vllm
 from batchlab.baselines.background import background_load
+from batchlab.baselines.contention import contention
 from batchlab.baselines.server_limits import from_section
 from batchlab.calibrate.accuracy import sides
 from batchlab.calibrate.blackbox import ProbeGrid
@@ -118,9 +120,12 @@ class Campaign:
         """The server with the config's limits (`limits` replacing some), and the config pointed at it."""
         chosen = self.limits.merged(type(self.limits)(**limits))
         with self.started(chosen) as running:
+            self.running = running
             cfg = self.cfg.model_copy(update={"backend": self.cfg.backend.model_copy(
                 update={"base_url": running.url, "model": running.model})})
-            yield cfg, OpenAIBackend(running.url, running.model, timeout_s=self.cfg.backend.timeout_s)
+            b = self.cfg.backend
+            yield cfg, OpenAIBackend(running.url, running.model, timeout_s=b.timeout_s, prompt_format=b.prompt_format,
+                                     length_control=b.length_control)
 
     def started(self, chosen):
         """vLLM or transformers serve from their environment, or `batchlab serve` (continuous batching
@@ -182,11 +187,28 @@ class Campaign:
         measured = []
         for rep in range(a.sustain_repeats):
             print(f"knee: search {rep + 1} of {a.sustain_repeats} from {bracket}", flush=True)
-            res = compare.search_server(a.server, backend, cfg, bracket, settings)
-            measured.append(res)
+            with self.contention() as taken:
+                res = compare.search_server(a.server, backend, cfg, bracket, settings)
+            measured.append(res | {"contention": taken})
             bracket = compare.next_bracket(res, bracket)
         predicted = predicted_knee(self.twin(), cfg.traffic, cfg.slo, self.bracket(), a.tolerance, a.max_points)
-        self.save("knee", {"measured": measured, "predicted": predicted})
+        self.save("knee", {"measured": measured, "predicted": predicted} | self.at_contention(measured))
+
+    def contention(self):
+        """Others' share of the server's cores while it is searched (nothing where it is not pinned:
+        its cores would hold the client too)."""
+        if not self.cpus:
+            return nullcontext({})
+        return contention(process.cpu_list(self.cpus), self.running.pid)
+
+    def at_contention(self, measured: list[dict]) -> dict:
+        """The twin's knee with its steps scaled by the contention the searches measured (their median)."""
+        factors = [m["contention"]["factor"] for m in measured if m["contention"]]
+        if not factors:
+            return {}
+        a, factor = self.args, statistics.median(factors)
+        return {"predicted_at_contention": predicted_knee(replace(self.twin(), scale=factor), self.cfg.traffic, self.cfg.slo,
+                                                          self.bracket(), a.tolerance, a.max_points) | {"factor": factor}}
 
     def validate(self, cfg, backend) -> None:
         rates = self.rates(cfg, backend)

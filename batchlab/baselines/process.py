@@ -205,6 +205,15 @@ def split_cores(pin: bool = True) -> str | None:
     return SERVER_CPUS
 
 
+def cpu_list(cpus: str) -> list[int]:
+    """taskset's list ("1", "0,2", "2-3") as core numbers."""
+    out: list[int] = []
+    for part in cpus.split(","):
+        lo, _, hi = part.partition("-")
+        out += list(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
 def tail(path: str | Path, n: int = 15) -> str:
     try:
         return "\n".join(Path(path).read_text(errors="replace").splitlines()[-n:])

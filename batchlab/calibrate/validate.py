@@ -157,6 +157,22 @@ def sim_point(cfg: RunConfig, strategy: str, rate: float, repeat: int, prof: Pro
     return row | {"strategy": strategy}
 
 
+def whole_rows(path: Path, columns: list[str]) -> pd.DataFrame:
+    """The rows a kept CSV holds whole. NOTE: a kill or a full disk in the middle of an append
+    leaves a last line without its newline; it is cut off here, before the file is read or appended
+    to, so the rerun measures that row again rather than gluing the next one onto it."""
+    if not path.is_file():
+        return pd.DataFrame(columns=columns)
+    data = path.read_bytes()
+    if data and not data.endswith(b"\n"):
+        with open(path, "r+b") as f:
+            f.truncate(data.rfind(b"\n") + 1)
+    if path.stat().st_size == 0:
+        path.unlink()                      # only a torn header: start again
+        return pd.DataFrame(columns=columns)
+    return pd.read_csv(path)
+
+
 def saturation_burst(cfg: RunConfig, strategy: str):
     """Six full batches of the workload's own requests, arriving at once (at least 64): (rate, trace)."""
     rows = 32 if level_of(strategy) == SERVER else scheduler_class(strategy).batch_rows(cfg)   # a server's: unknown
@@ -168,7 +184,7 @@ def saturation(cfg: RunConfig, profiles: dict[str, Profile], path: Path, noise: 
     """Per strategy, the steady-middle output tokens/s of a burst: real (twice with `noise`) and
     simulated on every side. Real rows are appended to `path` as they come and a rerun keeps them;
     simulated ones are recomputed (milliseconds), so a new profile never meets an old replay."""
-    done = pd.read_csv(path) if path.is_file() else pd.DataFrame(columns=["strategy", "side", "throughput_tok_s"])
+    done = whole_rows(path, ["strategy", "side", "throughput_tok_s"])
     have = set(zip(done["strategy"], done["side"]))
     rows = [done]
     for strategy in cfg.strategies:
@@ -252,7 +268,7 @@ def _server_burst_seconds(backend, cfg: RunConfig | None, prof: Profile | None) 
 def reference(path: Path, when: str, levels: list[str], real: LentBackend, progress=None) -> None:
     """Time the reference burst on the real backend for each level, once per `when` (kept in
     `path`, so a resumed validation does not time it again)."""
-    done = pd.read_csv(path) if path.is_file() else pd.DataFrame(columns=["when", "level", "seconds"])
+    done = whole_rows(path, ["when", "level", "seconds"])
     have = set(zip(done["when"], done["level"]))
     for level in levels:
         if (when, level) in have:

@@ -105,3 +105,8 @@ def test_the_serve_command_and_an_unpinned_machine():
     assert cmd[1:] == ["-m", "batchlab.cli", "serve", "c.yaml", "--strategy", "continuous", "--port", "8010",
                        "--model-name", "tiny", "--max-queue", "9", "--set", "backend.kind=sim"]
     assert process.split_cores(pin=False) is None
+
+
+def test_a_taskset_list_is_read_as_core_numbers():
+    from batchlab.baselines.process import cpu_list
+    assert cpu_list("1") == [1] and cpu_list("0,2") == [0, 2] and cpu_list("2-4,7") == [2, 3, 4, 7]

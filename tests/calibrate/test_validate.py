@@ -174,3 +174,18 @@ def test_validation_on_ray_gives_the_local_table(tmp_path, ray_local):
     here = validate(load_config(None, BASE), [profile], tmp_path / "here")
     there = validate(load_config(None, BASE + ["executor.kind=ray"]), [profile], tmp_path / "there")
     assert here.cells.equals(there.cells)
+
+
+@pytest.mark.parametrize("torn", ["continuous,re", "continuous,real,12", "strat"])
+def test_a_row_torn_by_a_kill_is_cut_off_before_the_kept_csv_is_read_or_appended_to(tmp_path, torn):
+    """A kill or a full disk mid-append leaves a last line without its newline: the rerun measures that
+    row again, and its new row starts on a line of its own (glued on, the file would no longer parse)."""
+    from batchlab.calibrate.validate import whole_rows
+    path = tmp_path / "saturation.csv"
+    whole = "strategy,side,throughput_tok_s\nnaive,real,10.5\n"
+    path.write_text(whole + torn if torn != "strat" else torn)
+    done = whole_rows(path, ["strategy", "side", "throughput_tok_s"])
+    assert done.to_dict("records") == ([{"strategy": "naive", "side": "real", "throughput_tok_s": 10.5}] if torn != "strat" else [])
+    pd.DataFrame([{"strategy": "continuous", "side": "real", "throughput_tok_s": 12.0}]).to_csv(
+        path, mode="a", header=not path.is_file(), index=False)
+    assert pd.read_csv(path)["strategy"].tolist() == (["naive", "continuous"] if torn != "strat" else ["continuous"])

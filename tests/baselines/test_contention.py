@@ -1,0 +1,55 @@
+"""Contention from the kernel's books: others' share of a server's cores, on a fake /proc and a real one."""
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from batchlab.baselines.contention import Books, contention, others_share, read
+
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def fake_proc(root, busy_ticks: dict[int, int], groups: dict[int, tuple[int, int, int]]):
+    """A /proc with per-core busy ticks (idle 1000 each) and processes pid -> (pgrp, utime, stime)."""
+    lines = ["cpu  0 0 0 0 0 0 0 0 0 0"]
+    lines += [f"cpu{c} {b} 0 0 1000 7 0 0 0 0 0" for c, b in busy_ticks.items()]
+    (root / "stat").write_text("\n".join(lines) + "\n")
+    for pid, (pgrp, ut, st) in groups.items():
+        (root / str(pid)).mkdir(exist_ok=True)
+        # the name may hold spaces and parentheses: fields are counted after its last ')'
+        (root / str(pid) / "stat").write_text(f"{pid} (a (b) c) S 1 {pgrp} {pgrp} 0 -1 0 0 0 0 0 {ut} {st} 0 0 20 0\n")
+
+
+def test_the_share_is_the_cores_busy_time_less_the_servers_own(tmp_path):
+    fake_proc(tmp_path, {0: 500, 1: 100}, {10: (10, 30, 10), 11: (10, 20, 0), 12: (99, 500, 500)})
+    a = read([1], 10, tmp_path)
+    assert a.busy_s == pytest.approx(100 / TICK) and a.server_s == pytest.approx(60 / TICK)   # pid 12 is another group
+    b = Books(a.at + 1.0, a.busy_s + 0.9, a.server_s + 0.5)
+    assert others_share(a, b, 1) == pytest.approx(0.4)
+    assert others_share(a, Books(a.at + 2.0, a.busy_s + 0.9, a.server_s + 0.5), 1) == pytest.approx(0.2)
+    assert others_share(a, Books(a.at + 1.0, a.busy_s + 0.5, a.server_s + 0.9), 1) == 0.0   # clamped, never negative
+
+
+def test_no_proc_measures_nothing(tmp_path):
+    with contention([0], 1, tmp_path / "absent") as found:
+        pass
+    assert found == {}
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/stat") or not hasattr(os, "sched_setaffinity"), reason="Linux only")
+def test_a_job_burning_a_core_is_counted_against_a_server_that_is_not_it():
+    """A busy loop on core 0 for the window: it is another process group, so nearly all of core 0's
+    busy time is counted as others' (the bound is loose: this machine runs other work too)."""
+    burner = subprocess.Popen([sys.executable, "-c", "import time\nt = time.time()\nwhile time.time() - t < 3: pass"],
+                              start_new_session=True)
+    try:
+        os.sched_setaffinity(burner.pid, {0})
+        time.sleep(0.3)
+        with contention([0], os.getpgrp()) as found:
+            time.sleep(1.0)
+    finally:
+        burner.kill()
+        burner.wait()
+    assert found["others_share"] > 0.5 and found["factor"] == pytest.approx(1 / (1 - found["others_share"]))
