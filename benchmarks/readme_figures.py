@@ -516,6 +516,9 @@ def _twin_validate(cond: str, v: dict) -> list[str]:
     drift = ", ".join(f"`{w}` {f[next(iter(f))]['factor']:.2f}×" for w, f in v["drift"].items())
     lines += ["", f"90 % intervals held **{_pct(v['coverage'])}** of the cells (target 85–95 %). Drift (a reference "
               f"burst timed around each workload's runs, against the profile): {drift}."]
+    if v.get("uncorrected"):
+        plain = "; ".join(f"{METRIC_NAMES.get(k, k)} {_pct(e['error_median'])}" for k, e in v["uncorrected"].items())
+        lines += [f"Without the drift correction, the median errors are {plain}."]
     return lines
 
 
