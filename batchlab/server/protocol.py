@@ -84,7 +84,8 @@ class ChatBody(_Body):
 def unsupported(body: _Body) -> tuple[str, str] | None:
     """(parameter, message) for an option this server cannot honour, else None. NOTE: refused, not
     ignored: a client that asks for log-probabilities and gets nulls cannot tell why."""
-    given = {k: getattr(body, k, None) for k in ("logprobs", "top_logprobs", "echo", "best_of")}
+    # NOTE: only the endpoint's own fields: an unknown one (top_logprobs on /v1/completions) is ignored, as the schema says
+    given = {k: getattr(body, k, None) for k in ("logprobs", "top_logprobs", "echo", "best_of") if k in type(body).model_fields}
     wanted = [k for k, v in given.items() if v is not None and v is not False and not (k == "best_of" and v == 1)]
     if not wanted:
         return None

@@ -283,6 +283,15 @@ def test_sampling_values_out_of_range_and_unsupported_options_are_refused_with_4
         assert error["param"] == param and error["type"] == "invalid_request_error", error
 
 
+def test_a_field_another_endpoint_has_is_ignored_like_any_unknown_field(serve):
+    """top_logprobs is a chat field; on /v1/completions it is unknown, and the schema lets unknown
+    fields through (the schema fuzzer sent [false, null, 1.5] and got 400 unsupported_parameter)."""
+    with serve("continuous") as (url, _):
+        r = httpx.post(f"{url}/v1/completions", json={"model": "toy", "prompt": "hi", "max_tokens": 2,
+                                                      "top_logprobs": [False, None, 1.5]})
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2, r.text
+
+
 def test_sampling_values_in_range_are_accepted_and_answered(serve):
     with serve("continuous") as (url, _):
         c = client(url)
