@@ -54,6 +54,7 @@ class BlackBoxProfile:
     frontend_s: float            # median of (idle TTFT - fitted prefill step)
     frontend_spread: float       # relative spread of those, for the record
     reference_s: list[float]     # the reference burst's median decode gap at each check
+    reference_burst_s: float | None = None   # validation's drift probe, timed on the server right after the probes
 
 
 class Prober:

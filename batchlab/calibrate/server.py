@@ -7,12 +7,14 @@ every probe gave step times and the fit succeeded (calibrate/blackbox.py, calibr
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from pathlib import Path
 
 from batchlab.backends import make_backend
 from batchlab.backends.base import LoadTarget
 from batchlab.calibrate.blackbox import ProbeGrid, fit_profile, measure
 from batchlab.calibrate.twin import limits, started_record, write_twin
+from batchlab.calibrate.validate import SERVER, burst_seconds
 from batchlab.core.clock import RealClock
 from batchlab.core.config import RunConfig
 from batchlab.errors import ConfigError
@@ -33,6 +35,8 @@ def profile_server(cfg: RunConfig, grid: ProbeGrid, profile_path: Path, twin_pat
     clock = RealClock()
     try:
         probes = clock.run(measure(target, clock, grid, progress))
+        # NOTE: a validation's drift is taken against this timing, so it measures the machine, not the fit
+        reference = burst_seconds(target, SERVER, cfg)
     finally:
         clock.run(target.close())
     after = server_metrics(cfg.backend.base_url, key, transport)
@@ -40,7 +44,7 @@ def profile_server(cfg: RunConfig, grid: ProbeGrid, profile_path: Path, twin_pat
     if started[0] != started[1]:
         raise ConfigError("profile: the server restarted during the profile (its process start time changed); "
                           "nothing was written")
-    prof = fit_profile(probes)
+    prof = replace(fit_profile(probes), reference_burst_s=reference)
     found = limits(cfg, after, started_record(cfg.backend.base_url), server_config(cfg.backend.base_url, key, transport))
     setup = target.describe() | {"load_avg_1min": [load_before, os.getloadavg()[0]], "cpu_count": os.cpu_count(),
                                  "server_metrics": {k: v for k, v in after.items() if k != "process_start_time_seconds"}}

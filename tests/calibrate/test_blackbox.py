@@ -91,6 +91,9 @@ def test_a_server_is_profiled_into_a_twin_that_runs(tmp_path):
     assert cost.frontend_s >= 0 and cost.step_time(16, 0, 1) > 0
     out = run_sweep(load_config(tmp_path / "p.twin.yaml", ["report=false"]), tmp_path / "r")
     assert (out / "requests.csv").read_text().count("finished") > 0
+    # the validation's drift probe, timed on the server right after the probes (its drift baseline)
+    import json
+    assert json.loads((tmp_path / "p.json").read_text())["reference_burst_s"] > 0
 
 
 @pytest.mark.parametrize("fault, says", [

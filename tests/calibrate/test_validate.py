@@ -189,3 +189,16 @@ def test_a_row_torn_by_a_kill_is_cut_off_before_the_kept_csv_is_read_or_appended
     pd.DataFrame([{"strategy": "continuous", "side": "real", "throughput_tok_s": 12.0}]).to_csv(
         path, mode="a", header=not path.is_file(), index=False)
     assert pd.read_csv(path)["strategy"].tolist() == (["naive", "continuous"] if torn != "strat" else ["continuous"])
+
+
+def test_a_server_profile_that_timed_the_drift_probe_is_the_drift_baseline_not_the_fits_prediction(tmp_path):
+    """Against the twin's prediction, the fit's error at the probe's one shape reads as a faster or
+    slower machine; against the probe as timed when the server was profiled, only the machine moves."""
+    from batchlab.backends.presets import load_cost
+    from batchlab.calibrate.validate import SERVER, Profile, drift_factors
+    ref = tmp_path / "reference.csv"
+    pd.DataFrame([{"when": w, "level": SERVER, "seconds": s} for w, s in
+                  (("before", 1.1), ("between", 1.2), ("after", 1.3))]).to_csv(ref, index=False)
+    prof = Profile("p.json", load_cost("toy"), 0.1, twin=None, reference_s=1.0)
+    d = drift_factors(ref, {SERVER: prof}, ["server"])[SERVER]
+    assert d.factor == pytest.approx(1.2) and d.against == "profile time"
