@@ -28,6 +28,7 @@ keep what an earlier run measured, with its command and load.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import statistics
@@ -141,9 +142,15 @@ class Campaign:
         return process.managed("batchlab-serve-continuous", cmd, f"http://127.0.0.1:{BATCHLAB_PORT}/v1", "tiny",
                                cpus=self.cpus, wait_s=300)
 
+    def profile_id(self) -> str | None:
+        """The profile the twin comes from, by content: a new profile is a new twin even when the
+        command that predicts with it is the same."""
+        path = self.out / "profile.json"
+        return hashlib.sha256(path.read_bytes()).hexdigest()[:12] if path.is_file() else None
+
     def save(self, part: str, figures: dict) -> None:
-        self.cond[part] = {"twin": os.path.relpath(self.twin_file(), ROOT)} | figures | {"command": self.command,
-                                                                           "load_1min_after": os.getloadavg()[0]}
+        self.cond[part] = {"twin": os.path.relpath(self.twin_file(), ROOT), "profile": self.profile_id()} | figures | {
+            "command": self.command, "load_1min_after": os.getloadavg()[0]}
         self.json.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(self.json, json.dumps(self.record, indent=2, default=float) + "\n")
 
@@ -203,7 +210,7 @@ class Campaign:
 
     def at_contention(self, measured: list[dict]) -> dict:
         """The twin's knee with its steps scaled by the contention the searches measured (their median)."""
-        factors = [m["contention"]["factor"] for m in measured if m["contention"]]
+        factors = [m["contention"]["factor"] for m in measured if m.get("contention")]
         if not factors:
             return {}
         a, factor = self.args, statistics.median(factors)
@@ -269,13 +276,16 @@ def predict_again(c: Campaign, parts: list[str]) -> None:
     """The twin's figures for the knee and the what-if from the current twin, beside the server's
     figures measured earlier (kept as they are): what a new profile predicts for the same runs."""
     a, twin, kept = c.args, c.twin(), c.cond
+    other = {part: kept.get(part, {}).get("command") != c.command or kept.get(part, {}).get("profile") != c.profile_id()
+             for part in ("knee", "whatif")}       # another command or another profile made what is there
     if "knee" in parts:
         cfg = c.cfg
         before = kept["knee"]["predicted"]
         kept["knee"]["predicted"] = predicted_knee(twin, cfg.traffic, cfg.slo, c.bracket(), a.tolerance, a.max_points)
-        if kept["knee"]["command"] != c.command and before["probes"] != kept["knee"]["predicted"]["probes"]:
+        if other["knee"] and before["probes"] != kept["knee"]["predicted"]["probes"]:
             # an earlier twin's prediction that differs stays beside (a rerun of the same one replaces)
             kept["knee"].setdefault("earlier_predictions", []).append(before | {"by": kept["knee"]["command"]})
+        kept["knee"] |= c.at_contention(kept["knee"]["measured"])   # the contention the searches measured, on this twin
         drift = kept.get("validate", {}).get("drift", {}).get("base", {}).get("server")
         if drift:           # the machine as the validation's reference bursts found it (its base workload)
             kept["knee"]["predicted_at_drift"] = predicted_knee(replace(twin, scale=drift["factor"]), cfg.traffic, cfg.slo,
@@ -285,7 +295,7 @@ def predict_again(c: Campaign, parts: list[str]) -> None:
     if "whatif" in parts:
         n, p, o = BURST
         for cap in kept["whatif"]["caps"]:
-            if kept["whatif"]["command"] != c.command:
+            if other["whatif"]:
                 cap.setdefault("earlier_predictions", []).append(cap["predicted"] | {"by": kept["whatif"]["command"]})
             cap["predicted"] = predicted_burst(twin, n, p, o, max_num_seqs=cap["cap"])
         c.save("whatif", {k: v for k, v in kept["whatif"].items() if k not in ("command", "load_1min_after")}
