@@ -109,6 +109,7 @@ class Campaign:
         self.cond = self.record.setdefault("conditions", {}).setdefault(args.condition, {})
         self.command = command
         self.moved = False                  # --front-end-on-engine: its twin is written for this profile
+        self.running = None                 # the server while one is started (server()): its pid for the contention
 
     def twin_file(self) -> Path:
         """The twin the parts use: the profile's, or with --front-end-on-engine the same profile with

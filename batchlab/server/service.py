@@ -20,7 +20,7 @@ from fastapi import Request as HTTPRequest
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from batchlab.core.request import Request, Status
-from batchlab.schedulers import ContinuousConfig
+from batchlab.schedulers import ContinuousScheduler
 from batchlab.server.engine import Engine
 from batchlab.server.metrics import ServerMetrics
 from batchlab.server.protocol import DONE, APIError, ChatBody, Chunks, CompletionBody, unsupported
@@ -74,11 +74,8 @@ class Server:
         sched, facts = self.engine.scheduler, self.engine.backend.describe()
         device = None if facts.get("backend") == "sim" else str(facts.get("device", "")).split(":")[0] or None
         out: dict[str, Any] = {"server": "batchlab", "strategy": sched.name, "device": device}
-        cfg = getattr(sched, "cfg", None)
-        if isinstance(cfg, ContinuousConfig):
-            out["continuous"] = {"max_num_seqs": cfg.max_num_seqs, "max_num_batched_tokens": cfg.max_num_batched_tokens,
-                                 "block_size": cfg.block_size, "num_kv_blocks": sched.num_kv_blocks,
-                                 "chunk_size": cfg.chunk_size, "prefix_caching": cfg.prefix_caching}
+        if isinstance(sched, ContinuousScheduler):      # the blocks it runs with: the section's, or the backend's memory
+            out["continuous"] = sched.cfg.model_dump(exclude={"preemption"}) | {"num_kv_blocks": sched.num_kv_blocks}
         return out
 
     def queue_depth(self) -> int:

@@ -53,46 +53,16 @@ def broken_backend(how: str, methods: tuple[str, ...] = ("step", "run_batch")) -
         setattr(SimulatedBackend, name, broken)
 
 
-def killed_writing(name: str) -> None:
-    """Dies halfway through writing NAME: in place (Path.write_text) or into the temp file an
-    atomic write renames over it (core/files.py writes `.NAME.tmp`)."""
-    real_write, real_open = pathlib.Path.write_text, pathlib.Path.open
-
-    def write_text(self, data, *args, **kwargs):
-        if self.name != name:
-            return real_write(self, data, *args, **kwargs)
-        with open(self, "w") as f:
-            f.write(data[: len(data) // 2])
-        os._exit(137)                               # as SIGKILL would: no cleanup, no message
-
-    def open_(self, mode="r", *args, **kwargs):
-        f = real_open(self, mode, *args, **kwargs)
-        if self.name != f".{name}.tmp" or "w" not in mode:
-            return f
-        class Dying:                                # writes half of what it is given, then the process dies
-            def __enter__(self):
-                return self
-
-            def __exit__(self, *exc):
-                return False
-
-            def write(self, data):
-                f.write(data[: len(data) // 2])
-                f.flush()
-                os._exit(137)
-        return Dying()
-    pathlib.Path.write_text = write_text
-    pathlib.Path.open = open_
-
-
-def enospc_writing(name: str) -> None:
+def half_then(names: set[str], then) -> None:
+    """Path.open for writing a file named in `names` gives a file that writes half of the first text
+    it is given, then calls then(): a process that dies, or a disk that fills, mid-write."""
     real_open = pathlib.Path.open
 
     def open_(self, mode="r", *args, **kwargs):
         f = real_open(self, mode, *args, **kwargs)
-        if self.name not in (name, f".{name}.tmp") or "w" not in mode:
+        if self.name not in names or "w" not in mode:
             return f
-        class Full:                                 # half of the first write fits, then the disk is full
+        class Half:
             def __enter__(self):
                 return self
 
@@ -103,12 +73,33 @@ def enospc_writing(name: str) -> None:
             def write(self, data):
                 f.write(data[: len(data) // 2])
                 f.flush()
-                raise OSError(errno.ENOSPC, "No space left on device")
+                then()
 
             def __getattr__(self, attr):
                 return getattr(f, attr)
-        return Full()
+        return Half()
     pathlib.Path.open = open_
+
+
+def killed_writing(name: str) -> None:
+    """Dies halfway through writing NAME: in place (Path.write_text) or into the temp file an
+    atomic write renames over it (core/files.py writes `.NAME.tmp`)."""
+    real_write = pathlib.Path.write_text
+
+    def write_text(self, data, *args, **kwargs):
+        if self.name != name:
+            return real_write(self, data, *args, **kwargs)
+        with open(self, "w") as f:
+            f.write(data[: len(data) // 2])
+        os._exit(137)                               # as SIGKILL would: no cleanup, no message
+    pathlib.Path.write_text = write_text
+    half_then({f".{name}.tmp"}, lambda: os._exit(137))
+
+
+def enospc_writing(name: str) -> None:
+    def full():
+        raise OSError(errno.ENOSPC, "No space left on device")
+    half_then({name, f".{name}.tmp"}, full)
 
 
 def install(fault: str) -> None:
