@@ -25,6 +25,7 @@ LAZY_COMMANDS = {
     "validate": "batchlab.calibrate.validate:validate_cmd",
     "tune": "batchlab.tune.command:tune_cmd",
     "capacity": "batchlab.tune.capacity_cmd:capacity_cmd",
+    "size": "batchlab.tune.size_cmd:size_cmd",
 }
 
 

@@ -46,6 +46,13 @@ class Holds:
     server: str | None = None      # a server's address: one point at a time is sent to it
 
 
+@dataclass(frozen=True)
+class Pricing:
+    """What one replica costs to run: its GPUs and their price."""
+    gpus_per_replica: int
+    usd_per_gpu_hour: float
+
+
 class BackendOptions(Model):
     """A backend kind's config section (`backend:` with its `kind`); a subclass per kind, in the
     kind's own module, registered in backends/__init__.py. It builds the backend and checks what
@@ -92,6 +99,11 @@ class BackendOptions(Model):
     def replica_count(self) -> int:
         """Engine replicas behind a router (run/replicas.py); 1: the engine alone."""
         return 1
+
+    def pricing(self) -> Pricing | None:
+        """GPUs per replica and their $ per hour, where the config states them (None: unpriced;
+        summary.csv then has no cost columns)."""
+        return None
 
     def model_names(self) -> tuple[str, ...]:
         """The names `batchlab serve` answers to for this backend's model, by default."""

@@ -15,6 +15,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from batchlab.backends import random_model
+from batchlab.backends.model_shape import hub_cache_dir
 from batchlab.backends.tiny import TINY_ALIAS
 from batchlab.errors import ConfigError
 
@@ -60,14 +61,6 @@ def is_repo_id(name: str) -> bool:
 
 def hub_endpoint() -> str:
     return os.environ.get("HF_ENDPOINT", "").rstrip("/") or "https://huggingface.co"
-
-
-def hub_cache_dir() -> str:
-    """Where huggingface_hub keeps downloads (HF_HUB_CACHE, else HF_HOME/hub, else ~/.cache)."""
-    if os.environ.get("HF_HUB_CACHE"):
-        return os.environ["HF_HUB_CACHE"]
-    home = os.environ.get("HF_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "huggingface")
-    return os.path.join(home, "hub")
 
 
 def in_hub_cache(repo_id: str) -> bool:

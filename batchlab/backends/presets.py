@@ -18,59 +18,29 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 from batchlab.backends.cost import COEFFS, StepCost
+from batchlab.backends.gpus import GB, GPU
+from batchlab.backends.model_shape import ModelShape
+from batchlab.backends.roofline import ROOFLINE, roofline
 from batchlab.errors import ConfigError
 
-GB = 1e9
 GiB = 1024**3
-ROOFLINE, MEASURED, TOY = "roofline estimate", "measured", "toy constants"     # a preset's kind
+MEASURED, TOY = "measured", "toy constants"     # a preset's kind (ROOFLINE: backends/roofline.py)
 
 
-@dataclass(frozen=True)
-class ModelShape:
-    params: float                 # parameter count
-    layers: int
-    kv_heads: int
-    head_dim: int
-    dtype_bytes: int = 2
-
-    @property
-    def kv_bytes_per_token(self) -> int:
-        return 2 * self.layers * self.kv_heads * self.head_dim * self.dtype_bytes
+def derive(name: str, model: ModelShape, dev: GPU) -> StepCost:
+    """A preset's roofline (backends/roofline.py, one GPU), described as presets always were."""
+    cost = roofline(model, dev, 1, name=name)
+    return replace(cost, description=f"{name}: {model.params / 1e9:.2f}B params, {dev.name}, {ROOFLINE}")
 
 
-@dataclass(frozen=True)
-class Device:
-    name: str
-    mem_bw: float                 # bytes/s, peak
-    flops: float                  # dense fp16 FLOP/s, peak
-    memory_bytes: float
-
-
-def derive(name: str, model: ModelShape, dev: Device, *, bw_eff: float = 0.8, flops_eff: float = 0.5,
-           overhead_s: float = 1e-3, reserve_frac: float = 0.1) -> StepCost:
-    """Roofline-style coefficients: reads at bw_eff x peak bandwidth, math at flops_eff x peak."""
-    w_bytes = model.params * model.dtype_bytes
-    bw = dev.mem_bw * bw_eff
-    flop_s = dev.flops * flops_eff
-    return StepCost(
-        overhead_s=overhead_s,
-        weight_s=w_bytes / bw,
-        kv_s_per_token=model.kv_bytes_per_token / bw,
-        prefill_s_per_token=2 * model.params / flop_s,
-        decode_s_per_row=2 * model.params / dev.flops,   # NOTE: small matmuls overlap the weight reads; charge them at peak
-        kv_bytes_per_token=model.kv_bytes_per_token,
-        kv_budget_bytes=int(dev.memory_bytes * (1 - reserve_frac) - w_bytes),
-        name=name,
-        description=f"{name}: {model.params / 1e9:.2f}B params, {dev.name}, {ROOFLINE}",
-    )
-
-
+# The presets' own shapes and devices, with the figures they have always used (rounded datasheet
+# numbers; the sizing catalog, backends/gpus.py, carries the exact ones), so their results stay put.
 LLAMA2_7B = ModelShape(6.74e9, layers=32, kv_heads=32, head_dim=128)
 MISTRAL_7B = ModelShape(7.24e9, layers=32, kv_heads=8, head_dim=128)
 TINYLLAMA = ModelShape(1.1e9, layers=22, kv_heads=4, head_dim=64)
-A100_80G = Device("A100-80GB", mem_bw=2.0e12, flops=312e12, memory_bytes=80 * GB)
-RTX_3090 = Device("RTX 3090 (24 GB)", mem_bw=936e9, flops=71e12, memory_bytes=24 * GB)
-H200 = Device("H200 (141 GB)", mem_bw=4.8e12, flops=989e12, memory_bytes=141 * GB)   # SXM datasheet, dense fp16
+A100_80G = GPU("A100-80GB", 80 * GB, 2.0e12, 312e12, 300 * GB, "NVLink 3", 0.0)
+RTX_3090 = GPU("RTX 3090 (24 GB)", 24 * GB, 936e9, 71e12, 32 * GB, "PCIe Gen4 x16", 0.0)
+H200 = GPU("H200 (141 GB)", 141 * GB, 4.8e12, 989e12, 450 * GB, "NVLink 4", 0.0)   # SXM datasheet, dense fp16
 
 
 def _toy() -> StepCost:
@@ -94,7 +64,7 @@ class Preset:
     source: str = ""              # measured: the profile file it was read from
 
 
-def _roofline(name: str, model: ModelShape, dev: Device, vocab: int) -> Preset:
+def _roofline(name: str, model: ModelShape, dev: GPU, vocab: int) -> Preset:
     return Preset(lambda: derive(name, model, dev), ROOFLINE, vocab)
 
 

@@ -11,16 +11,12 @@ No torch at import: preflight (backends/hf_hub.py) checks names with `check_name
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from functools import cache
-from pathlib import Path
 from typing import Any
 
-from batchlab.errors import ConfigError
+from batchlab.backends.model_shape import PREFIX, bundled
 
-PREFIX = "random:"
-SHAPES_DIR = Path(__file__).resolve().parents[1] / "data" / "shapes"
 SPECIALS = {"unk": "<unk>", "bos": "<s>", "eos": "</s>"}
 
 
@@ -40,19 +36,11 @@ def is_random(name: str | None) -> bool:
     return bool(name) and name.startswith(PREFIX)
 
 
-def known_shapes() -> list[str]:
-    return sorted(p.stem for p in SHAPES_DIR.glob("*.json"))
-
-
 @cache
 def shape(name: str) -> Shape:
     """`random:<shape>` (or the bare shape name) -> its bundled Shape; ConfigError naming the known ones."""
     key = name.removeprefix(PREFIX)
-    path = SHAPES_DIR / f"{key}.json"
-    if not key or "/" in key or not path.is_file():
-        raise ConfigError(f"backend.model {name!r}: unknown random shape {key!r} "
-                          f"(known: {', '.join(PREFIX + s for s in known_shapes())})")
-    data = json.loads(path.read_text())
+    data = bundled(key, "backend.model")
     return Shape(key, data["title"], data["config"], data.get("published_params"))
 
 

@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 import numpy as np
 from pydantic import Field, model_validator
 
-from batchlab.backends.base import BackendOptions, Engine, EngineFacts, OutOfMemory
+from batchlab.backends.base import BackendOptions, Engine, EngineFacts, OutOfMemory, Pricing
 from batchlab.backends.cost import StepCost, attention_pairs, linear_cost, warm_weight
 from batchlab.backends.presets import DEFAULT_VOCAB_SIZE, preset_kind
 from batchlab.core.breakdown import charge_stall
@@ -51,35 +51,74 @@ class SimOptions(BackendOptions):
     prompt, among those with at most 8 more outstanding requests than the least loaded)."""
     linear: LinearModel | None = None
     """A linear step-time model instead of the preset or profile."""
+    shape: str | None = identity_role(INPUT_FILE)
+    """A model's shape for the roofline on `gpu`: its config.json, a model directory, a cached hub
+    model (`org/name`), or a bundled `random:<shape>` (e.g. `random:llama3-8b`)."""
+    gpu: str | None = None
+    """The GPU the roofline prices `shape` on, from the catalog (e.g. `H100-SXM`, `L40S`;
+    `batchlab size --list-gpus` shows them)."""
+    tp: Annotated[int, Field(ge=1, le=8)] = 1
+    """Tensor-parallel degree: GPUs per replica, sharing its weights and KV heads."""
+    dtype: Literal["auto", "bf16", "fp16", "fp8"] = "auto"
+    """Weights as served (auto: fp8 for an fp8-quantized checkpoint, else 16 bits)."""
+    usd_per_gpu_hour: Annotated[float, Field(ge=0)] | None = None
+    """$ per GPU-hour, for cost per token (default: the catalog's on-demand price for `gpu`)."""
 
     @model_validator(mode="after")
     def _one_model(self):
         if self.linear is not None and self.profile is not None:
             raise ValueError("give backend.profile or backend.linear, not both")
+        if (self.shape is None) != (self.gpu is None):
+            raise ValueError("backend.shape and backend.gpu go together: a model's shape priced on a GPU")
+        if self.shape is not None and (self.linear is not None or self.profile is not None):
+            raise ValueError("give backend.shape (with gpu), backend.profile or backend.linear, not two")
+        if self.shape is None and (self.tp != 1 or self.dtype != "auto"):
+            raise ValueError("backend.tp and backend.dtype shape a roofline: they need backend.shape and backend.gpu")
         return self
 
     def cost(self) -> StepCost:
-        """The step-time model these options name: linear, a profile, or the preset."""
+        """The step-time model these options name: a roofline, linear, a profile, or the preset."""
         from batchlab.backends.presets import load_cost
+        if self.shape is not None:
+            from batchlab.backends.gpus import gpu
+            from batchlab.backends.model_shape import load_shape
+            from batchlab.backends.roofline import roofline
+            return roofline(load_shape(self.shape, self.dtype), gpu(self.gpu), self.tp)
         if self.linear is not None:
             return linear_cost(self.linear.step_ms, self.linear.per_seq_ms)
         return load_cost(self.preset, self.profile)
 
-    def build(self, cfg) -> SimulatedBackend:
+    def vocab_size(self) -> int:
         from batchlab.backends.presets import load_vocab_size
-        return SimulatedBackend(self.cost(), vocab_size=load_vocab_size(self.preset, self.profile))
+        if self.shape is not None:
+            from batchlab.backends.model_shape import load_model_config
+            fields, _ = load_model_config(self.shape)
+            return int((fields.get("text_config") or fields).get("vocab_size", DEFAULT_VOCAB_SIZE))
+        return load_vocab_size(self.preset, self.profile)
+
+    def build(self, cfg) -> SimulatedBackend:
+        return SimulatedBackend(self.cost(), vocab_size=self.vocab_size())
 
     def preflight(self, cfg) -> list[str]:
         from batchlab.backends.presets import check_cost
-        if self.linear is None:
+        if self.shape is not None:
+            self.cost()                    # the shape is readable, the GPU known, the weights fit
+        elif self.linear is None:
             check_cost(self.preset, self.profile)
         return []
 
     def replica_count(self) -> int:
         return self.replicas
 
+    def pricing(self) -> Pricing | None:
+        if self.gpu is not None:
+            from batchlab.backends.gpus import gpu
+            price = gpu(self.gpu).usd_per_hour if self.usd_per_gpu_hour is None else self.usd_per_gpu_hour
+            return Pricing(self.tp, price)
+        return None if self.usd_per_gpu_hour is None else Pricing(1, self.usd_per_gpu_hour)
+
     def model_names(self) -> tuple[str, ...]:
-        return (self.preset,)
+        return (self.shape,) if self.shape is not None else (self.preset,)
 
 
 class SimulatedBackend(Engine):

@@ -91,7 +91,7 @@ def with_absolute_inputs(tree: dict[str, Any], files: dict[str, str]) -> dict[st
         node: Any = tree
         for k in parents:
             node = node[int(k)] if isinstance(node, list) else node.get(k) if isinstance(node, dict) else None
-        if isinstance(node, dict) and leaf in node:
+        if isinstance(node, dict) and leaf in node and Path(path).exists():   # not a name (random:<shape>, org/model)
             node[leaf] = str(Path(path).resolve())
     return tree
 
@@ -195,7 +195,10 @@ def _flat(tree: dict, prefix: str = "") -> Iterator[tuple[str, Any]]:
 
 
 def _file_digest(path: str) -> str:
+    p = Path(path)
+    if p.is_dir():
+        p = p / "config.json"        # a model directory is known by its config (weights are not read to size it)
     try:
-        return "sha256:" + hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
+        return "sha256:" + hashlib.sha256(p.read_bytes()).hexdigest()[:16]
     except OSError:
         return "unreadable"          # the stage that reads the file says why, in one line

@@ -52,10 +52,24 @@ def cell(v: Any) -> Any:
 
 def summary_row(cfg: RunConfig, strategy: str, rate: float, repeat: int, model: str,
                 summary: dict[str, Any], meta: dict[str, Any] | None = None) -> dict[str, Any]:
-    """One point's row of summary.csv: its key and settings, the metrics, then backend facts."""
+    """One point's row of summary.csv: its key and settings, the metrics, its cost where the
+    backend is priced, then backend facts."""
     return {"strategy": strategy, "rate": rate, "repeat": repeat, "seed": cfg.traffic.seed,
             "backend": cfg.backend.kind, "model": model, "point_hash": point_hash(cfg, strategy),
-            **summary, **(meta or {})}
+            **summary, **cost_columns(cfg, summary["throughput_tok_s"]), **(meta or {})}
+
+
+def cost_columns(cfg: RunConfig, tok_s: float) -> dict[str, float]:
+    """GPUs, $ per hour, output tokens/s per GPU and $ per million output tokens at the point's
+    throughput (its rate's, below saturation: what the traffic costs on this setting, idle time
+    included); {} for a backend with no price."""
+    price = cfg.backend.pricing()
+    if price is None:
+        return {}
+    gpus = cfg.backend.replica_count() * price.gpus_per_replica
+    usd_h = gpus * price.usd_per_gpu_hour
+    return {"gpus": gpus, "usd_per_hour": usd_h, "tok_s_per_gpu": tok_s / gpus,
+            "usd_per_m_tokens": usd_h / (3600 * tok_s) * 1e6 if tok_s > 0 else float("nan")}
 
 
 def request_rows(cfg: RunConfig, strategy: str, rate: float, repeat: int, requests: list[Request],
