@@ -109,3 +109,43 @@ def test_a_front_end_on_the_engine_slows_its_steps_and_windows_stay_bit_identica
     run_point(cfg, "continuous", 20.0, 0, together)
     # the same steps, each longer by the front end's work done meanwhile: at most 4 ms a request
     assert 0 < together.busy_s - apart.busy_s <= 0.004 * len(c.requests) + 1e-9
+
+
+# ---- a model's shape priced on a catalog GPU ---------------------------------------------------
+ROOF = ["backend.shape=random:llama3-8b", "backend.gpu=H100-SXM"]
+
+
+def test_a_shape_on_a_gpu_is_the_roofline_and_prices_its_gpus():
+    from batchlab.backends.base import Pricing
+    from batchlab.backends.gpus import gpu
+    from batchlab.backends.model_shape import load_shape
+    from batchlab.backends.roofline import roofline
+    b = load_config(None, ROOF + ["backend.tp=2"]).backend
+    assert b.cost() == roofline(load_shape("random:llama3-8b"), gpu("H100-SXM"), 2)
+    assert b.build(None).vocab == 128256                 # the model's own vocabulary
+    assert b.pricing() == Pricing(2, gpu("H100-SXM").usd_per_hour)
+    assert load_config(None, ROOF + ["backend.usd_per_gpu_hour=1.5"]).backend.pricing() == Pricing(1, 1.5)
+    assert load_config(None, ["backend.usd_per_gpu_hour=2"]).backend.pricing() == Pricing(1, 2.0)   # a preset, priced
+    assert load_config(None, []).backend.pricing() is None
+
+
+@pytest.mark.parametrize("sets, needle", [
+    (["backend.shape=random:llama3-8b"], "go together"),
+    (["backend.gpu=H100-SXM"], "go together"),
+    (["backend.tp=2"], "need backend.shape"),
+    (ROOF + ["backend.linear={step_ms: 1}"], "not two"),
+])
+def test_a_roofline_needs_its_shape_and_gpu_and_nothing_else(sets, needle):
+    with pytest.raises(ConfigError, match=needle):
+        load_config(None, sets)
+
+
+@pytest.mark.parametrize("sets, needle", [
+    (["backend.shape=random:llama3-70b", "backend.gpu=H100-SXM"], "raise backend.tp"),
+    (["backend.shape=random:llama3-8b", "backend.gpu=V100"], "not in the catalog"),
+    (["backend.shape=random:llama3-8b", "backend.gpu=A100-80GB", "backend.dtype=fp8"], "no FP8"),
+])
+def test_preflight_refuses_a_roofline_that_cannot_run(sets, needle):
+    cfg = load_config(None, sets)
+    with pytest.raises(ConfigError, match=needle):
+        cfg.backend.preflight(cfg)

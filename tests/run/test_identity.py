@@ -113,3 +113,18 @@ def test_a_directory_recorded_before_resumes_and_grows_with_the_same_hashes(name
         for row in csv.DictReader(f):
             hashes.setdefault(row["strategy"], set()).add(row["point_hash"])
     assert all(len(h) == 1 for h in hashes.values()), hashes          # old and new points: one hash per strategy
+
+
+def test_a_model_directory_is_known_by_its_config_and_a_shape_name_stays_a_name(tmp_path):
+    from batchlab.backends.model_shape import bundled
+    from batchlab.run.config import load_config
+    from batchlab.run.experiment import digest, identity
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(bundled("llama3-8b", "test")["config"]))
+    sets = [f"backend.shape={model}", "backend.gpu=H100-SXM"]
+    before = digest(identity(load_config(None, sets)))
+    (model / "config.json").write_text(json.dumps(bundled("llama3-8b", "test")["config"] | {"num_hidden_layers": 16}))
+    assert digest(identity(load_config(None, sets))) != before          # an edited config is another experiment
+    named = identity(load_config(None, ["backend.shape=random:llama3-8b", "backend.gpu=H100-SXM"]))
+    assert named["backend"]["shape"] == "random:llama3-8b"              # not made a path
