@@ -17,6 +17,11 @@ CAPTIONS = {
     "pareto": "Per-user speed (tokens/s one request sees while decoding, 1 / p50 TPOT) against total output tokens/s, "
               "one curve per strategy through the rates, as vLLM's bench sweep plots it. Up and to the right is better; "
               "the dashed line is the Pareto front: no point tested beats a point on it on both axes.",
+    "cost": "What the traffic costs against the latency it gets: $ per million output tokens (the GPUs' price per "
+            "hour over the tokens served per hour; a roofline estimate on a catalog GPU) against p99 E2E and p99 TTFT, "
+            "one curve per strategy through the rates (labelled). Cost falls with load while the GPUs fill and stops "
+            "falling at saturation, where latency climbs: the cheapest point under the SLO line is the cheapest way to "
+            "serve it on these GPUs.",
     "cdf": "The full latency distributions at {rate} (the highest rate the best strategy sustains): the further left "
            "and the steeper, the better.",
     "timeline": "One run at {rate}, the best strategy's knee (where the others are most likely past theirs): arrivals, "

@@ -20,7 +20,7 @@ import pandas as pd
 import yaml
 
 from batchlab.core.files import write_atomic
-from batchlab.report import capacity, classes, fmt, html, pareto, plots, run_plots, stats
+from batchlab.report import capacity, classes, cost, fmt, html, pareto, plots, run_plots, stats
 from batchlab.report import timeline as tl
 from batchlab.report.capacity import Capacity
 from batchlab.report.captions import CAPTIONS
@@ -35,6 +35,7 @@ COLUMNS = [("strategy", "strategy"), ("throughput_tok_s", "tok/s"), ("requests_p
            ("tpot_p99", "TPOT p99 (s)"), ("e2e_p50", "E2E p50 (s)"), ("e2e_p99", "E2E p99 (s)"),
            ("queue_wait_p50", "queue p50 (s)"), ("goodput", "goodput (req/s)"),
            ("slo_attainment", "SLO met"), ("failed", "failed")]
+COST_COLUMNS = [("tok_s_per_gpu", "tok/s per GPU"), ("usd_per_m_tokens", "$ per M tokens")]   # a priced backend
 METRIC_NAMES = {"ttft_p50": "p50 TTFT (s)", "ttft_p99": "p99 TTFT (s)", "e2e_p50": "p50 E2E (s)",
                 "e2e_p99": "p99 E2E (s)", "throughput_tok_s": "throughput (tok/s)", "goodput": "goodput (req/s)"}
 
@@ -122,6 +123,8 @@ def _figures(out: Path, summary, requests, config, slo, rate, caps: dict[str, Ca
     figs = {"tradeoff": plots.plot_tradeoff(summary, out, slo, knees, broke),
             "latency_vs_rate": plots.plot_latency_vs_rate(summary, out, slo),
             "pareto": pareto.plot_pareto(summary, out)}
+    if cost.priced(summary):
+        figs["cost"] = cost.plot_cost(summary, out, slo)
     if requests is None:
         return figs, []
     traffic = config.get("traffic") or {}
@@ -217,9 +220,10 @@ def _tables(summary: pd.DataFrame, outcomes: dict[tuple[str, float], str]) -> li
     md = ["## Results per rate", "",
           f"{fmt.repeats(reps).capitalize()} after warm-up. Throughput in output tokens/s; SLO met is the share of "
           "requests meeting every SLO threshold.", ""]
+    columns = COLUMNS + (COST_COLUMNS if cost.priced(summary) else [])
     for rate, rows in med.groupby("rate"):
-        md += [f"### {fmt.rate(rate)}", "", _row([label for _, label in COLUMNS]), "|" + "---|" * len(COLUMNS)]
-        md += [_row([_cell(row.get(k), share=k == "slo_attainment") for k, _ in COLUMNS]) for _, row in rows.iterrows()]
+        md += [f"### {fmt.rate(rate)}", "", _row([label for _, label in columns]), "|" + "---|" * len(columns)]
+        md += [_row([_cell(row.get(k), share=k == "slo_attainment") for k, _ in columns]) for _, row in rows.iterrows()]
         md += [""]
         notes = [f"- {s}: {outcomes[(s, float(rate))]}" for s in rows["strategy"] if (s, float(rate)) in outcomes]
         notes += [f"- {s}: not run at this rate (no row in summary.csv)" for s in every if s not in set(rows["strategy"])]

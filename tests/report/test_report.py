@@ -113,3 +113,15 @@ def test_every_plot_has_a_caption_naming_each_trigger_and_phase_it_shows(built):
     triggers = set(pd.read_csv(results / "requests.csv")["trigger"].dropna()) | {"size", "age", "memory", "drain"}
     for word in [f"*{t}*" for t in triggers] + [f"*{label.split(' (')[0]}*" for _, label, _ in run_plots.PHASES]:
         assert word in CAPTIONS["breakdown"], word
+
+
+def test_a_priced_backend_gets_cost_columns_and_the_cost_figure_an_unpriced_one_does_not(tmp_path, built):
+    results = tiny_sweep(tmp_path / "priced", ["backend.shape=random:llama3-8b", "backend.gpu=L40S",
+                                               "backend.usd_per_gpu_hour=1.25", "strategies=[continuous]"])
+    path, _ = build_report(results)
+    md = path.read_text()
+    assert "| tok/s per GPU | $ per M tokens |" in md and "![cost](cost.png)" in md
+    assert (results / "cost.png").read_bytes().startswith(PNG)
+    assert "$ per million output tokens" in md                     # its caption
+    _, unpriced, _ = built
+    assert "$ per M tokens" not in unpriced and "cost.png" not in unpriced
