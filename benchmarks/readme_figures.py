@@ -630,9 +630,65 @@ def twin(d: dict) -> str:
     return "\n".join(lines + [PUBLISHED])
 
 
+def roofline_check(d: dict) -> str:
+    e = d["efficiency"]
+    lines = [f"`{d['command']}` (arithmetic on the catalog's datasheet figures at the stated efficiencies: "
+             f"{e['bandwidth']:g} of peak bandwidth, {e['flops']:g} of peak FLOP/s, {e['overhead_s'] * 1e3:g} ms per "
+             "step; nothing runs):", "",
+             "| published measurement | measured tok/s per stream | roofline | roofline / measured | assumed |",
+             "|---|---|---|---|---|"]
+    for c in d["checks"]:
+        lines.append(f"| [{c['label']}]({c['source']}) | {1e3 / c['measured_ms_per_token']:.1f} | "
+                     f"{1e3 / c['predicted_ms_per_token']:.1f} | **{c['ratio_predicted_over_measured_tok_s']:.2f}×** | "
+                     f"{c['dtype']}, {c['context']:,} tokens of context: {c['assumed']} |")
+    ratios = [c["ratio_predicted_over_measured_tok_s"] for c in d["checks"]]
+    m = d["memory_table"]
+    rows = next(iter(m["rows"].values()))
+    lines += ["", f"Roofline over measured: {min(ratios):.2f}–{max(ratios):.2f}× across the {len(ratios)} figures "
+              f"(within 25 %: {sum(abs(r - 1) <= 0.25 for r in ratios)} of {len(ratios)}).", "",
+              f"The padded-batch memory limit on an {m['gpu']} ({m['new_tokens']} new tokens, a {m['reserve_gib']:g} GiB "
+              "reserve, every row padded to the longest prompt P_max):", "",
+              "| model | " + " | ".join(f"P_max {p}" for p in rows) + " |", "|---|" + "---|" * len(rows)]
+    for name, row in m["rows"].items():
+        lines.append(f"| {name} | " + " | ".join(f"{b:,} rows" for b in row.values()) + " |")
+    return "\n".join(lines)
+
+
+def _size_line(r: dict) -> str:
+    p = r["pick"]
+    cost = f"${p['usd_per_hour']:,.2f}/h" if r["pick"].get("gpu") else f"{p['gpus']} GPUs"
+    return (f"{p['replicas']} × {p['device']} at cap {p['cap']} ({cost}): {r['space']:,} settings in the search, "
+            f"{r['judged']} judged, {r['simulated']} simulated, **{r['wall_s']:.0f} s** (1-minute load after: "
+            f"{r['load_1min_after']:.1f})")
+
+
+def size_search(d: dict) -> str:
+    linear, local, ray = d["linear"], d["local"], d["ray"]
+    t = local["traffic"]
+    fewer = "; ".join(f"cap {s['cap']}: {', '.join(s['why'])}" for s in sorted(linear["fewer"], key=lambda s: s["cap"]))
+    lines = [f"`{d['command']}` ({_load(d)}):", "",
+             f"- A back-of-the-envelope sizing, 25 ms + 0.4 ms per running sequence at 40 req/s of 200-token answers "
+             f"(`{linear['command']}`): picks **{linear['pick']['replicas']} replicas at cap "
+             f"{linear['pick']['cap']}** (p95 TPOT {linear['pick']['tpot_p95'] * 1e3:.0f} ms, served "
+             f"{100 * linear['pick']['served_share']:.1f} %); {linear['pick']['replicas'] - 1} replicas fail: {fewer}.",
+             f"- Llama-3-70B on every catalog GPU at TP 1, 2, 4 and 8 (`{local['command']}`), "
+             f"{t['requests']:,} requests over an hour ({t['qps']:.2f} req/s, mean prompt {t['mean_prompt']:.0f}, "
+             f"output {t['mean_output']:.0f} tokens):",
+             f"    - here, one process: {_size_line(local)};",
+             f"    - on a local Ray with {d['cpus']} CPUs, Ray's start included: {_size_line(ray)};",
+             f"    - the same pick both ways: {'yes' if d['same_pick'] else 'NO'}."]
+    for what, s in (("The next cheaper setting", (local["cheaper_failing"] or [None])[0]),
+                    ("The closest cheaper miss", local.get("closest_miss"))):
+        if s:
+            lines.append(f"- {what}, {s['replicas']} × {s['device']} at cap {s['cap']} (${s['usd_per_hour']:,.2f}/h), "
+                         f"misses: {', '.join(s['why'])}.")
+    return "\n".join(lines)
+
+
 RENDER = {"sim_speed": sim_speed, "hf_dynamic_vs_naive": hf_dynamic_vs_naive, "engine_vs_hf_cb": engine_vs_hf_cb,
           "validate_sim": validate_sim, "serving": serving, "client_vs_vllm_bench": client_vs_vllm_bench,
-          "prefix_cache": prefix_cache, "policies": policies, "ray_sweep": ray_sweep}
+          "prefix_cache": prefix_cache, "policies": policies, "ray_sweep": ray_sweep,
+          "roofline_check": roofline_check, "size_search": size_search}
 # Result files written by a benchmark with other settings (serving-max-num-seqs-128.json, ...) use its renderer.
 FAMILIES = {"serving-": serving, "validate_sim_": validate_sim, "twin_": twin}
 BLOCK = re.compile(r"(<!-- figures:([\w.-]+) -->\n)(.*?)(<!-- /figures:\2 -->)", re.S)

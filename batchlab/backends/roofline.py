@@ -67,3 +67,11 @@ def roofline(shape: ModelShape, gpu: GPU, tp: int = 1, eff: Efficiency = EFFICIE
                      + (f" ({shape.active_params / 1e9:.2f}B active)" if shape.active_params else "")
                      + f", {8 * shape.dtype_bytes}-bit, {ROOFLINE}"),
     )
+
+
+def rows_that_fit(shape: ModelShape, gpu: GPU, p_max: int, new_tokens: int, reserve_bytes: float, tp: int = 1) -> int:
+    """A padded request-level batch's memory limit: B = floor((memory - weights - reserve) /
+    ((P_max + new tokens) x KV bytes per token)), every row padded to the longest prompt (0: not even one)."""
+    free = tp * (gpu.memory_bytes - shape.weight_bytes / tp) - reserve_bytes
+    per_row = (p_max + new_tokens) * kv_bytes_per_gpu(shape, tp) * tp
+    return max(0, int(free // per_row))

@@ -16,6 +16,7 @@ built once and sent to every setting unchanged.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -237,6 +238,8 @@ class SizeResult:
     closed_caps: dict[str, tuple[int, str]]      # device label -> (closed-form cap, what limits it)
     priced: bool
     skipped: list[tuple[str, int]] = field(default_factory=list)   # (device, cap) never run: even one replica costs more than the pick
+    space: int = 0                   # settings the search covers: devices that fit x caps x replica counts, and those that do not
+    max_replicas: int = 0
 
     @property
     def ranked(self) -> list[Setting]:
@@ -254,13 +257,21 @@ class SizeResult:
         safe = [s for s in cheapest if s.cap <= self.closed_caps[s.device.label][0]]
         return max(safe or cheapest, key=lambda s: s.cap)
 
+    def closest_miss(self) -> Setting | None:
+        """Of the simulated settings cheaper than the pick, the one that came closest to holding:
+        the most of the offered tokens served, then the fewest SLO limits missed."""
+        pick = self.pick
+        near = [s for s in self.settings if s.simulated and not s.holds and pick and s.usd_per_hour < pick.usd_per_hour]
+        return max(near, key=lambda s: (min(1.0, s.figures.get("served_share", 0.0)), -len(s.why)), default=None)
+
     def cheaper_failing(self) -> list[Setting]:
-        """The settings cheaper than the pick that were simulated and fail, most expensive first."""
+        """The settings cheaper than the pick that fail, most expensive first; at equal cost the
+        simulated ones, then the one that came closest (most of the offered tokens served)."""
         pick = self.pick
         if pick is None:
             return []
         return sorted([s for s in self.settings if s.cap and not s.holds and s.usd_per_hour < pick.usd_per_hour],
-                      key=lambda s: (-s.usd_per_hour, -s.cap))
+                      key=lambda s: (-s.usd_per_hour, not s.simulated, -s.figures.get("served_share", 0.0)))
 
 
 def next_probes(ladders: list[Ladder], width: int, exhaustive: bool = False) -> list[tuple[Ladder, int]]:
@@ -278,7 +289,7 @@ def next_probes(ladders: list[Ladder], width: int, exhaustive: bool = False) -> 
 
 def size(cfg: RunConfig, strategy: str, knob: str, slos: dict[str, float], devs: list[Device],
          max_replicas: int = 64, max_cap: int = 1024, executor: Executor | None = None,
-         exhaustive: bool = False) -> SizeResult:
+         exhaustive: bool = False, progress: Callable[[str], None] = lambda line: None) -> SizeResult:
     """Every device's ladders, run round by round on the executor (next_probes); the result holds
     every setting simulated, and those that could not hold the weights."""
     executor = executor or LocalExecutor()
@@ -293,6 +304,7 @@ def size(cfg: RunConfig, strategy: str, knob: str, slos: dict[str, float], devs:
         caps, cap, why = candidate_caps(d, traffic, slos, max_cap)
         closed[d.label] = (cap, why)
         ladders += [Ladder(d, c, min(max_replicas, replicas_needed(d, traffic, c)), max_replicas) for c in caps]
+    priced = cfg.backend.shape is not None or cfg.backend.usd_per_gpu_hour is not None
     width = max(1, executor.parallelism)
     while todo := next_probes(ladders, width, exhaustive):
         for lad, n in todo:
@@ -305,7 +317,12 @@ def size(cfg: RunConfig, strategy: str, knob: str, slos: dict[str, float], devs:
                 raise RuntimeError(f"size: a simulated setting was lost: {fin.error}")
             lad, n = todo[fin.index]
             lad.runs[n] = fin.value
+        if calls:
+            runs = [s for lad in ladders for s in lad.runs.values()]
+            held = [s.usd_per_hour for s in runs if s.holds]
+            progress(f"  {len(runs)} settings judged, {sum(s.simulated for s in runs)} simulated; cheapest holding so far: "
+                     + ("none" if not held else f"${min(held):,.2f}/h" if priced else f"{min(held):g} GPUs"))
     settings += [s for lad in ladders for s in lad.runs.values()]
     skipped = [(lad.device.label, lad.cap) for lad in ladders if not lad.runs]
-    priced = cfg.backend.shape is not None or cfg.backend.usd_per_gpu_hour is not None
-    return SizeResult(strategy, knob, slos, traffic, settings, closed, priced, skipped)
+    space = len(ladders) * max_replicas + sum(d.cost is None for d in devs)
+    return SizeResult(strategy, knob, slos, traffic, settings, closed, priced, skipped, space, max_replicas)

@@ -76,7 +76,8 @@ def size_cmd(config, overrides, slos, gpus, tps, strategy, max_replicas, max_cap
     check_location(out_dir)
     runner = make_executor(cfg.executor)
     try:
-        res = size(cfg, strategy, scheduler_class(strategy).cap, limits, devs, max_replicas, max_cap, runner, exhaustive)
+        res = size(cfg, strategy, scheduler_class(strategy).cap, limits, devs, max_replicas, max_cap, runner, exhaustive,
+                   progress=lambda line: click.echo(line, err=True))
     finally:
         runner.close()
     write_outputs(res, out_dir)

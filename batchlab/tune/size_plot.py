@@ -24,7 +24,7 @@ def plot(res: SizeResult, path: Path) -> Path:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(8, 5))
+    fig, ax = plt.subplots(figsize=(10, 5))
     shown = [s for s in res.settings if s.simulated]
     names = sorted({s.device.gpu or "as configured" for s in shown})
     colours = {n: plt.get_cmap("tab10")(i % 10) for i, n in enumerate(names)}
@@ -45,7 +45,7 @@ def plot(res: SizeResult, path: Path) -> Path:
     ax.set_title(f"Cost vs latency: {res.strategy} at {res.traffic.qps:.3g} req/s "
                  f"(filled: holds the traffic, hollow: does not)", fontsize=10)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="upper right")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -35,8 +35,10 @@ def report_lines(res: SizeResult) -> list[str]:
     t = res.traffic
     lines = [f"size: {res.strategy} ({res.knob}), {len(t.trace):,} requests at {t.qps:.3g} req/s "
              f"(mean prompt {t.mean_prompt:.0f}, output {t.mean_output:.0f} tokens), SLO {_slo_text(res.slos)}",
-             f"  {len(res.settings)} settings judged, {sum(s.simulated for s in res.settings)} of them simulated "
-             f"(the rest ruled out by memory or by the closed form's most tokens/s)"
+             f"  {res.space:,} settings in the search ({len(res.closed_caps)} GPU x TP devices that fit, up to 3 caps "
+             f"each, 1 to {res.max_replicas} replicas; {sum(not s.cap for s in res.settings)} that do not fit): "
+             f"{len(res.settings)} judged, {sum(s.simulated for s in res.settings)} of them simulated, the rest ruled "
+             "out by memory or by the closed form's most tokens/s; every other one costs more than a setting that holds"
              + ("" if res.priced else " (no price set: ranked by GPU count; set backend.usd_per_gpu_hour for dollars)"),
              "", f"  {'device':<16} {'cap':>5} {'repl':>5} {'GPUs':>5} {'cost':>13} "
              f"{'$/M tok' if res.priced else 'GPU-h/M':>8} {'tok/s/GPU':>9}  verdict"]
@@ -84,6 +86,10 @@ def pick_lines(res: SizeResult) -> list[str]:
         lines.append(f"  next cheaper setting: {s.replicas} x {s.device.label} at cap {s.cap} "
                      f"({_money(res, s.usd_per_hour)}, {100 * (1 - s.usd_per_hour / pick.usd_per_hour):.0f} % less) "
                      f"misses: {', '.join(s.why)}")
+    near = res.closest_miss()
+    if near is not None and (not cheaper or near is not cheaper[0]):
+        lines.append(f"  closest cheaper miss: {near.replicas} x {near.device.label} at cap {near.cap} "
+                     f"({_money(res, near.usd_per_hour)}): {', '.join(near.why)}")
     own = fewer or cheaper[:1]
     kinds = sorted({limit_kind(w) for s in own for w in s.why} | ({"TPOT"} if why == "slo" else {"memory"} if why == "memory" else set()))
     if kinds:
@@ -96,11 +102,13 @@ def to_json(res: SizeResult) -> dict[str, Any]:
     t = res.traffic
     pick = res.pick
     return {
-        "strategy": res.strategy, "knob": res.knob, "slos": res.slos, "priced": res.priced,
+        "strategy": res.strategy, "knob": res.knob, "slos": res.slos, "priced": res.priced, "space": res.space,
+        "judged": len(res.settings), "simulated": sum(s.simulated for s in res.settings),
         "traffic": {"requests": len(t.trace), "qps": t.qps, "mean_prompt": t.mean_prompt, "mean_output": t.mean_output},
         "closed_form_caps": {k: {"cap": c, "limited_by": w} for k, (c, w) in res.closed_caps.items()},
         "pick": None if pick is None else pick.record() | {"usd_per_m_tokens": usd_per_m_tokens(pick)},
         "cheaper_failing": [s.record() for s in res.cheaper_failing()],
+        "closest_miss": None if res.closest_miss() is None else res.closest_miss().record(),
         "skipped": [{"device": d, "cap": c} for d, c in res.skipped],
         "settings": [s.record() | {"usd_per_m_tokens": usd_per_m_tokens(s)} for s in res.ranked],
     }

@@ -60,3 +60,14 @@ def test_fp8_needs_fp8_tensor_cores():
     assert roofline(fp8, H100).prefill_s_per_token == pytest.approx(2 * L8.params / (1979e12 * EFFICIENCY.flops))
     with pytest.raises(ConfigError, match="no FP8"):
         roofline(fp8, gpu("A100-80GB"))
+
+
+def test_the_padded_batch_memory_limit():
+    mistral = load_shape("random:mistral-7b")
+    free = 24e9 - mistral.weight_bytes - 1.5 * 2**30
+    from batchlab.backends.roofline import rows_that_fit
+    assert rows_that_fit(mistral, gpu("RTX-3090"), 128, 128, 1.5 * 2**30) == int(free // (256 * 131072))
+    # one long prompt in the batch pads every row to it: (2048 + 128) / (128 + 128), 8.5 times fewer rows
+    long, short = (rows_that_fit(mistral, gpu("RTX-3090"), p, 128, 1.5 * 2**30) for p in (2048, 128))
+    assert long == int(free // (2176 * 131072)) and short / long == pytest.approx(2176 / 256, rel=0.05)
+    assert rows_that_fit(load_shape("random:llama3-70b"), gpu("RTX-3090"), 128, 128, 0) == 0

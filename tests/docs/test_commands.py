@@ -116,8 +116,40 @@ def _check_tune(d: Path, done: list) -> None:
     assert json.loads((d / "tune" / "tune.json").read_text())["closed_form"]["cap"] > 0
 
 
+def _check_size(out: str, replicas: int | None = None, cap: int | None = None):
+    def check(d: Path, done: list) -> None:
+        pick = json.loads((d / out / "size.json").read_text())["pick"]
+        assert pick is not None and pick["holds"] and "pick:" in done[-1].stdout
+        assert replicas is None or (pick["replicas"], pick["cap"]) == (replicas, cap)
+    return check
+
+
+def _check_catalog(d: Path, done: list) -> None:
+    assert "H100-SXM" in done[-1].stdout and "roofline estimates" in done[-1].stdout
+
+
+def _check_priced(d: Path, done: list) -> None:
+    row = _summary(d / "priced" / "summary.csv")[0]
+    assert float(row["usd_per_m_tokens"]) > 0 and int(row["gpus"]) == 4
+
+
+def _check_roofline(d: Path, done: list) -> None:
+    assert "roofline" in done[-1].stdout and "Mistral-7B on an RTX 3090" in done[-1].stdout
+
+
 SHORT = ["--set", "traffic.duration_s=5", "--set", "traffic.warmup_s=1", "--set", "report=false", "--quiet"]
 RUN = {
+    "gpu catalog": Run(["batchlab size --list-gpus"], [[]], _check_catalog),
+    "size, linear": Run(["batchlab size configs/size-linear.yaml --slo tpot_p95=60ms"],
+                        [["--set", "traffic.duration_s=60", "--set", "traffic.warmup_s=15", "--out", "size"]],
+                        _check_size("size", 6, 87)),
+    "size, catalog": Run(["batchlab size configs/size-llama3-70b.yaml"],
+                         [["--set", "traffic.duration_s=120", "--gpus", "H100-SXM,A100-80GB", "--tp", "4,8",
+                           "--out", "size70"]], _check_size("size70")),
+    "priced run": Run(["batchlab run configs/size-llama3-70b.yaml"],
+                      [["--set", "traffic.rates=[1]", "--out", "priced", *SHORT]],
+                      _check_priced),
+    "roofline check": Run(["python benchmarks/roofline_check.py"], [[]], _check_roofline),
     "trace replay": Run(
         ["batchlab run --set traffic.arrival=trace --set traffic.trace_file=AzureLLMInferenceTrace_conv.csv "
          "--set traffic.replay.duration_s=600 --set traffic.replay.time_scale=0.5"],

@@ -12,7 +12,7 @@ from batchlab.tune.size_cmd import size_cmd
 # The back-of-the-envelope sizing: 25 ms per step + 0.4 ms per running sequence, 40 req/s of
 # 200-token answers, p95 TPOT within 60 ms: a cap of 87 (59.8 ms steps, 1,455 tok/s a replica),
 # and 8,000 tok/s needs 6 replicas.
-PLAN = ["backend.linear={step_ms: 25, per_seq_ms: 0.4}", "backend.router=least_outstanding", "strategies=[continuous]",
+LINEAR_40 = ["backend.linear={step_ms: 25, per_seq_ms: 0.4}", "backend.router=least_outstanding", "strategies=[continuous]",
         "traffic.rates=[40]", "traffic.prompt_len=64", "traffic.output_len=200", "traffic.duration_s=60",
         "traffic.warmup_s=15"]
 KNOB = "continuous.max_num_seqs"
@@ -23,8 +23,8 @@ def sets(*items):
     return [x for s in items for x in ("--set", s)]
 
 
-def test_the_plan_picks_six_replicas_at_cap_87_and_says_why_five_fail(tmp_path):
-    res = CliRunner().invoke(size_cmd, [*sets(*PLAN), "--slo", "tpot_p95=60ms", "--out", str(tmp_path)])
+def test_the_envelope_sizing_picks_six_replicas_at_cap_87_and_says_why_five_fail(tmp_path):
+    res = CliRunner().invoke(size_cmd, [*sets(*LINEAR_40), "--slo", "tpot_p95=60ms", "--out", str(tmp_path)])
     assert res.exit_code == 0, res.output
     data = json.loads((tmp_path / "size.json").read_text())
     assert (data["pick"]["replicas"], data["pick"]["cap"]) == (6, 87)
@@ -77,7 +77,7 @@ def test_the_cheapest_probes_go_first_as_many_as_the_executor_runs():
 
 
 def test_the_closed_form_rules_out_what_cannot_serve_the_traffic():
-    traffic = traffic_of(load_user_config(None, PLAN))
+    traffic = traffic_of(load_user_config(None, LINEAR_40))
     short = too_few(LINEAR, 87, 2, traffic)         # 2 x 1,455 tok/s against 8,000 offered
     assert short is not None and not short.holds and not short.simulated and "closed form" in short.why[0]
     assert too_few(LINEAR, 87, 5, traffic) is None   # 7,275 of 8,000: close enough to simulate
@@ -87,7 +87,7 @@ def test_a_replayed_trace_is_sized_as_it_is(tmp_path):
     trace = tmp_path / "trace.csv"
     rows = ["arrival_time,prompt_len,output_len"] + [f"{i * 0.05:.3f},64,100" for i in range(600)]
     trace.write_text("\n".join(rows) + "\n")
-    cfg = load_user_config(None, PLAN + ["traffic.arrival=trace", f"traffic.trace_file={trace}", "traffic.warmup_s=5"])
+    cfg = load_user_config(None, LINEAR_40 + ["traffic.arrival=trace", f"traffic.trace_file={trace}", "traffic.warmup_s=5"])
     res = size(cfg, "continuous", KNOB, {"tpot_p95": 0.06}, [LINEAR])
     assert len(res.traffic.trace) == 600 and res.traffic.qps == pytest.approx(20.0, rel=1e-3)
     assert res.pick is not None and res.pick.replicas == math.ceil(20 * 100 / (87 / 0.0598))   # 2,000 tok/s: 2 replicas
@@ -133,7 +133,7 @@ def test_the_catalog_lists_every_gpu():
 def test_size_on_ray_picks_what_size_here_picks(ray_local):
     from batchlab.core.config import ExecutorConfig
     from batchlab.run.executors import RayExecutor
-    cfg = load_user_config(None, PLAN)
+    cfg = load_user_config(None, LINEAR_40)
     here = size(cfg, "continuous", KNOB, {"tpot_p95": 0.06}, [LINEAR])
     there = size(cfg, "continuous", KNOB, {"tpot_p95": 0.06}, [LINEAR], executor=RayExecutor(ExecutorConfig(kind="ray")))
     assert (there.pick.replicas, there.pick.cap) == (here.pick.replicas, here.pick.cap) == (6, 87)
