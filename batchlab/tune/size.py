@@ -89,6 +89,9 @@ def traffic_of(cfg: RunConfig) -> Traffic:
     if len(trace) < 2:
         raise ConfigError("size: the traffic has fewer than two requests; lengthen traffic.duration_s or the trace")
     span = trace[-1].arrival - trace[0].arrival
+    if cfg.traffic.warmup_s >= trace[-1].arrival:
+        raise ConfigError(f"size: traffic.warmup_s ({cfg.traffic.warmup_s:g} s) leaves no request to measure: the "
+                          f"last arrives at {trace[-1].arrival:.1f} s")
     qps = (len(trace) - 1) / span if span > 0 else float("inf")
     n = len(trace)
     return Traffic(trace, rate, qps, sum(t.prompt_len for t in trace) / n, sum(t.output_len for t in trace) / n)
@@ -152,8 +155,9 @@ def devices(cfg: RunConfig, gpus: list[str] | None, tps: list[int]) -> list[Devi
         for tp in tps:
             try:
                 out.append(Device(entry.name, tp, price, roofline(shape, entry, tp)))
-            except ConfigError as e:
-                out.append(Device(entry.name, tp, price, None, str(e)))
+            except ConfigError as e:      # the weights do not fit, or the GPU has no FP8
+                kind = "memory" if "do not fit" in str(e) else "dtype"
+                out.append(Device(entry.name, tp, price, None, f"{kind}: {e}"))
     return out
 
 
@@ -299,7 +303,7 @@ def size(cfg: RunConfig, strategy: str, knob: str, slos: dict[str, float], devs:
     closed: dict[str, tuple[int, str]] = {}
     for d in devs:
         if d.cost is None:
-            settings.append(Setting(d, 0, 1, False, (f"memory: {d.why_not}",), simulated=False))
+            settings.append(Setting(d, 0, 1, False, (d.why_not,), simulated=False))
             continue
         caps, cap, why = candidate_caps(d, traffic, slos, max_cap)
         closed[d.label] = (cap, why)

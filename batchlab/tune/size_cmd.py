@@ -26,8 +26,8 @@ def _ints(text: str, what: str) -> list[int]:
         values = sorted({int(x) for x in text.split(",") if x.strip()})
     except ValueError:
         raise ConfigError(f"{what} {text!r}: expected whole numbers separated by commas, e.g. 1,2,4,8") from None
-    if not values or values[0] < 1:
-        raise ConfigError(f"{what} {text!r}: every value must be at least 1")
+    if not values or values[0] < 1 or values[-1] > 8:
+        raise ConfigError(f"{what} {text!r}: every value must be from 1 to 8 (the GPUs of one node)")
     return values
 
 
@@ -60,6 +60,9 @@ def size_cmd(config, overrides, slos, gpus, tps, strategy, max_replicas, max_cap
     if cfg.backend.kind != "sim":
         raise ConfigError(f"size: sizes in simulation: backend.kind sim (a model shape with backend.shape, a preset, "
                           f"a profile or backend.linear), not '{cfg.backend.kind}'")
+    if cfg.traffic.sessions is not None:
+        raise ConfigError("size: traffic.sessions cannot be sized yet: a turn arrives when the last answer ends, so the "
+                          "offered work depends on the setting; replay a run's requests.csv as a trace instead")
     strategy = strategy or (ContinuousScheduler.name if ContinuousScheduler.name in cfg.strategies else cfg.strategies[0])
     if strategy not in SCHEDULERS:
         raise ConfigError(f"size: --strategy {strategy!r}: one of {', '.join(SCHEDULERS)}")

@@ -15,7 +15,7 @@ def limit_kind(reason: str) -> str:
     head = reason.split()[0]
     if head in ("TTFT", "TPOT", "ITL", "E2E", "QUEUE"):
         return head if head != "QUEUE" else "queue wait"
-    return "memory" if head == "memory:" else "throughput"
+    return {"memory:": "memory", "dtype:": "dtype"}.get(head, "throughput")
 
 
 def usd_per_m_tokens(s: Setting) -> float:
@@ -50,9 +50,10 @@ def report_lines(res: SizeResult) -> list[str]:
                      f"{usd_per_m_tokens(s):>8.3g} {tok_gpu:>9,.0f}  {verdict}")
     if len(ranked) > SHOWN:
         lines.append(f"  ... {len(ranked) - SHOWN} more in size.csv")
-    unfit = [s.device.label for s in res.settings if not s.cap]
-    if unfit:
-        lines.append(f"  the weights do not fit (not simulated): {', '.join(unfit)}")
+    for kind, says in (("memory", "the weights do not fit"), ("dtype", "no FP8 tensor cores for fp8 weights")):
+        unfit = [s.device.label for s in res.settings if not s.cap and s.why[0].startswith(kind)]
+        if unfit:
+            lines.append(f"  {says} (not simulated): {', '.join(unfit)}")
     if res.skipped:
         lines.append("  not simulated, as even one replica costs more than the pick: "
                      + ", ".join(f"{d} cap {c}" for d, c in res.skipped))

@@ -93,6 +93,16 @@ def test_a_replayed_trace_is_sized_as_it_is(tmp_path):
     assert res.pick is not None and res.pick.replicas == math.ceil(20 * 100 / (87 / 0.0598))   # 2,000 tok/s: 2 replicas
 
 
+def test_a_trace_the_warm_up_covers_is_refused_before_any_work(tmp_path):
+    trace = tmp_path / "trace.csv"
+    trace.write_text("arrival_time,prompt_len,output_len\n" + "".join(f"{i},64,100\n" for i in range(20)))
+    res = CliRunner().invoke(size_cmd, [*sets(*LINEAR_40, "traffic.arrival=trace", f"traffic.trace_file={trace}",
+                                              "traffic.warmup_s=30"), "--slo", "tpot_p95=60ms",
+                                        "--out", str(tmp_path / "out")])
+    assert res.exit_code == 2 and "leaves no request to measure" in res.output
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_catalog_search_prices_every_gpu_and_skips_what_does_not_fit(tmp_path):
     res = CliRunner().invoke(size_cmd, [
         *sets("backend.shape=random:llama3-70b", "backend.gpu=H100-SXM", "traffic.rates=[2]", "traffic.duration_s=60",
@@ -113,9 +123,11 @@ def test_a_catalog_search_prices_every_gpu_and_skips_what_does_not_fit(tmp_path)
     (["--strategy", "fifo"], "--strategy"),
     (["--gpus", "H100-SXM"], "set backend.shape"),
     (sets("backend.shape=random:llama3-8b", "backend.gpu=H100-SXM") + ["--gpus", "V100"], "not in the catalog"),
-    (sets("backend.shape=random:llama3-8b", "backend.gpu=H100-SXM") + ["--tp", "0"], "at least 1"),
+    (sets("backend.shape=random:llama3-8b", "backend.gpu=H100-SXM") + ["--tp", "0"], "from 1 to 8"),
+    (sets("backend.shape=random:llama3-8b", "backend.gpu=H100-SXM") + ["--tp", "2,16"], "from 1 to 8"),
     (sets("backend.shape=random:llama3-8b", "backend.gpu=H100-SXM") + ["--tp", "x"], "whole numbers"),
     (["--out", "/dev/null/x"], "output directory"),
+    (sets("traffic.sessions={turns: 2}"), "traffic.sessions cannot be sized"),
 ])
 def test_cli_bad_input_is_one_line_and_exit_2_before_any_work(args, needle, tmp_path):
     res = CliRunner().invoke(size_cmd, args, catch_exceptions=False)
