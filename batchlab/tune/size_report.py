@@ -76,6 +76,7 @@ def pick_lines(res: SizeResult) -> list[str]:
              f"  the cap: the closed form's largest full batch is {cap}, limited by "
              + {"slo": "the TPOT budget", "memory": "the KV memory", "max cap": "--max-cap",
                 "infeasible": "nothing: one sequence already misses the TPOT budget"}.get(why, why)]
+    lines.append("  to run it: batchlab run CONFIG " + " ".join(f"--set {o}" for o in pick_overrides(res)))
     fewer = sorted((s for s in res.settings if s.device == pick.device and s.replicas == pick.replicas - 1
                     and s.cap), key=lambda s: s.cap)
     if fewer:
@@ -99,6 +100,15 @@ def pick_lines(res: SizeResult) -> list[str]:
     return lines
 
 
+def pick_overrides(res: SizeResult) -> list[str]:
+    """The --set overrides that make the config run the pick as a sweep point."""
+    pick = res.pick
+    if pick is None:
+        return []
+    device = [f"backend.gpu={pick.device.gpu}", f"backend.tp={pick.device.tp}"] if pick.device.gpu else []
+    return [*device, f"backend.replicas={pick.replicas}", f"{res.knob}={pick.cap}", f"strategies=[{res.strategy}]"]
+
+
 def to_json(res: SizeResult) -> dict[str, Any]:
     t = res.traffic
     pick = res.pick
@@ -107,7 +117,8 @@ def to_json(res: SizeResult) -> dict[str, Any]:
         "judged": len(res.settings), "simulated": sum(s.simulated for s in res.settings),
         "traffic": {"requests": len(t.trace), "qps": t.qps, "mean_prompt": t.mean_prompt, "mean_output": t.mean_output},
         "closed_form_caps": {k: {"cap": c, "limited_by": w} for k, (c, w) in res.closed_caps.items()},
-        "pick": None if pick is None else pick.record() | {"usd_per_m_tokens": usd_per_m_tokens(pick)},
+        "pick": None if pick is None else pick.record() | {"usd_per_m_tokens": usd_per_m_tokens(pick),
+                                                           "overrides": pick_overrides(res)},
         "cheaper_failing": [s.record() for s in res.cheaper_failing()],
         "closest_miss": None if res.closest_miss() is None else res.closest_miss().record(),
         "skipped": [{"device": d, "cap": c} for d, c in res.skipped],

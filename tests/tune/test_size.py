@@ -151,3 +151,25 @@ def test_size_on_ray_picks_what_size_here_picks(ray_local):
     assert (there.pick.replicas, there.pick.cap) == (here.pick.replicas, here.pick.cap) == (6, 87)
     same = {(s.cap, s.replicas): s.figures for s in here.settings}
     assert all(same[(s.cap, s.replicas)] == s.figures for s in there.settings if (s.cap, s.replicas) in same)
+
+
+def test_the_pick_run_as_a_sweep_point_is_sustained_by_the_reports_rule(tmp_path):
+    """What size picks, run by `batchlab run` with the overrides it prints, holds by the report's
+    own rule (core/sustain.py, read from summary.csv): the two judges agree.
+    NOTE: the report's served share runs to the last completion, so it counts the ~11 s the last
+    answers take after arrivals stop; over 300 s of traffic that costs under 5 %, over 60 s 15 %."""
+    import csv
+
+    from batchlab.core.sustain import sustains
+    from batchlab.run.sweep import run_sweep
+    from batchlab.tune.size_report import pick_overrides
+    cfg = load_user_config(None, LINEAR_40)
+    res = size(cfg, "continuous", KNOB, {"tpot_p90": 0.06}, [LINEAR])
+    sets_ = pick_overrides(res)
+    assert sets_ == ["backend.replicas=6", "continuous.max_num_seqs=87", "strategies=[continuous]"]
+    out = run_sweep(load_user_config(None, LINEAR_40 + sets_ + ["slo.tpot_s=0.06", "slo.ttft_s=null",
+                                                                   "traffic.duration_s=300", "report=false"]),
+                    tmp_path / "run")
+    row = next(csv.DictReader((out / "summary.csv").open()))
+    assert float(row["tpot_p90"]) <= 0.06
+    assert sustains(float(row["slo_attainment"]), float(row["requests_per_s"]) / 40, with_slo=True)
