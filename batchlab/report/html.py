@@ -27,6 +27,7 @@ img { max-width: 100%; height: auto; border: 1px solid #eee; }
 pre { background: #f6f6f6; padding: .8em; overflow-x: auto; font-size: 12px; }
 code { background: #f6f6f6; padding: 0 .2em; }
 ul li:first-child strong { font-size: 1.1em; }
+details.setup { margin-top: 2em; } details.setup > summary { cursor: pointer; font-size: 1.2em; color: #444; }
 """
 
 _IMG = re.compile(r'<img src="([^"/:]+\.png)"')
@@ -36,9 +37,21 @@ def render(md_text: str, title: str, images: Path) -> str:
     """The page for `md_text`, with every relative PNG it links (found in `images`) embedded."""
     body = MarkdownIt("commonmark", {"html": False}).enable("table").render(md_text)
     body = _IMG.sub(lambda m: f'<img src="{_data_uri(images / m.group(1))}"', body)
+    body = _fold_setup(body)
     return (f'<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
             f'<meta name="viewport" content="width=device-width, initial-scale=1">\n'
             f"<title>{html.escape(title)}</title>\n<style>{CSS}</style>\n</head>\n<body>\n{body}</body>\n</html>\n")
+
+
+def _fold_setup(body: str) -> str:
+    """The setup section, last in the report, folded under a summary line a click opens: the
+    machine, versions and every knob are there for whoever checks, not in the way of the answer."""
+    head = "<h2>Setup</h2>"
+    at = body.find(head)
+    if at < 0:
+        return body
+    return (body[:at] + '<details class="setup"><summary>Setup: the machine, library versions, seed and every knob '
+            "of the run (click to open)</summary>\n" + body[at:] + "</details>\n")
 
 
 def _data_uri(path: Path) -> str:

@@ -84,12 +84,14 @@ def _build(results_dir: Path, summary: pd.DataFrame, setup: dict, config: dict) 
                               burst, traffic.get("rate_step"), _measured_s(traffic))
         lines += classes.class_verdict(by_class, list(dict.fromkeys(summary["strategy"])), rate)
     outcomes = point_outcomes(summary, requests)
-    md = _title(config, lines) + _setup(setup, config) + _plots(figures, rate, outcomes)
-    md += _tables(summary, outcomes) + _comparisons(comparisons) + _knees_crossovers(summary, crossings, caps, slo)
+    # NOTE: what a reader came for first (the answer, what each strategy sustains, the plots), the
+    # details after, and the setup (machine, versions, every knob) last: report.html folds it away
+    md = _title(config, lines) + _knees_crossovers(summary, crossings, caps, slo) + _plots(figures, rate, outcomes)
+    md += _tables(summary, outcomes) + _comparisons(comparisons)
     md += _burst(burst, config)
     md += _breakdown(summary, requests, outcomes) + prefix_cache_lines(summary) + turn_lines(requests)
     md += classes.class_lines(requests, config, by_class)
-    md += _useful(requests) + _method()
+    md += _useful(requests) + _method() + _setup(setup, config)
     path = results_dir / "report.md"
     write_atomic(path, "\n".join(md) + "\n")     # a kill or a full disk mid-write leaves the last report whole
     html.write_html(path)

@@ -125,3 +125,12 @@ def test_a_priced_backend_gets_cost_columns_and_the_cost_figure_an_unpriced_one_
     assert "$ per million output tokens" in md                     # its caption
     _, unpriced, _ = built
     assert "$ per M tokens" not in unpriced and "cost.png" not in unpriced
+
+
+def test_the_answer_comes_first_and_the_setup_last_folded_in_html(built):
+    results, md, _ = built
+    order = [md.index(h) for h in ("## Capacity, knees and crossovers", "## Plots", "## Results per rate", "## Setup")]
+    assert order == sorted(order) and md.index("## Setup") > md.index("## How the intervals are made")
+    page = (results / "report.html").read_text()
+    assert page.count('<details class="setup">') == 1 and page.index("<details") < page.index("<h2>Setup</h2>")
+    assert page.index("Every knob of the run") < page.index("</details>") < page.index("</body>")
