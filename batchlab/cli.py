@@ -26,6 +26,7 @@ LAZY_COMMANDS = {
     "tune": "batchlab.tune.command:tune_cmd",
     "capacity": "batchlab.tune.capacity_cmd:capacity_cmd",
     "size": "batchlab.tune.size_cmd:size_cmd",
+    "compare": "batchlab.report.compare_cmd:compare_cmd",
 }
 
 

@@ -13,6 +13,7 @@ instead of setting an axis from NaN.
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from pathlib import Path
 
 import matplotlib
@@ -38,10 +39,26 @@ STYLE = {"font.size": 11, "axes.titlesize": 12, "axes.labelsize": 11, "legend.fo
          "figure.titlesize": 14, "axes.grid": True, "grid.alpha": 0.3, "figure.dpi": 100}
 
 
+_ASSIGNED: dict[str, str] = {}       # names given distinct colours for the plots being drawn (distinct_colors)
+
+
 def color(strategy: str) -> str:
     """The strategy's own colour (each declares one from OKABE_ITO), else one picked from its name."""
+    if strategy in _ASSIGNED:
+        return _ASSIGNED[strategy]
     extra = [OKABE_ITO[k] for k in ("orange", "sky", "yellow", "grey")]
     return info(strategy).color or extra[sum(map(ord, strategy)) % len(extra)]   # NOTE: hash() varies per process
+
+
+@contextmanager
+def distinct_colors(names: list[str]):
+    """While drawing, `names` (e.g. one strategy in two experiments) each get their own colour."""
+    palette = list(OKABE_ITO.values())
+    _ASSIGNED.update({n: palette[i % len(palette)] for i, n in enumerate(names)})
+    try:
+        yield
+    finally:
+        _ASSIGNED.clear()
 
 
 def save(fig, path: Path) -> Path:

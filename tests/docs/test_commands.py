@@ -57,6 +57,8 @@ ELSEWHERE = {
     "batchlab run configs/sim.yaml --executor ray": "tests/run/test_executors.py::test_a_ray_sweep_writes_the_same_bytes_as_a_local_one",
     "batchlab capacity configs/sim.yaml --high 100 --executor ray":
         "tests/tune/test_capacity.py::test_on_ray_the_search_takes_fewer_rounds_to_the_same_bracket",
+    "batchlab compare results/before results/after --out results/compare":
+        "tests/report/test_compare.py::test_two_experiments_side_by_side_at_their_common_rates",
     "python benchmarks/readme_figures.py": "tests/test_readme_figures.py::test_every_page_quotes_exactly_what_the_result_files_hold",
     "python benchmarks/readme_figures.py --check":
         "tests/test_readme_figures.py::test_the_check_command_passes_here_and_fails_on_an_unknown_block",
