@@ -20,7 +20,7 @@ import pandas as pd
 import yaml
 
 from batchlab.core.files import write_atomic
-from batchlab.report import capacity, classes, cost, fmt, html, pareto, plots, run_plots, stats
+from batchlab.report import capacity, classes, cost, fmt, html, hypotheses, pareto, plots, run_plots, stats
 from batchlab.report import timeline as tl
 from batchlab.report.capacity import Capacity
 from batchlab.report.captions import CAPTIONS
@@ -86,8 +86,9 @@ def _build(results_dir: Path, summary: pd.DataFrame, setup: dict, config: dict) 
     outcomes = point_outcomes(summary, requests)
     # NOTE: what a reader came for first (the answer, what each strategy sustains, the plots), the
     # details after, and the setup (machine, versions, every knob) last: report.html folds it away
-    md = _title(config, lines) + _knees_crossovers(summary, crossings, caps, slo) + _plots(figures, rate, outcomes)
-    md += _tables(summary, outcomes) + _comparisons(comparisons)
+    md = _title(config, lines) + _knees_crossovers(summary, crossings, caps, slo)
+    md += hypotheses.hypothesis_lines(summary, caps, lines) + _plots(figures, rate, outcomes)
+    md += _tables(summary, outcomes) + _comparisons(comparisons) + hypotheses.theory_lines(summary, requests, config)
     md += _burst(burst, config)
     md += _breakdown(summary, requests, outcomes) + prefix_cache_lines(summary) + turn_lines(requests)
     md += classes.class_lines(requests, config, by_class)
