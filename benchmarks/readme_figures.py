@@ -685,10 +685,32 @@ def size_search(d: dict) -> str:
     return "\n".join(lines)
 
 
+def length_grouping(d: dict) -> str:
+    lines = [f"`{d['command']}` ({_load(d)}; {d['duration_s']:g} s of traffic per point, the default config's "
+             f"lognormal lengths, dynamic batching with its cap of {d['dynamic_cap']}; the same trace both ways):", "",
+             "| rate | useful decode, plain → grouped | prompt not padding | p50 TTFT | p99 TTFT | p99 E2E | throughput |",
+             "|---|---|---|---|---|---|---|"]
+    for r in d["rates"]:
+        c = r["changes"]
+        cell = lambda m: f"{c[m]['rel']:+.0%}" + (" ✓" if c[m]["supported"] else "")  # noqa: E731
+        lines.append(f"| {r['rate']:g} req/s | {r['plain']['useful_decode']:.2f} → {r['grouped']['useful_decode']:.2f} | "
+                     f"{r['plain']['prompt_fill']:.2f} → {r['grouped']['prompt_fill']:.2f} | {cell('ttft_p50')} | "
+                     f"{cell('ttft_p99')} | {cell('e2e_p99')} | {cell('throughput_tok_s')} |")
+    sweep = d["skip_sweep"]
+    lines += ["", "Changes are grouped against plain, paired request by request (✓: the 95 % interval excludes zero). "
+              f"The skip cap at {max(r['rate'] for r in d['rates']):g} req/s:", "",
+              "| max_skips | useful decode | throughput (tok/s) | p99 TTFT | longest TTFT |", "|---|---|---|---|---|"]
+    for s in sweep:
+        name = "plain (no grouping)" if s["max_skips"] is None else str(s["max_skips"])
+        lines.append(f"| {name} | {s['useful_decode']:.2f} | {s['throughput_tok_s']:,.0f} | {s['ttft_p99']:.1f} s | "
+                     f"{s['ttft_max']:.1f} s |")
+    return "\n".join(lines)
+
+
 RENDER = {"sim_speed": sim_speed, "hf_dynamic_vs_naive": hf_dynamic_vs_naive, "engine_vs_hf_cb": engine_vs_hf_cb,
           "validate_sim": validate_sim, "serving": serving, "client_vs_vllm_bench": client_vs_vllm_bench,
           "prefix_cache": prefix_cache, "policies": policies, "ray_sweep": ray_sweep,
-          "roofline_check": roofline_check, "size_search": size_search}
+          "roofline_check": roofline_check, "size_search": size_search, "length_grouping": length_grouping}
 # Result files written by a benchmark with other settings (serving-max-num-seqs-128.json, ...) use its renderer.
 FAMILIES = {"serving-": serving, "validate_sim_": validate_sim, "twin_": twin}
 BLOCK = re.compile(r"(<!-- figures:([\w.-]+) -->\n)(.*?)(<!-- /figures:\2 -->)", re.S)

@@ -135,6 +135,11 @@ def _check_priced(d: Path, done: list) -> None:
     assert float(row["usd_per_m_tokens"]) > 0 and int(row["gpus"]) == 4
 
 
+def _check_grouping(d: Path, done: list) -> None:
+    data = json.loads((d / "docs" / "results" / "length_grouping.json").read_text())
+    assert [r["rate"] for r in data["rates"]] == [20, 40] and data["skip_sweep"][1]["max_skips"] == 32
+
+
 def _check_roofline(d: Path, done: list) -> None:
     assert "roofline" in done[-1].stdout and "Mistral-7B on an RTX 3090" in done[-1].stdout
 
@@ -152,6 +157,9 @@ RUN = {
                       [["--set", "traffic.rates=[1]", "--out", "priced", *SHORT]],
                       _check_priced),
     "roofline check": Run(["python benchmarks/roofline_check.py"], [[]], _check_roofline),
+    "length grouping": Run(["python benchmarks/length_grouping.py --json docs/results/length_grouping.json"],
+                           [["--rates", "20", "40", "--duration", "30", "--skips", "32"]], _check_grouping,
+                           lambda d: (d / "docs" / "results").mkdir(parents=True)),
     "trace replay": Run(
         ["batchlab run --set traffic.arrival=trace --set traffic.trace_file=AzureLLMInferenceTrace_conv.csv "
          "--set traffic.replay.duration_s=600 --set traffic.replay.time_scale=0.5"],

@@ -1,3 +1,5 @@
+import pytest
+
 from batchlab.core.clock import VirtualClock
 from batchlab.core.request import Request
 from batchlab.core.work import Batch, Idle, MemoryBudget
@@ -84,3 +86,47 @@ def test_a_request_that_ooms_alone_fails_with_a_reason_instead_of_looping():
     clock.run(drive(DynamicScheduler(DynamicConfig(max_wait_ms=0)), backend, clock, Inbox(reqs)))
     assert reqs[0].status.value == "failed" and "out of memory" in reqs[0].error
     assert "1 rows > 0" in reqs[0].error          # the backend's reason survives the back-off path
+
+
+def grouped(cap=2, skips=4):
+    return DynamicScheduler(DynamicConfig(max_batch_size=cap, max_wait_ms=1000, group_by_length=True, max_skips=skips))
+
+
+def test_grouping_fills_a_batch_with_the_lengths_closest_to_the_oldest():
+    s = grouped(cap=2)
+    for rid, p in (("old", 100), ("far", 1000), ("near", 110)):
+        s.add(Request(rid, p, 20, 0.0))
+    out = s.schedule(0.0)
+    assert [r.request_id for r in out.requests] == ["old", "near"]       # the oldest always goes
+    assert [r.request_id for r in s.waiting] == ["far"] and s.skips == {"far": 1}
+
+
+@pytest.mark.parametrize("skips, far_in", [(1, 1), (10, 2)])
+def test_a_request_passed_over_max_skips_times_goes_next_whatever_its_length(skips, far_in):
+    """Behind the oldest: one unlike request (x) and one unlike everyone (far). Each batch takes the
+    oldest and the one closest to it; far is passed over until it has been skipped max_skips times."""
+    s = grouped(cap=2, skips=skips)
+    for i, (rid, p) in enumerate([("o", 100), ("x", 1000), ("far", 5000)] + [(f"n{i}", 100) for i in range(4)]):
+        s.add(Request(rid, p, 20, float(i)))
+    launched = []
+    while s.waiting:
+        out = s.schedule(10.0)
+        launched.append([r.request_id for r in out.requests])
+        s.finish_batch(out, 10.0)
+    assert launched[0] == ["o", "n0"]
+    assert next(i for i, b in enumerate(launched) if "far" in b) == far_in
+    assert sorted(r for b in launched for r in b) == sorted(["o", "x", "far", "n0", "n1", "n2", "n3"])   # nothing lost
+
+
+def test_with_no_skips_allowed_the_line_is_kept():
+    s = grouped(cap=2, skips=0)
+    for rid, p in (("old", 100), ("far", 1000), ("near", 110)):
+        s.add(Request(rid, p, 20, 0.0))
+    assert [r.request_id for r in s.schedule(0.0).requests] == ["old", "far"]
+
+
+def test_without_grouping_the_line_is_kept():
+    s = DynamicScheduler(DynamicConfig(max_batch_size=2, max_wait_ms=1000))
+    for rid, p in (("old", 100), ("far", 1000), ("near", 110)):
+        s.add(Request(rid, p, 20, 0.0))
+    assert [r.request_id for r in s.schedule(0.0).requests] == ["old", "far"]
