@@ -707,10 +707,30 @@ def length_grouping(d: dict) -> str:
     return "\n".join(lines)
 
 
+def four_modes(d: dict) -> str:
+    lines = [f"`{d['command']}` (the simulator's `toy` step model; one trace per workload, seed {d['seed']}):", ""]
+    for n, modes in d["workloads"].items():
+        lines += [f"{int(n):,} requests:", "",
+                  "| mode | output tok/s | mean TTFT | p99 ITL | finished | preemptions |", "|---|---|---|---|---|---|"]
+        for name, m in modes.items():
+            tok = "—" if m["finished"] == 0 else f"{m['throughput_tok_s']:,.0f}"
+            ttft = "—" if m["finished"] == 0 else f"{m['ttft_mean']:.2f} s"
+            itl = "—" if m["finished"] == 0 else f"{m['itl_p99'] * 1e3:.1f} ms"
+            done = f"{m['finished']:,} of {m['requests']:,}" + (f" ({m['top_error']})" if m["top_error"] else "")
+            lines.append(f"| {name} | {tok} | {ttft} | {itl} | {done} | {m['preemptions']:,} |")
+        whole, chunked = modes["continuous"], modes["continuous, chunked prefill 512"]
+        lines += ["", f"Chunked prefill against whole prompts (both booking KV at admission): p99 ITL "
+                  f"{whole['itl_p99'] * 1e3:.1f} → {chunked['itl_p99'] * 1e3:.1f} ms "
+                  f"({chunked['itl_p99'] / whole['itl_p99'] - 1:+.0%}), mean TTFT {whole['ttft_mean']:.2f} → "
+                  f"{chunked['ttft_mean']:.2f} s ({chunked['ttft_mean'] / whole['ttft_mean'] - 1:+.0%}).", ""]
+    return "\n".join(lines).rstrip()
+
+
 RENDER = {"sim_speed": sim_speed, "hf_dynamic_vs_naive": hf_dynamic_vs_naive, "engine_vs_hf_cb": engine_vs_hf_cb,
           "validate_sim": validate_sim, "serving": serving, "client_vs_vllm_bench": client_vs_vllm_bench,
           "prefix_cache": prefix_cache, "policies": policies, "ray_sweep": ray_sweep,
-          "roofline_check": roofline_check, "size_search": size_search, "length_grouping": length_grouping}
+          "roofline_check": roofline_check, "size_search": size_search, "length_grouping": length_grouping,
+          "four_modes": four_modes}
 # Result files written by a benchmark with other settings (serving-max-num-seqs-128.json, ...) use its renderer.
 FAMILIES = {"serving-": serving, "validate_sim_": validate_sim, "twin_": twin}
 BLOCK = re.compile(r"(<!-- figures:([\w.-]+) -->\n)(.*?)(<!-- /figures:\2 -->)", re.S)

@@ -135,6 +135,11 @@ def _check_priced(d: Path, done: list) -> None:
     assert float(row["usd_per_m_tokens"]) > 0 and int(row["gpus"]) == 4
 
 
+def _check_four_modes(d: Path, done: list) -> None:
+    modes = json.loads((d / "docs" / "results" / "four_modes.json").read_text())["workloads"]["40"]
+    assert len(modes) == 6 and modes["continuous"]["finished"] == 40
+
+
 def _check_grouping(d: Path, done: list) -> None:
     data = json.loads((d / "docs" / "results" / "length_grouping.json").read_text())
     assert [r["rate"] for r in data["rates"]] == [20, 40] and data["skip_sweep"][1]["max_skips"] == 32
@@ -157,6 +162,8 @@ RUN = {
                       [["--set", "traffic.rates=[1]", "--out", "priced", *SHORT]],
                       _check_priced),
     "roofline check": Run(["python benchmarks/roofline_check.py"], [[]], _check_roofline),
+    "four modes": Run(["python benchmarks/four_modes.py --json docs/results/four_modes.json"],
+                      [["--requests", "40"]], _check_four_modes, lambda d: (d / "docs" / "results").mkdir(parents=True)),
     "length grouping": Run(["python benchmarks/length_grouping.py --json docs/results/length_grouping.json"],
                            [["--rates", "20", "40", "--duration", "30", "--skips", "32"]], _check_grouping,
                            lambda d: (d / "docs" / "results").mkdir(parents=True)),
