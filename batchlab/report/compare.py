@@ -20,6 +20,7 @@ from batchlab.errors import ConfigError
 from batchlab.report import fmt, html, plots, stats
 from batchlab.report.load import load_requests, load_results
 from batchlab.report.report import _comparisons, _quiet, _tables
+from batchlab.run.experiment import flatten
 
 IGNORED = ("rates", "repeats")         # traffic keys that only choose which points ran
 NOT_SETTINGS = ("out", "name", "report", "executor")   # keys that say where and how a run went, not what it measured
@@ -48,15 +49,9 @@ def load(dirs: list[Path]) -> list[Experiment]:
     return out
 
 
-def _flat(tree, prefix: str = "") -> dict[str, object]:
-    if isinstance(tree, dict):
-        return {k: v for key, sub in tree.items() for k, v in _flat(sub, f"{prefix}{key}.").items()}
-    return {prefix.rstrip("."): tree}
-
-
 def differences(exps: list[Experiment]) -> dict[str, list[object]]:
     """Config keys whose values differ between the experiments: key -> each experiment's value."""
-    flats = [{k: v for k, v in _flat(e.config).items() if k.split(".")[0] not in NOT_SETTINGS} for e in exps]
+    flats = [{k: v for k, v in flatten(e.config) if k.split(".")[0] not in NOT_SETTINGS} for e in exps]
     keys = sorted(set().union(*flats))
     return {k: [f.get(k) for f in flats] for k in keys if len({repr(f.get(k)) for f in flats}) > 1}
 

@@ -25,22 +25,19 @@ import pandas as pd
 from batchlab.report import fmt, stats
 from batchlab.report import timeline as tl
 from batchlab.report.capacity import Capacity
+from batchlab.report.load import config_value
 
 LONG = 2.0              # H1: naive's median TTFT over another's that counts as "long against at once"
 SAME = 0.10             # H2: throughputs within this share are "about the same"
 NAIVE, DYNAMIC = "naive", "dynamic"
 
 
-def _knob(config: dict, section: str, key: str):
-    return (config.get(section) or {}).get(key)
-
-
 def theory_lines(summary: pd.DataFrame, requests: pd.DataFrame | None, config: dict) -> list[str]:
     """A table per rate: each formula's value beside the measured one."""
     med = stats.medians(summary)
     names = set(med["strategy"])
-    n, wait_ms, cap = _knob(config, NAIVE, "batch_size"), _knob(config, DYNAMIC, "max_wait_ms"), \
-        _knob(config, DYNAMIC, "max_batch_size")
+    n, wait_ms, cap = (config_value(config, k) for k in ("naive.batch_size", "dynamic.max_wait_ms",
+                                                           "dynamic.max_batch_size"))
     measured = requests[~requests["warmup"].astype(bool) & (requests["status"] == "finished")] if requests is not None else None
     sizes = tl.useful_work(tl.batches(measured)) if measured is not None and len(measured) else pd.DataFrame()
     md = ["## Theory beside measurement", "",

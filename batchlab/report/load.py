@@ -77,6 +77,14 @@ def load_config_of(results_dir: Path) -> dict:
     return yaml.safe_load(cfg_path.read_text()) if cfg_path.is_file() else {}
 
 
+def config_value(config: dict, dotted: str | None):
+    """A dotted key's value in config.yaml's tree (None if absent)."""
+    node = config
+    for k in (dotted or "").split("."):
+        node = node.get(k) if isinstance(node, dict) else None
+    return node
+
+
 def load_requests(results_dir: Path) -> pd.DataFrame | None:
     path = results_dir / "requests.csv"
     if not path.is_file():

@@ -24,7 +24,7 @@ from batchlab.report import capacity, classes, cost, fmt, html, hypotheses, pare
 from batchlab.report import timeline as tl
 from batchlab.report.capacity import Capacity
 from batchlab.report.captions import CAPTIONS
-from batchlab.report.load import load_requests, load_results
+from batchlab.report.load import config_value, load_requests, load_results
 from batchlab.report.outcomes import finished_rows, point_outcomes
 from batchlab.report.turns import turn_lines
 from batchlab.report.verdict import ranked_pairs, slo_text, verdict_lines
@@ -157,16 +157,8 @@ def burst_results(results_dir: Path) -> list[tl.BurstResult]:
         return _burst_rows(requests, config, float((config.get("traffic") or {}).get("warmup_s", 0)), window, slo)
 
 
-def _knob(config: dict, dotted: str | None):
-    """A dotted key's value in config.yaml's tree (None if absent)."""
-    node = config
-    for k in (dotted or "").split("."):
-        node = node.get(k) if isinstance(node, dict) else None
-    return node
-
-
 def _run_figures(out, summary, requests, config, slo, rate, warmup, window) -> dict[str, Path]:
-    caps = {s: _knob(config, info(s).cap) for s in summary["strategy"].unique() if info(s).level == "request"}
+    caps = {s: config_value(config, info(s).cap) for s in summary["strategy"].unique() if info(s).level == "request"}
     measured = requests[requests["arrival_time"] >= warmup]["rate"]   # NOTE: the lowest rate with anything to show
     figs = {"cdf": plots.plot_cdf(requests, out, rate, slo),
             "timeline": run_plots.plot_timeline(requests, out, rate, warmup, window),

@@ -172,7 +172,7 @@ def _project(value: dict, default: dict, baseline: Any, fill: bool) -> dict[str,
 
 def differences(there: dict[str, Any], now: dict[str, Any], limit: int = 4) -> str:
     """`dynamic.max_wait_ms: 50.0 there, 20.0 now; ...`, the keys two experiments differ in."""
-    a, b = dict(_flat(there)), dict(_flat(now))
+    a, b = dict(flatten(there)), dict(flatten(now))
     keys = [k for k in sorted(a.keys() | b.keys()) if a.get(k, _ABSENT) != b.get(k, _ABSENT)]
     shown = [f"{k}: {_show(a.get(k, _ABSENT))} there, {_show(b.get(k, _ABSENT))} now" for k in keys[:limit]]
     more = f"; and {len(keys) - limit} more" if len(keys) > limit else ""
@@ -186,10 +186,11 @@ def _show(v: Any) -> str:
     return "absent" if v is _ABSENT else v if isinstance(v, str) else json.dumps(v)
 
 
-def _flat(tree: dict, prefix: str = "") -> Iterator[tuple[str, Any]]:
+def flatten(tree: dict, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    """(dotted key, value) for every leaf of a config tree (an empty section is a leaf)."""
     for k, v in tree.items():
         if isinstance(v, dict) and v:
-            yield from _flat(v, f"{prefix}{k}.")
+            yield from flatten(v, f"{prefix}{k}.")
         else:
             yield f"{prefix}{k}", v
 

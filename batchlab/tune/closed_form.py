@@ -40,17 +40,30 @@ def step_model(cost: StepCost, p: float, o: float) -> tuple[float, float]:
 def closed_form(cost: StepCost, target: Target) -> ClosedForm:
     p, o = mean_length(target.prompt_len), mean_length(target.output_len)
     fixed, per_seq = (1e3 * x for x in step_model(cost, p, o))
-    budgets = [v * 1e3 for k, v in target.slos.items() if k.split("_")[0] in BATCH_BOUND]
-    budget = min(budgets) if budgets else None
-    mem_cap = max(1, int(cost.kv_budget_bytes // (cost.kv_bytes_per_token * (p + o))))
-    cap, why = max_batch_under(lambda b: fixed + b * per_seq, budget, min(mem_cap, target.max_cap))
-    if why == "limit":
-        why = "memory" if mem_cap <= target.max_cap else "max_cap"
+    budget = tpot_budget_ms(target.slos)
+    cap, why = largest_cap(cost, p, o, target.slos, target.max_cap)
     step = fixed + cap * per_seq
     thru = cap / (step / 1e3)
     need = target.qps * o
     replicas = max(1, -(-int(need) // int(thru))) if thru >= 1 else math.ceil(need / thru)  # whole replicas, rounded up
     return ClosedForm(fixed, per_seq, budget, cap, why, step, thru, need, replicas)
+
+
+def tpot_budget_ms(slos: dict[str, float]) -> float | None:
+    """The tightest TPOT-like SLO (what a batch cap controls), milliseconds; None without one."""
+    budgets = [v * 1e3 for k, v in slos.items() if k.split("_")[0] in BATCH_BOUND]
+    return min(budgets) if budgets else None
+
+
+def largest_cap(cost: StepCost, p: float, o: float, slos: dict[str, float], max_cap: int) -> tuple[int, str]:
+    """The largest batch of mean-length sequences (prompt p, output o) whose step keeps the TPOT
+    budget and whose KV fits, and what limits it: "slo", "memory", "max_cap" or "infeasible"."""
+    fixed, per_seq = (1e3 * x for x in step_model(cost, p, o))
+    mem_cap = max(1, int(cost.kv_budget_bytes // (cost.kv_bytes_per_token * (p + o))))
+    cap, why = max_batch_under(lambda b: fixed + b * per_seq, tpot_budget_ms(slos), min(mem_cap, max_cap))
+    if why == "limit":
+        why = "memory" if mem_cap <= max_cap else "max_cap"
+    return cap, why
 
 
 def max_batch_under(step_ms, budget_ms: float | None, limit: int) -> tuple[int, str]:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from batchlab.backends.cost import StepCost
@@ -27,8 +28,7 @@ from batchlab.core.sustain import GROWTH, SERVED, served_share, ttft_slope
 from batchlab.core.trace_item import TraceItem
 from batchlab.errors import ConfigError
 from batchlab.run.executors import Executor, LocalExecutor
-from batchlab.tune.closed_form import max_batch_under, step_model
-from batchlab.tune.target import BATCH_BOUND
+from batchlab.tune.closed_form import largest_cap, step_model
 
 UNPRICED = 1.0            # $ per GPU-hour when the config states no price: settings rank by GPU count
 SHORT = 0.8               # below this share of the offered tokens/s at full batches, a setting is not simulated
@@ -200,21 +200,20 @@ class Ladder:
 
 def candidate_caps(device: Device, traffic: Traffic, slos: dict[str, float], max_cap: int) -> tuple[list[int], int, str]:
     """The closed form's cap (largest full batch under the TPOT budget and memory), half and twice it."""
-    fixed, per_seq = (1e3 * x for x in step_model(device.cost, traffic.mean_prompt, traffic.mean_output))
-    budgets = [v * 1e3 for k, v in slos.items() if k.split("_")[0] in BATCH_BOUND]
-    mem = max(1, int(device.cost.kv_budget_bytes // (device.cost.kv_bytes_per_token
-                                                      * (traffic.mean_prompt + traffic.mean_output))))
-    cap, why = max_batch_under(lambda b: fixed + b * per_seq, min(budgets) if budgets else None, min(mem, max_cap))
-    if why == "limit":
-        why = "memory" if mem <= max_cap else "max cap"
+    cap, why = largest_cap(device.cost, traffic.mean_prompt, traffic.mean_output, slos, max_cap)
     return sorted({max(1, cap // 2), cap, min(max_cap, 2 * cap)}), cap, why
+
+
+def full_batch_tok_s(device: Device, traffic: Traffic, cap: int) -> float:
+    """Output tokens/s one replica serves with `cap` mean-length sequences always running: the
+    most it serves at this cap (its step time grows with the batch)."""
+    fixed, per_seq = step_model(device.cost, traffic.mean_prompt, traffic.mean_output)
+    return cap / (fixed + cap * per_seq)
 
 
 def replicas_needed(device: Device, traffic: Traffic, cap: int) -> int:
     """The closed form's count: the traffic's output tokens/s over what one replica serves at a full batch."""
-    fixed, per_seq = step_model(device.cost, traffic.mean_prompt, traffic.mean_output)
-    per_replica = cap / (fixed + cap * per_seq)
-    return max(1, math.ceil(traffic.qps * traffic.mean_output / per_replica))
+    return max(1, math.ceil(traffic.qps * traffic.mean_output / full_batch_tok_s(device, traffic, cap)))
 
 
 def too_few(device: Device, cap: int, replicas: int, traffic: Traffic) -> Setting | None:
@@ -222,8 +221,7 @@ def too_few(device: Device, cap: int, replicas: int, traffic: Traffic) -> Settin
     full (the most a replica serves at this cap, its step time growing with the batch) it serves
     less than SHORT of the offered tokens/s. NOTE: such settings build queues that grow for the
     whole trace, the slowest kind to simulate, and they can only fail."""
-    fixed, per_seq = step_model(device.cost, traffic.mean_prompt, traffic.mean_output)
-    most = replicas * cap / (fixed + cap * per_seq)
+    most = replicas * full_batch_tok_s(device, traffic, cap)
     offered = traffic.qps * traffic.mean_output
     if most >= SHORT * offered:
         return None
@@ -245,12 +243,12 @@ class SizeResult:
     space: int = 0                   # settings the search covers: devices that fit x caps x replica counts, and those that do not
     max_replicas: int = 0
 
-    @property
+    @cached_property
     def ranked(self) -> list[Setting]:
         """Cheapest first; at equal cost, holding settings first, then the larger cap."""
         return sorted(self.settings, key=lambda s: (s.usd_per_hour, not s.holds, -s.cap, s.device.label))
 
-    @property
+    @cached_property
     def pick(self) -> Setting | None:
         held = [s for s in self.ranked if s.holds]
         if not held:

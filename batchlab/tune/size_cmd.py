@@ -15,10 +15,10 @@ from batchlab.errors import ConfigError, user_errors
 from batchlab.run.config import load_user_config
 from batchlab.run.executors import make_executor
 from batchlab.run.results import check_location
-from batchlab.schedulers import SCHEDULERS, ContinuousScheduler, scheduler_class
+from batchlab.schedulers import scheduler_class
 from batchlab.tune.size import SizeResult, devices, size
 from batchlab.tune.size_report import catalog_lines, report_lines, to_json
-from batchlab.tune.target import config_slos, parse_slo
+from batchlab.tune.target import strategy_and_slos
 
 
 def _ints(text: str, what: str) -> list[int]:
@@ -63,12 +63,7 @@ def size_cmd(config, overrides, slos, gpus, tps, strategy, max_replicas, max_cap
     if cfg.traffic.sessions is not None:
         raise ConfigError("size: traffic.sessions cannot be sized yet: a turn arrives when the last answer ends, so the "
                           "offered work depends on the setting; replay a run's requests.csv as a trace instead")
-    strategy = strategy or (ContinuousScheduler.name if ContinuousScheduler.name in cfg.strategies else cfg.strategies[0])
-    if strategy not in SCHEDULERS:
-        raise ConfigError(f"size: --strategy {strategy!r}: one of {', '.join(SCHEDULERS)}")
-    limits = dict(parse_slo(s) for s in slos) or config_slos(cfg)
-    if not limits:
-        raise ConfigError("size: needs an SLO: set slo.ttft_s / slo.tpot_s / slo.e2e_s, or give --slo tpot_p95=60ms")
+    strategy, limits = strategy_and_slos(cfg, "size", slos, strategy, "tpot_p95=60ms")
     if max_replicas < 1 or max_cap < 1:
         raise ConfigError("size: --max-replicas and --max-cap must be at least 1")
     if cfg.backend.shape is None and (gpus or tps != "1,2,4,8"):

@@ -74,7 +74,7 @@ def pick_lines(res: SizeResult) -> list[str]:
              + f"{f['throughput_tok_s'] / pick.gpus:,.0f} output tok/s per GPU; served {100 * f['served_share']:.1f} %, "
              + ", ".join(f"{k} {f[k] * 1e3:.0f} ms" for k in res.slos),
              f"  the cap: the closed form's largest full batch is {cap}, limited by "
-             + {"slo": "the TPOT budget", "memory": "the KV memory", "max cap": "--max-cap",
+             + {"slo": "the TPOT budget", "memory": "the KV memory", "max_cap": "--max-cap",
                 "infeasible": "nothing: one sequence already misses the TPOT budget"}.get(why, why)]
     lines.append("  to run it: batchlab run CONFIG " + " ".join(f"--set {o}" for o in pick_overrides(res)))
     fewer = sorted((s for s in res.settings if s.device == pick.device and s.replicas == pick.replicas - 1
@@ -120,7 +120,7 @@ def to_json(res: SizeResult) -> dict[str, Any]:
         "pick": None if pick is None else pick.record() | {"usd_per_m_tokens": usd_per_m_tokens(pick),
                                                            "overrides": pick_overrides(res)},
         "cheaper_failing": [s.record() for s in res.cheaper_failing()],
-        "closest_miss": None if res.closest_miss() is None else res.closest_miss().record(),
+        "closest_miss": None if (near := res.closest_miss()) is None else near.record(),
         "skipped": [{"device": d, "cap": c} for d, c in res.skipped],
         "settings": [s.record() | {"usd_per_m_tokens": usd_per_m_tokens(s)} for s in res.ranked],
     }

@@ -58,17 +58,26 @@ def target_of(cfg: RunConfig, slos: tuple[str, ...] = (), strategy: str | None =
     t = cfg.traffic
     if t.arrival == "trace" or t.sessions is not None:
         raise ConfigError("tune: needs synthetic arrivals at a rate (poisson, gamma or constant), without sessions")
-    strategy = strategy or (ContinuousScheduler.name if ContinuousScheduler.name in cfg.strategies else cfg.strategies[0])
-    if strategy not in SCHEDULERS:
-        raise ConfigError(f"tune: --strategy {strategy!r}: one of {', '.join(SCHEDULERS)}")
-    limits = dict(parse_slo(s) for s in slos) or config_slos(cfg)
-    if not limits:
-        raise ConfigError("tune: needs an SLO: set slo.ttft_s / slo.tpot_s / slo.e2e_s, or give --slo tpot_p95=50ms")
+    strategy, limits = strategy_and_slos(cfg, "tune", slos, strategy, "tpot_p95=50ms")
     if max_cap < 1:
         raise ConfigError(f"tune: --max-cap must be at least 1 (got {max_cap})")
     target = Target(max(t.rates), t.prompt_len, t.output_len, limits, strategy, cfg.backend.router, t.duration_s,
                     t.warmup_s, t.seed, max_cap, t.arrival, t.burstiness)
     return target, cfg.backend.cost()
+
+
+def strategy_and_slos(cfg: RunConfig, command: str, slos: tuple[str, ...], strategy: str | None,
+                      example: str) -> tuple[str, dict[str, float]]:
+    """The strategy a sizing command sizes (default: continuous if the config lists it, else its
+    first) and its percentile SLOs (the `--slo` limits, else the config's thresholds); one line
+    naming `command` for an unknown strategy or no SLO at all."""
+    strategy = strategy or (ContinuousScheduler.name if ContinuousScheduler.name in cfg.strategies else cfg.strategies[0])
+    if strategy not in SCHEDULERS:
+        raise ConfigError(f"{command}: --strategy {strategy!r}: one of {', '.join(SCHEDULERS)}")
+    limits = dict(parse_slo(s) for s in slos) or config_slos(cfg)
+    if not limits:
+        raise ConfigError(f"{command}: needs an SLO: set slo.ttft_s / slo.tpot_s / slo.e2e_s, or give --slo {example}")
+    return strategy, limits
 
 
 def config_slos(cfg: RunConfig) -> dict[str, float]:
