@@ -1,9 +1,10 @@
 """report.md and its plots, from a results directory's files alone (never from in-memory state).
 
 Reads summary.csv, requests.csv, config.yaml and setup.json; writes report.md next to them with
-the verdict first, then the setup (machine, device, model, libraries, every knob, the seed), the
-plots, a table per rate, the paired comparisons with their intervals, the latency breakdown,
-useful work and, for a burst run, how each strategy absorbed it.
+the verdict first, then capacity and crossovers, the hypotheses answered, the plots, a table per
+rate, the paired comparisons with their intervals, for a burst run how each strategy absorbed it,
+the latency breakdown, useful work, theory beside measurement, and last the setup (machine,
+device, model, libraries, every knob, the seed).
 Every point renders whatever happened: one where nothing finished (all failed, none arrived
 after warm-up) gets "—" in its cells and a line saying why, never a NaN; an inf read from a CSV
 counts as missing.

@@ -43,7 +43,7 @@ def test_validation_detects_step_times_that_are_30_percent_too_slow(tmp_path):
     assert ttft.loc[("base", "continuous", 5.0), "error"] == pytest.approx(0.30, abs=0.01)
     assert abs(ttft.loc[("base", "naive", 5.0), "error"]) < 0.05
     # throughput is judged on a saturated burst, where the backend sets it: 1/1.3 - 1 = -23%,
-    # where below capacity (the trace sets it) the same profile was within 1% (issue 13 item 3)
+    # where below capacity (the trace sets it) the same profile was within 1%
     sat = v.cells[v.cells["kind"] == "saturation"]
     assert len(sat) == 3 and sat["error"].to_numpy() == pytest.approx(1 / 1.3 - 1, abs=0.02)
     below = pd.read_csv(tmp_path / "v" / "base" / "real" / "summary.csv")["throughput_tok_s"]
