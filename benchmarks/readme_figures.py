@@ -726,11 +726,29 @@ def four_modes(d: dict) -> str:
     return "\n".join(lines).rstrip()
 
 
+def closed_loop(d: dict) -> str:
+    lines = [f"`{d['command']}` ({d['duration_s']:g} s of traffic per level after {d['warmup_s']:g} s of warm-up, "
+             f"{d['cpus']} CPUs):", ""]
+    for b in d["backends"].values():
+        rise = b["rising"]
+        lines += [f"{b['backend']} (1-minute load {b['load_1min_before']:.1f} before, {b['load_1min_after']:.1f} after; "
+                  f"throughput {'rises' if rise['throughput'] else 'does not rise'} and p95 E2E "
+                  f"{'rises' if rise['e2e_p95'] else 'does not rise'} at every level):", "",
+                  "| users | output tok/s | req/s | p50 E2E | p95 E2E | p50 TTFT | p50 TPOT | L (mean in system) | most at once |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        for r in b["levels"]:
+            lines.append(f"| {r['users']} | {r['throughput_tok_s']:,.0f} | {r['requests_per_s']:.2f} | {r['e2e_p50']:.3f} s | "
+                         f"{r['e2e_p95']:.3f} s | {r['ttft_p50'] * 1e3:.1f} ms | {r['tpot_p50'] * 1e3:.1f} ms | "
+                         f"{r['little_L']:.2f} | {r['peak_in_system']} |")
+        lines.append("")
+    return "\n".join(lines).rstrip()
+
+
 RENDER = {"sim_speed": sim_speed, "hf_dynamic_vs_naive": hf_dynamic_vs_naive, "engine_vs_hf_cb": engine_vs_hf_cb,
           "validate_sim": validate_sim, "serving": serving, "client_vs_vllm_bench": client_vs_vllm_bench,
           "prefix_cache": prefix_cache, "policies": policies, "ray_sweep": ray_sweep,
           "roofline_check": roofline_check, "size_search": size_search, "length_grouping": length_grouping,
-          "four_modes": four_modes}
+          "four_modes": four_modes, "closed_loop": closed_loop}
 # Result files written by a benchmark with other settings (serving-max-num-seqs-128.json, ...) use its renderer.
 FAMILIES = {"serving-": serving, "validate_sim_": validate_sim, "twin_": twin}
 BLOCK = re.compile(r"(<!-- figures:([\w.-]+) -->\n)(.*?)(<!-- /figures:\2 -->)", re.S)

@@ -24,7 +24,8 @@ from typing import Any, ClassVar
 from pydantic import model_validator
 
 from batchlab.core.clock import Clock
-from batchlab.core.config import Model, RunConfig
+from batchlab.core.closed_loop import ClosedLoop
+from batchlab.core.config import Model, RunConfig, TrafficConfig
 from batchlab.core.request import Request, Status
 from batchlab.core.traffic import TraceItem, make_requests
 from batchlab.core.work import MemoryBudget, Step
@@ -218,9 +219,14 @@ class LoadTarget(Backend):
     def __init__(self) -> None:
         self.send_lags: list[float] = []      # seconds between planned and actual send, last run
 
-    async def run_trace(self, trace: list[TraceItem], clock: Clock) -> tuple[list[Request], float]:
+    async def run_trace(self, trace: list[TraceItem], clock: Clock, traffic: TrafficConfig | None = None,
+                        per_user: int | None = None) -> tuple[list[Request], float]:
         """Send every request of the trace at its planned time; returns the requests (failed
         ones included) and the clock reading their arrival offsets start from.
+        A closed-loop trace (its items name their users) with the `traffic` that made it: each
+        user's next request is sent when its previous answer ends (core/closed_loop.py), the
+        planned time being the last token's stamp, so the send lag is measured as for any arrival;
+        `per_user`: each user stops after that many requests (unset: at the traffic's end).
         Fails fast: once the first FAIL_FAST_AFTER requests sent have all failed the same way
         (same error once numbers are removed: a wrong model name, a refused option, a dead
         server), the rest are recorded as failed without being sent and those still in flight
@@ -229,6 +235,8 @@ class LoadTarget(Backend):
         async with self.session(len(trace)) as session:
             t0 = clock.now() + self.lead_s   # NOTE: after opening the session (a client's setup takes ms)
             requests = make_requests(trace, t0, self.prepare, self.vocab_size())
+            users = (ClosedLoop(traffic, trace, requests, clock, t0, prepare=self.prepare, per_user=per_user)
+                     if traffic is not None and trace and trace[0].user is not None else None)
             todo = sorted((r for r in requests if not r.is_done), key=lambda r: (r.arrival_time, r.index))
             tasks: list[asyncio.Task] = []
             first, failure = todo[:FAIL_FAST_AFTER], None
@@ -239,7 +247,8 @@ class LoadTarget(Backend):
                 if failure:
                     break
                 self.send_lags.append(clock.now() - r.arrival_time)
-                tasks.append(asyncio.create_task(self.send(r, session, clock)))
+                send = self.send(r, session, clock) if users is None else self._user(r, users, session, clock)
+                tasks.append(asyncio.create_task(send))
             if failure:
                 for task in tasks:
                     task.cancel()
@@ -248,11 +257,20 @@ class LoadTarget(Backend):
                 why = f"the first {FAIL_FAST_AFTER} requests all failed with: {failure}"
                 for r in todo[len(tasks):]:
                     r.fail(f"not sent: {why}")
-                for r in todo[:len(tasks)]:
+                for r in todo[:len(tasks)] + (users.later if users else []):
                     if not r.is_done:
                         r.fail(f"cancelled in flight: {why}")
             await self.settle(session, clock)
-        return requests, t0
+        return (requests if users is None else users.requests()), t0
+
+    async def _user(self, r: Request, users: ClosedLoop, session: Any, clock: Clock) -> None:
+        """One closed-loop user: send, and on each answer send the next request it plans."""
+        while r is not None:
+            await self.send(r, session, clock)
+            r = users.next_turn(r)
+            if r is not None:
+                await wait_until(clock, r.arrival_time)
+                self.send_lags.append(clock.now() - r.arrival_time)
 
     @abstractmethod
     def session(self, concurrency: int) -> Any:

@@ -1,8 +1,9 @@
 """`batchlab loadtest URL`: load any OpenAI-compatible server, closed- or open-loop.
 
 Closed loop (`--concurrency 1,4,16,64`): that many users each send a request as soon as their
-previous one finished; throughput rises with concurrency until the server saturates, and p95
-latency shows what that costs. Open loop (`--rate`, `--arrival poisson|gamma`): a seeded trace
+previous one finished, for --duration seconds per level (or --per-user requests each), the same
+closed loop a sweep runs with traffic.arrival closed (core/closed_loop.py); throughput rises with
+concurrency until the server saturates, and p95 latency shows what that costs. Open loop (`--rate`, `--arrival poisson|gamma`): a seeded trace
 arrives at its planned times whatever the server does, which is how real users behave and the
 only way to see a queue build. Both send through the OpenAI backend (one client, streaming,
 chunk stamps, exact usage counts) and summarise with core/metrics; the open loop also reports
@@ -12,12 +13,12 @@ from the environment (OPENAI_API_KEY, or the variable --api-key-env names), neve
 """
 from __future__ import annotations
 
-import asyncio
 import json
 from pathlib import Path
 from typing import Any
 
 import click
+import numpy as np
 from pydantic import ValidationError
 
 from batchlab.backends.openai_client import OpenAIBackend, api_key, check_server, served_models
@@ -32,33 +33,37 @@ from batchlab.errors import ConfigError, user_errors
 from batchlab.run.results import check_location
 
 
-def closed_loop(backend: OpenAIBackend, concurrency: int, per_user: int, prompt_len: int,
-                output_len: int) -> dict[str, Any]:
-    """`concurrency` users, `per_user` requests each, back to back. Arrival = the moment a user sends."""
+def closed_loop(backend: OpenAIBackend, concurrency: int, per_user: int | None, prompt_len: int,
+                output_len: int, duration_s: float = 10.0, seed: int = 0) -> dict[str, Any]:
+    """`concurrency` users, each sending its next request the moment its answer ends
+    (core/closed_loop.py, as a sweep with traffic.arrival closed does), for `duration_s` seconds or
+    `per_user` requests each, whichever comes first. Throughput counts over the time the users were
+    sending when they ran to the end, else over first send to last answer."""
+    traffic = traffic_config(arrival="closed", concurrency=[concurrency], duration_s=duration_s, warmup_s=0.0,
+                             seed=seed, prompt_len=prompt_len, output_len=output_len)
     clock = RealClock()
-    total = concurrency * per_user
-    requests = [Request(f"c{concurrency}-{i}", prompt_len, output_len, 0.0, index=i) for i in range(total)]
-    for r in requests:
-        backend.prepare(r)
-
-    async def main() -> float:
-        todo = iter(requests)
-        async with backend.session(concurrency) as client:
-            async def user():
-                for r in todo:                 # shared iterator: each user takes the next request
-                    r.arrival_time = clock.now()
-                    await backend.send(r, client, clock)
-            start = clock.now()
-            await asyncio.gather(*(user() for _ in range(concurrency)))
-            return clock.now() - start
-
-    wall = clock.run(main())
-    s = summarize(requests)
-    return {"concurrency": concurrency, "requests": total, "failed": s["failed"], "wall_s": wall,
-            "requests_per_s": s["finished"] / wall, "throughput_tok_s": s["throughput_tok_s"],
+    requests, t0 = clock.run(backend.run_trace(build_trace(traffic, concurrency), clock, traffic, per_user))
+    wall = max((r.token_times[-1] for r in requests if r.token_times), default=t0) - t0
+    _rebase(requests, t0)
+    s = summarize(requests, window=(0.0, duration_s), closed=per_user is None)
+    return {"concurrency": concurrency, "requests": len(requests), "failed": s["failed"], "wall_s": wall,
+            "requests_per_s": s["requests_per_s"], "throughput_tok_s": s["throughput_tok_s"],
             "e2e_p50": s["e2e_p50"], "e2e_p95": s["e2e_p95"], "ttft_p50": s["ttft_p50"],
             "ttft_p95": s["ttft_p95"], "tpot_p50": s["tpot_p50"], "tpot_p95": s["tpot_p95"],
+            "in_system_mean": s["little_L"], **_lags(backend),
             "errors": sorted({r.error for r in requests if r.error})[:3]}
+
+
+def _rebase(requests: list[Request], t0: float) -> None:
+    """Seconds from the run's start, as in every batchlab run."""
+    for r in requests:
+        r.arrival_time -= t0
+        r.token_times[:] = [t - t0 for t in r.token_times]
+
+
+def _lags(backend: OpenAIBackend) -> dict[str, float]:
+    lags = backend.send_lags
+    return {"send_lag_p99": float(np.percentile(lags, 99)) if lags else float("nan")}
 
 
 def open_loop(backend: OpenAIBackend, traffic: TrafficConfig, rate: float,
@@ -69,9 +74,7 @@ def open_loop(backend: OpenAIBackend, traffic: TrafficConfig, rate: float,
         raise ConfigError(f"no arrivals in {traffic.duration_s:g} s at {rate:g} req/s: lengthen --duration")
     clock = RealClock()
     requests, t0 = clock.run(backend.run_trace(trace, clock))
-    for r in requests:                    # seconds from the run's start, as in every batchlab run
-        r.arrival_time -= t0
-        r.token_times[:] = [t - t0 for t in r.token_times]
+    _rebase(requests, t0)
     s = summarize([r for r in requests if r.arrival_time >= traffic.warmup_s], slo)
     return {"rate": rate, "arrival": traffic.arrival, "t0": t0, **s, **backend.point_facts(t0, s),
             "errors": sorted({r.error for r in requests if r.error})[:3]}, requests
@@ -135,15 +138,15 @@ def _levels(text: str) -> list[int]:
 @click.argument("url")
 @click.option("--model", default=None, help="Model name (default: the first one /v1/models lists).")
 @click.option("--concurrency", default="1,4,16,64", show_default=True, help="Closed loop: users per level.")
-@click.option("--per-user", default=1, show_default=True, type=click.IntRange(min=1, max=MAX_REQUESTS_PER_POINT),
-              help="Closed loop: requests each user sends (1 = one burst of one request per user).")
+@click.option("--per-user", default=None, type=click.IntRange(min=1, max=MAX_REQUESTS_PER_POINT),
+              help="Closed loop: each user stops after this many requests (default: at --duration).")
 @click.option("--rate", type=click.FloatRange(min=0, min_open=True), multiple=True,
               help="Open loop: arrival rate in req/s (repeatable); replaces the closed loop.")
 @click.option("--arrival", type=click.Choice(["poisson", "gamma", "constant"]), default="poisson", show_default=True)
 @click.option("--burstiness", default=1.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
               help="Gamma shape: < 1 burstier than Poisson.")
 @click.option("--duration", default=10.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
-              help="Open loop: seconds of arrivals.")
+              help="Seconds of arrivals (closed loop: per level, the users then wait out their answers).")
 @click.option("--prompt-len", default=64, show_default=True, type=click.IntRange(min=1, max=MAX_LENGTH))
 @click.option("--output-len", default=64, show_default=True, type=click.IntRange(min=1, max=MAX_LENGTH))
 @click.option("--prompt-format", type=click.Choice(["tokens", "text"]), default="tokens", show_default=True)
@@ -163,7 +166,7 @@ def loadtest_cmd(url, model, concurrency, per_user, rate, arrival, burstiness, d
     if not url.startswith(("http://", "https://")):
         raise ConfigError(f"URL must start with http:// or https://, got {url!r}")
     levels = [] if rate else _levels(concurrency)
-    if levels and max(levels) * per_user > MAX_REQUESTS_PER_POINT:
+    if levels and per_user and max(levels) * per_user > MAX_REQUESTS_PER_POINT:
         raise ConfigError(f"--concurrency x --per-user: {max(levels) * per_user:,} requests in one level; "
                           f"the limit is {MAX_REQUESTS_PER_POINT:,}")
     traffic = traffic_config(arrival=arrival, burstiness=burstiness, rates=list(rate), duration_s=duration,
@@ -184,7 +187,7 @@ def loadtest_cmd(url, model, concurrency, per_user, rate, arrival, burstiness, d
             results.append(summary)
     else:
         for c in levels:
-            row = closed_loop(backend, c, per_user, prompt_len, output_len)
+            row = closed_loop(backend, c, per_user, prompt_len, output_len, duration, seed)
             print_closed(row)
             results.append(row)
     if out:

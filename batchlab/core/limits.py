@@ -15,6 +15,7 @@ MIN_RATE = 1e-6                       # req/s (about one request in 12 days)
 MAX_SECONDS = 604_800.0               # one week: durations, warm-up, SLOs, rate-step times
 MAX_LENGTH = 1_048_576                # tokens in one prompt or one output (2^20)
 MAX_BATCH = 65_536                    # requests in one batch or step
+MAX_USERS = 65_536                    # closed-loop users in one point (traffic.concurrency)
 MAX_REQUESTS_PER_POINT = 1_000_000    # ~1 KB of stamps and bookkeeping each: about 1 GB per point
 MAX_TOKENS_PER_POINT = 200_000_000    # prompt + output tokens, expected: ids and stamps are 8+ bytes each
 MAX_TRACE_ROWS = 10_000_000           # rows read from one production trace file (~50 bytes each kept while

@@ -117,8 +117,12 @@ def measured(requests: Iterable[Request], warmup_end: float) -> list[Request]:
 
 def summarize(requests: list[Request], slo: SLOConfig = SLOConfig(),
               in_system: list[tuple[float, int]] | None = None,
-              window: tuple[float, float] | None = None) -> dict[str, Any]:
+              window: tuple[float, float] | None = None, closed: bool = False) -> dict[str, Any]:
     """Per-run aggregates over already-filtered requests (see `measured`).
+    Throughput is over first arrival to last completion; `closed` (a closed loop, whose users stop
+    sending at the window's end and then wait out their answers) counts it over `window` instead:
+    there arrivals per second are completions per second, and the drain after the users stop is
+    an artifact of stopping, longer the more users wait, not a cost of the load.
     `in_system` and `window` feed the Little's-law check (see `littles_law`): the driver's
     changes to its count of requests in the system, and [warm-up end, end of traffic] in the
     requests' seconds. Without them: the stamps' own count, over first to last arrival."""
@@ -128,7 +132,7 @@ def summarize(requests: list[Request], slo: SLOConfig = SLOConfig(),
                            "failed": sum(r.status is Status.FAILED for r in requests),
                            "unfinished": sum(not r.is_done for r in requests),
                            "top_error": top_error(requests)}
-    span = _window(requests, ok)
+    span = window[1] - window[0] if closed and window is not None and ok else _window(requests, ok)
     tokens = sum(r.output_len for r in ok)
     out["window_s"] = span
     out["throughput_tok_s"] = tokens / span if span > 0 else float("nan")

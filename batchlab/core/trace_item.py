@@ -22,6 +22,14 @@ class FollowUp:
 
 
 @dataclass(frozen=True, slots=True)
+class User:
+    """A closed-loop user (traffic.arrival closed): the trace holds its first request; the rest are
+    drawn at run time from its own stream, seeded by (traffic.seed, repeat, number)."""
+    number: int
+    repeat: int
+
+
+@dataclass(frozen=True, slots=True)
 class TraceItem:
     arrival: float          # seconds after the run's start
     prompt_len: int         # tokens
@@ -33,3 +41,4 @@ class TraceItem:
     klass: str | None = None                    # traffic.classes: the class's name
     tenant: str | None = None                   # traffic.classes: who sent it
     priority: int = 0                           # traffic.classes: lower runs first under `priority`
+    user: User | None = None                    # traffic.arrival closed: this is the user's first request

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from batchlab.core.closed_loop import first_requests
 from batchlab.core.config import LengthDist, TrafficConfig, one_line
 from batchlab.core.content import token_ids
 from batchlab.core.limits import MAX_LENGTH, MAX_REQUESTS_PER_POINT, check_point_size
@@ -30,6 +31,8 @@ def build_trace(cfg: TrafficConfig, rate: float, repeat: int = 0) -> list[TraceI
     """The trace for one sweep point. Same arguments, same trace, on any machine."""
     if cfg.arrival == "trace":
         return read_trace(cfg).items
+    if cfg.arrival == "closed":                # the point's `rate` is its number of users
+        return first_requests(cfg, int(rate), repeat)
     seed = np.random.SeedSequence([cfg.seed, repeat])
     arr_rng, len_rng = (np.random.default_rng(s) for s in seed.spawn(2))
     times = arrival_times(cfg, rate, arr_rng)
@@ -145,6 +148,10 @@ def check_inputs(cfg: TrafficConfig) -> list[str]:
     Returns warning lines (a replayed trace's skipped or reordered rows)."""
     if cfg.arrival == "trace":
         return read_trace(cfg).warnings        # checks every row and the caps itself
+    if cfg.arrival == "closed":                # no rate to size a point by: ClosedLoop caps it as it runs
+        for d, role in ((cfg.prompt_len, "human"), (cfg.output_len, "gpt")):
+            _mean_length(d, role)              # a ShareGPT file is read (and refused) now
+        return []
     tokens = sum(_mean_length(d, role) for d, role in ((cfg.prompt_len, "human"), (cfg.output_len, "gpt")))
     if cfg.sessions is not None and cfg.sessions.message_len.dist == "sharegpt":
         tokens += (cfg.sessions.turns - 1) / 2 * _mean_length(cfg.sessions.message_len, "human")
@@ -221,6 +228,8 @@ def make_requests(trace: list[TraceItem], t0: float, prepare: Callable[[Request]
     reqs = []
     for i, item in enumerate(trace):
         r = Request(f"r{i:06d}", item.prompt_len, item.output_len, t0 + item.arrival, prompt=item.prompt, index=i)
+        if item.user is not None:              # closed loop: named and numbered as the user's later ones
+            r.request_id, r.session_id = f"u{item.user.number:05d}-{0:06d}", item.user.number
         if item.klass is not None:
             r.klass, r.tenant, r.priority = item.klass, item.tenant, item.priority
         if item.content:

@@ -41,7 +41,7 @@ COMPACT = {"box": box.SIMPLE_HEAD, "show_edge": False, "pad_edge": False, "colla
 def run_with_progress(cfg: RunConfig, out: Path, quiet: bool = False) -> Path:
     """Plan (every check, nothing written), then run with a progress bar that counts failed
     requests as they happen; then the headline, tables and report. Returns the results directory."""
-    with fmt.rate_unit("sessions/s" if cfg.traffic.sessions else "req/s"):
+    with fmt.rate_unit(cfg.traffic.load_unit):
         return _run_with_progress(cfg, out, quiet)
 
 

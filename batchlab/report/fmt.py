@@ -29,13 +29,23 @@ def num(x: float, sig: int = 3) -> str:
 
 
 # NOTE: with traffic.sessions a sweep's rate counts conversations started per second, each of
-# several requests; every sentence and title that names a rate must say so (see rate_unit).
+# several requests, and in a closed loop (traffic.arrival: closed) it counts users; every sentence
+# and title that names a rate must say so (see rate_unit).
 RATE_UNIT: ContextVar[str] = ContextVar("rate_unit", default="req/s")
 
 
 def unit_of(traffic: dict | None) -> str:
-    """The unit of a sweep's rates: 'sessions/s' for multi-turn session traffic, else 'req/s'."""
-    return "sessions/s" if (traffic or {}).get("sessions") else "req/s"
+    """The unit of a sweep's rates: 'users' for a closed loop, 'sessions/s' for multi-turn session
+    traffic, else 'req/s' (TrafficConfig.load_unit, from a config.yaml's traffic section)."""
+    traffic = traffic or {}
+    return "users" if traffic.get("arrival") == "closed" else "sessions/s" if traffic.get("sessions") else "req/s"
+
+
+def load_axis() -> str:
+    """The x-axis label of a plot against the sweep's load: 'arrival rate (req/s)' or, for a
+    closed loop, 'concurrency (users)'."""
+    unit = RATE_UNIT.get()
+    return "concurrency (users)" if unit == "users" else f"arrival rate ({unit})"
 
 
 @contextmanager

@@ -35,6 +35,8 @@ NAIVE, DYNAMIC = "naive", "dynamic"
 def theory_lines(summary: pd.DataFrame, requests: pd.DataFrame | None, config: dict) -> list[str]:
     """A table per rate: each formula's value beside the measured one."""
     med = stats.medians(summary)
+    if config_value(config, "traffic.arrival") == "closed":
+        return _closed_theory(med)
     names = set(med["strategy"])
     n, wait_ms, cap = (config_value(config, k) for k in ("naive.batch_size", "dynamic.max_wait_ms",
                                                            "dynamic.max_batch_size"))
@@ -62,6 +64,26 @@ def theory_lines(summary: pd.DataFrame, requests: pd.DataFrame | None, config: d
             measured_batch = fmt.num(float(got["mean_batch"].iloc[0])) if len(got) else "—"
         little = ", ".join(f"{r['strategy']} {_ratio(r)}" for _, r in rows.iterrows())
         md.append(f"| {fmt.rate(rate)} | {naive} | {measured_wait} | {dynamic} | {measured_batch} | {little} |")
+    return md + [""]
+
+
+def _closed_theory(med: pd.DataFrame) -> list[str]:
+    """A closed loop's theory is Little's law alone: N users = X · W, X the requests finished per
+    second and W the mean time in system; naive's and dynamic's formulas assume arrivals that do
+    not wait for answers, which a closed loop's never do."""
+    md = ["## Theory beside measurement", "",
+          "In a closed loop the load is N users, each sending its next request when its answer ends, so the "
+          "arrival rate is whatever the backend lets them send: naive's and dynamic's formulas, which assume "
+          "arrivals independent of answers, do not apply. Little's law does: N = X · W, with X the requests "
+          "completed per second and W the mean time in system, so throughput can only rise with N by as much "
+          "as latency does not. The mean number of requests in the system, L (the driver's own count, or the "
+          "stamps' for a server), must equal N: nobody sends a second request before the first is answered. "
+          "L over λW per strategy is 1 in a steady state.", "",
+          "| users N | L per strategy (N expected) | L / λW per strategy |", "|---|---|---|"]
+    for users, rows in med.groupby("rate"):
+        held = ", ".join(f"{r['strategy']} {fmt.num(r['little_L'])}" for _, r in rows.iterrows())
+        little = ", ".join(f"{r['strategy']} {_ratio(r)}" for _, r in rows.iterrows())
+        md.append(f"| {fmt.num(users)} | {held} | {little} |")
     return md + [""]
 
 

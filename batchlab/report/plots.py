@@ -26,7 +26,7 @@ from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.ticker import FuncFormatter  # noqa: E402
 
 from batchlab.report import stats  # noqa: E402
-from batchlab.report.fmt import RATE_UNIT, num
+from batchlab.report.fmt import RATE_UNIT, load_axis, num
 from batchlab.report.fmt import rate as rate_text  # noqa: E402
 from batchlab.run.strategies import info  # noqa: E402
 
@@ -153,11 +153,12 @@ def plot_tradeoff(summary: pd.DataFrame, out: Path, slo: dict, knees: dict[str, 
         handles, labels = _legend_entries(axes.flat, [s for s in strategies(med) if s in drawn])
         labels = ["SLO threshold" if label.startswith("SLO (") else label for label in labels]   # one per row
         handles.append(Line2D([], [], marker="*", ls="", color="k", ms=14, mfc="none"))
-        labels.append("knee: highest rate sustained under the SLO")
+        labels.append("knee: highest load sustained under the SLO")
         if broke:
             handles.append(Line2D([], [], marker="X", ls="", color="k", ms=10, mfc="none"))
-            labels.append("next rate up: what it missed")
-        fig.suptitle(f"Throughput vs latency across arrival rates (numbers on points: {RATE_UNIT.get()})\n"
+            labels.append("next load up: what it missed")
+        across = "concurrency levels" if RATE_UNIT.get() == "users" else "arrival rates"
+        fig.suptitle(f"Throughput vs latency across {across} (numbers on points: {RATE_UNIT.get()})\n"
                      "a curve that turns vertical has hit its capacity: more load, same tokens/s, longer waits")
         fig.tight_layout(rect=(0, 0, 1, 0.92))
         fig.legend(handles, labels, loc="upper center", ncol=min(len(labels), 4), bbox_to_anchor=(0.5, 0.94),
@@ -231,13 +232,13 @@ def plot_latency_vs_rate(summary: pd.DataFrame, out: Path, slo: dict) -> Path:
                         ax.plot(d["rate"], d[f"{key}_p{q}"], ls, marker="o", ms=4, color=color(s), lw=1.8)
             _latency_axis(ax, slo.get(f"{key}_s"))
             ax.set_title(f"{name}: p50 / p90 / p99")
-            ax.set_xlabel(f"arrival rate ({RATE_UNIT.get()})")
+            ax.set_xlabel(load_axis())
             ax.set_ylabel(f"{name} (s, log scale)")
         handles = [Line2D([], [], color=color(s), lw=3, label=s) for s in strategies(med) if s in drawn]
         handles += [Line2D([], [], color="0.2", ls=ls, label=f"p{q}") for q, ls in PCT_STYLE.items()]
         if any(slo.get(k) for k in ("ttft_s", "tpot_s", "e2e_s")):
             handles.append(Line2D([], [], color="0.3", ls="-.", label="SLO"))
-        fig.suptitle("Latency percentiles vs arrival rate (medians over repeats)")
+        fig.suptitle(f"Latency percentiles vs {load_axis().split(' (')[0]} (medians over repeats)")
         fig.tight_layout(rect=(0, 0, 1, 0.88))
         fig.legend(handles=handles, loc="upper center", ncol=len(handles), bbox_to_anchor=(0.5, 0.92), frameon=False)
         missing_note(fig, drawn, rates_of(med))

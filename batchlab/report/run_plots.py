@@ -18,7 +18,7 @@ import pandas as pd
 from matplotlib.ticker import MaxNLocator
 
 from batchlab.report import timeline as tl
-from batchlab.report.fmt import RATE_UNIT, num
+from batchlab.report.fmt import RATE_UNIT, load_axis, num
 from batchlab.report.fmt import rate as rate_text
 from batchlab.report.plots import OKABE_ITO, STYLE, color, empty_panel, log_axis, missing_note, plt, save, strategies
 
@@ -147,11 +147,11 @@ def plot_useful_work(requests: pd.DataFrame, out: Path, rate: float, caps: dict[
                 axes[1, 1].axhline(caps[s], color=color(s), ls=":", lw=1.5, label=f"{s}: cap {caps[s]}")
         axes[1, 0].set_ylim(0, 105)
         axes[1, 0].set_title("Useful work: Σo / (B × max o) and Σp / (B × max p)")
-        axes[1, 0].set_xlabel(f"arrival rate ({RATE_UNIT.get()})")
+        axes[1, 0].set_xlabel(load_axis())
         axes[1, 0].set_ylabel("useful share of slots (%)")
         axes[1, 0].legend(fontsize=9)
         axes[1, 1].set_title("Batch size at launch")
-        axes[1, 1].set_xlabel(f"arrival rate ({RATE_UNIT.get()})")
+        axes[1, 1].set_xlabel(load_axis())
         axes[1, 1].set_ylabel("requests per batch")
         axes[1, 1].legend(fontsize=9)
         fig.suptitle("Useful work in lockstep (request-level) batches; continuous batching has no padded or idle "

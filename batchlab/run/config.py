@@ -163,6 +163,10 @@ def _traffic_ignores(t: TrafficConfig, name: str) -> str | None:
         return "to arrival 'trace' (the file sets arrivals and lengths)"
     if name == "burstiness" and t.arrival != "gamma":
         return f"to arrival '{t.arrival}' (only gamma has a shape)"
+    if name == "rates" and t.arrival == "closed":
+        return "to arrival 'closed' (its points are traffic.concurrency's user counts)"
+    if name == "concurrency" and t.arrival != "closed":
+        return f"to arrival '{t.arrival}' (set traffic.arrival=closed for a closed loop)"
     if name in ("trace_file", "replay") and t.arrival != "trace":
         return f"to arrival '{t.arrival}' (set traffic.arrival=trace to replay it)"
     return None

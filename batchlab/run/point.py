@@ -16,10 +16,10 @@ from typing import Any
 
 from batchlab.backends.base import Backend, Engine, LoadTarget
 from batchlab.core.clock import Clock, RealClock, VirtualClock
+from batchlab.core.closed_loop import follow_ups
 from batchlab.core.config import RunConfig
 from batchlab.core.metrics import measured, prefix_cache, stamped_in_system, summarize
 from batchlab.core.request import Request
-from batchlab.core.sessions import Conversations
 from batchlab.core.traffic import TraceItem, build_trace, make_requests
 from batchlab.run.driver import Inbox, Occupancy, drive, given
 from batchlab.schedulers import make_scheduler, scheduler_class
@@ -47,7 +47,7 @@ async def run_trace(cfg: RunConfig, strategy: str, trace: list[TraceItem], backe
     is driven under the strategy's scheduler. `occupancy` collects the driver's count of requests
     in the system (untouched by a load target)."""
     if isinstance(backend, LoadTarget):
-        return await backend.run_trace(trace, clock)
+        return await backend.run_trace(trace, clock, cfg.traffic)
     return await drive_trace(cfg, strategy, trace, backend, clock, occupancy)
 
 
@@ -59,13 +59,11 @@ async def drive_trace(cfg: RunConfig, strategy: str, trace: list[TraceItem], bac
         from batchlab.run.replicas import run_replicas
         return await run_replicas(cfg, strategy, trace, backend, clock, occupancy)
     facts = backend.facts()
-    sessions = bool(trace) and trace[0].session is not None
-    scheduler = make_scheduler(strategy, cfg, given(cfg, facts, live=False, sessions=sessions))
     t0 = clock.now()
     requests = make_requests(trace, t0, backend.prepare, facts.vocab_size)
-    talks = None
-    if sessions:                                    # traffic.sessions: later turns come from the driver
-        talks = Conversations(trace, requests, t0, cfg.traffic.horizon_s, facts.vocab_size, backend.prepare)
+    # closed-loop users and sessions: later requests come from the driver, as answers end
+    talks = follow_ups(cfg.traffic, trace, requests, clock, t0, facts.vocab_size, backend.prepare)
+    scheduler = make_scheduler(strategy, cfg, given(cfg, facts, live=False, sessions=talks is not None))
     await drive(scheduler, backend, clock, Inbox(runnable(requests), delay_s=facts.arrival_delay_s,
                                                 engine_s=facts.frontend_engine_s), occupancy=occupancy,
                 next_turn=talks.next_turn if talks else None)
@@ -92,8 +90,8 @@ def run_point(cfg: RunConfig, strategy: str, rate: float, repeat: int, backend: 
     in_system, source = ((occupancy.rebased(t0), "driver") if occupancy.changes
                          else (stamped_in_system(requests), "stamps"))
     counted = measured(requests, cfg.traffic.warmup_s)
-    summary = summarize(counted, cfg.slo, in_system,
-                        (cfg.traffic.warmup_s, traffic_end(cfg, requests))) | {"little_source": source}
+    summary = summarize(counted, cfg.slo, in_system, (cfg.traffic.warmup_s, traffic_end(cfg, requests)),
+                        closed=cfg.traffic.arrival == "closed") | {"little_source": source}
     if cfg.continuous.prefix_caching and isinstance(backend, Engine) and scheduler_class(strategy).level == "iteration":
         summary |= prefix_cache(counted, cfg.continuous.block_size)     # columns only where a cache ran
     meta = {"wall_s": wall, **backend.peak_memory(),

@@ -5,9 +5,9 @@ coroutine (run/router.py picks the replica) releases the trace at its planned ar
 replica that is mid-batch sees its new request when the batch ends, but the request keeps its
 planned arrival stamp, so queueing behind a busy replica is measured. The replicas' drivers
 share one Occupancy, so the Little's-law check counts the whole system: the sum over replicas.
-With traffic.sessions a turn handed back by any replica plans its session's next turn, which the
-router places like any arrival, at its time (`SessionRouting`); the inboxes close only when the
-trace is out and every session has ended.
+With traffic.sessions a turn handed back by any replica plans its session's next turn (a closed
+loop's answer, its user's next request), which the router places like any arrival, at its time
+(`SessionRouting`); the inboxes close only when the trace is out and every session has ended.
 """
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from batchlab.backends.base import Engine
 from batchlab.core.clock import Clock
+from batchlab.core.closed_loop import ClosedLoop, follow_ups
 from batchlab.core.config import RunConfig
 from batchlab.core.request import Request
 from batchlab.core.sessions import Conversations
@@ -65,7 +66,7 @@ class SessionRouting:
     runs what waits there: the inboxes are then marked quiet (Inbox.draining), or naive batching
     would wait for a full batch that only its own answers could fill."""
 
-    def __init__(self, talks: Conversations, first_turns: list[Request], replicas: list[Replica], router: Router,
+    def __init__(self, talks: Conversations | ClosedLoop, first_turns: list[Request], replicas: list[Replica], router: Router,
                  clock: Clock, delay_s: float = 0.0):
         self.talks, self.replicas, self.router, self.clock = talks, replicas, router, clock
         self.delay_s = delay_s                # the engines' front end: a turn reaches a replica this late
@@ -151,9 +152,8 @@ async def run_replicas(cfg: RunConfig, strategy: str, trace: list[TraceItem], ba
     t0 = clock.now()
     facts = backend.facts()
     requests = make_requests(trace, t0, backend.prepare, facts.vocab_size)
-    sessions = None
-    if trace and trace[0].session is not None:
-        talks = Conversations(trace, requests, t0, cfg.traffic.horizon_s, facts.vocab_size, backend.prepare)
-        sessions = SessionRouting(talks, requests, replicas, router, clock, facts.arrival_delay_s)
+    talks = follow_ups(cfg.traffic, trace, requests, clock, t0, facts.vocab_size, backend.prepare)
+    sessions = None if talks is None else SessionRouting(talks, requests, replicas, router, clock,
+                                                         facts.arrival_delay_s)
     await serve_replicated(requests, replicas, router, clock, occupancy, sessions, facts.arrival_delay_s)
     return (sessions.talks.requests() if sessions else requests), t0

@@ -301,13 +301,16 @@ def recorded_config(tree: dict[str, Any], keys: Iterable[Key], digest: str, wher
     rates = sorted({k[1] for k in keys})
     repeats = max(k[2] for k in keys) + 1
     tree["strategies"] = strategies
-    tree.setdefault("traffic", {}).update(rates=rates, repeats=repeats)
+    traffic = tree.setdefault("traffic", {})
+    closed = traffic.get("arrival") == "closed"     # its levels are user counts
+    traffic.update({"concurrency": [int(r) for r in rates]} if closed else {"rates": rates}, repeats=repeats)
+    unit = "users" if closed else "req/s"
     have = set(keys)
     missing = [(s, r, p) for r in rates for p in range(repeats) for s in strategies if (s, r, p) not in have]
-    head = [f"# Experiment {digest} (identity in experiment.json). strategies, traffic.rates and",
+    head = [f"# Experiment {digest} (identity in experiment.json). strategies, traffic.{'concurrency' if closed else 'rates'} and",
             "# traffic.repeats are those of the points recorded in summary.csv."]
     if missing:
-        listed = ", ".join(f"{s} @ {r:g} req/s repeat {p}" for s, r, p in missing[:6])
+        listed = ", ".join(f"{s} @ {r:g} {unit} repeat {p}" for s, r, p in missing[:6])
         head.append(f"# Not recorded: {listed}" + (f" and {len(missing) - 6} more" if len(missing) > 6 else ""))
     return "\n".join(head) + "\n" + yaml.dump(tree, Dumper=_DUMPER, sort_keys=False)
 

@@ -41,11 +41,12 @@ LINK_NAME = "latest"
 def points(cfg: RunConfig) -> Iterator[Key]:
     """Canonical order, rate-major: all strategies run back to back on each (rate, repeat) trace;
     rates from the lowest, strategies naive, dynamic, continuous, server.
-    A replayed trace is one point per repeat, labelled with the trace's mean rate."""
+    A replayed trace is one point per repeat, labelled with the trace's mean rate; a closed loop's
+    points are its user counts (traffic.concurrency), held in the same `rate` slot."""
     if cfg.traffic.arrival == "trace":
         rates = [round(trace_rate(read_trace(cfg.traffic).items), 6)]
     else:
-        rates = sorted(set(cfg.traffic.rates))
+        rates = cfg.traffic.levels
     strategies = sorted(set(cfg.strategies), key=rank)
     for rate in rates:
         for repeat in range(cfg.traffic.repeats):
@@ -60,7 +61,7 @@ def pending_points(cfg: RunConfig, done: dict[tuple, str], where: Path) -> list[
     for key in points(cfg):
         strategy, rate, repeat = key
         if key in done and done[key] != point_hash(cfg, strategy):
-            raise ConfigError(f"{where}: point {strategy} @ {rate:g} req/s (repeat {repeat}) was "
+            raise ConfigError(f"{where}: point {strategy} @ {rate:g} {cfg.traffic.load_unit} (repeat {repeat}) was "
                               "recorded with different settings; use another --out directory")
         if key not in done:
             todo.append(key)
@@ -222,7 +223,7 @@ def _run_points(plan: SweepPlan, todo: list[Key], done: set[Key], written: dict[
     for i, fin in enumerate(executor.map(fn, calls, need)):
         key = todo[fin.index]
         if fin.error is not None:
-            failures.append(f"{key[0]} @ {key[1]:g} req/s (repeat {key[2]}): {fin.error}")
+            failures.append(f"{key[0]} @ {key[1]:g} {plan.cfg.traffic.load_unit} (repeat {key[2]}): {fin.error}")
             continue
         out: PointRows = fin.value
         nodes.add(fin.node)
@@ -301,7 +302,7 @@ def _announced(fn: Callable, progress: Callable[[str], None] | None) -> Callable
     def run(cfg: RunConfig, key: Key, backend: Backend) -> PointRows:
         if progress:
             strategy, rate, repeat = key
-            progress(f"{strategy} @ {rate:g} req/s (repeat {repeat})")
+            progress(f"{strategy} @ {rate:g} {cfg.traffic.load_unit} (repeat {repeat})")
         return fn(cfg, key, backend)
     return run
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import click
 
 from batchlab.core.files import write_atomic
-from batchlab.errors import user_errors
+from batchlab.errors import ConfigError, user_errors
 from batchlab.run.config import load_user_config
 from batchlab.run.executors import make_executor
 from batchlab.run.experiment import config_tree
@@ -39,6 +39,9 @@ from batchlab.tune.capacity import check_plan, search, summary_lines
 def capacity_cmd(config, overrides, strategies, low, high, tolerance, probes, executor, out) -> None:
     """Highest rate each strategy sustains under the config's SLO (simulated, by bisection)."""
     cfg = load_user_config(config, list(overrides) + ([f"executor.kind={executor}"] if executor else []))
+    if cfg.traffic.arrival == "closed":
+        raise ConfigError("capacity: searches arrival rates; a closed loop has users, not a rate "
+                          "(`batchlab run` sweeps its traffic.concurrency)")
     rates = sorted(cfg.traffic.rates)
     plan = check_plan(cfg, list(strategies), low or rates[0], high or rates[-1], tolerance, probes or 1)
     out_dir = Path(out)

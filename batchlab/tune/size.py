@@ -84,6 +84,9 @@ class Traffic:
 
 def traffic_of(cfg: RunConfig) -> Traffic:
     from batchlab.core.traffic import build_trace
+    if cfg.traffic.arrival == "closed":
+        raise ConfigError("size: sizes for a rate of arrivals; a closed loop has users, not a rate "
+                          "(its throughput is what the hardware gives it)")
     rate = max(cfg.traffic.rates)
     trace = build_trace(cfg.traffic, rate, 0)
     if len(trace) < 2:

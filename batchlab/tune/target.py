@@ -56,7 +56,7 @@ def target_of(cfg: RunConfig, slos: tuple[str, ...] = (), strategy: str | None =
         raise ConfigError(f"tune: sizes in simulation: backend.kind sim (a preset, backend.profile or backend.linear), "
                           f"not '{cfg.backend.kind}'")
     t = cfg.traffic
-    if t.arrival == "trace" or t.sessions is not None:
+    if t.arrival in ("trace", "closed") or t.sessions is not None:
         raise ConfigError("tune: needs synthetic arrivals at a rate (poisson, gamma or constant), without sessions")
     strategy, limits = strategy_and_slos(cfg, "tune", slos, strategy, "tpot_p95=50ms")
     if max_cap < 1:

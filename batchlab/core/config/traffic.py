@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from batchlab.core.config.base import GROWS, INPUT_FILE, Model, identity_role
-from batchlab.core.limits import MAX_LENGTH, MAX_SECONDS, MIN_RATE, Rate, Seconds, Tokens, check_point_size
+from batchlab.core.limits import MAX_LENGTH, MAX_SECONDS, MAX_USERS, MIN_RATE, Rate, Seconds, Tokens, check_point_size
 
 
 class LengthDist(Model):
@@ -190,14 +190,19 @@ class TrafficClass(Model):
 
 class TrafficConfig(Model):
     """The requests of each sweep point: seeded arrivals at each rate, or a replayed trace file."""
-    arrival: Literal["poisson", "gamma", "constant", "trace"] = "poisson"
-    """The arrival process (trace: replay traffic.trace_file)."""
+    arrival: Literal["poisson", "gamma", "constant", "trace", "closed"] = "poisson"
+    """The arrival process (trace: replay traffic.trace_file; closed: traffic.concurrency users, each
+    sending its next request the moment its previous answer ends)."""
     burstiness: Annotated[float, Field(ge=0.01, le=1000)] = 1.0
     """gamma: the shape of the gaps (1 = Poisson, < 1 burstier)."""
     trace_file: str | None = identity_role(INPUT_FILE)
     """trace: the file replayed (batchlab CSV, Azure, BurstGPT or Mooncake)."""
     rates: list[Rate] = identity_role(GROWS, default_factory=lambda: [5.0, 20.0, 50.0], min_length=1, max_length=1000)
     """Arrival rates, req/s: one sweep point each (with traffic.sessions: sessions started per second)."""
+    concurrency: list[Annotated[int, Field(gt=0, le=MAX_USERS)]] | None = identity_role(
+        GROWS, default=None, min_length=1, max_length=1000)
+    """closed: users, one sweep point per level (e.g. [1, 4, 16, 64]); all start at once, and each
+    sends its next request when its previous answer's last token arrives, until the point's end."""
     duration_s: Seconds = 60.0
     """Seconds of traffic per point, after the warm-up."""
     warmup_s: Annotated[float, Field(ge=0, le=MAX_SECONDS)] = 5.0
@@ -227,6 +232,8 @@ class TrafficConfig(Model):
     def _check(self):
         if self.arrival == "trace" and not self.trace_file:
             raise ValueError("arrival 'trace' needs traffic.trace_file")
+        if self.arrival == "closed":
+            return _check_closed(self)
         if self.classes is not None:
             _check_classes(self)
         if self.arrival == "trace":
@@ -242,6 +249,17 @@ class TrafficConfig(Model):
                 raise ValueError(f"rates.{i}: {rate:g} req/s is listed twice")
             check_point_size(self.expected_requests(rate), self.expected_requests(rate) * self.mean_tokens(), rate)
         return self
+
+    @property
+    def load_unit(self) -> str:
+        """What a sweep point's `rate` counts: users (closed loop), sessions started per second
+        (traffic.sessions) or requests per second."""
+        return "users" if self.arrival == "closed" else "sessions/s" if self.sessions else "req/s"
+
+    @property
+    def levels(self) -> list[float]:
+        """The sweep's load levels, lowest first: its rates, or its user counts (closed loop)."""
+        return sorted({float(x) for x in (self.concurrency if self.arrival == "closed" else self.rates)})
 
     @property
     def horizon_s(self) -> float:
@@ -274,6 +292,21 @@ class TrafficConfig(Model):
         # turns of first + (k - 1) (out + message), plus the answer.
         t, msg = self.sessions.turns, self.sessions.message_len.mean()
         return first + (t - 1) / 2 * (out + msg) + out
+
+
+def _check_closed(t: TrafficConfig) -> TrafficConfig:
+    """A closed loop has no rate: its points are user counts, and how many requests each sends
+    is known only at run time (core/closed_loop.py caps a point at MAX_REQUESTS_PER_POINT)."""
+    if not t.concurrency:
+        raise ValueError("arrival 'closed' needs traffic.concurrency, the users of each point (e.g. [1, 4, 16, 64])")
+    for i, users in enumerate(t.concurrency):
+        if users in t.concurrency[:i]:
+            raise ValueError(f"concurrency.{i}: {users} users is listed twice")
+    for key in ("rate_step", "prefix", "sessions", "classes"):
+        if getattr(t, key) is not None:
+            raise ValueError(f"{key} cannot be combined with arrival 'closed' (yet): a closed loop's users "
+                             "send independent requests of traffic.prompt_len and traffic.output_len")
+    return t
 
 
 def _check_classes(t: TrafficConfig) -> None:
