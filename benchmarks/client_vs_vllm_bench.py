@@ -18,8 +18,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+from batchlab.backends import process
 from batchlab.backends.openai_client import OpenAIBackend
-from batchlab.baselines import process, vllm_bench
+from batchlab.baselines import vllm_bench
 from batchlab.baselines.compare import PORT, WARMUP_USERS
 from batchlab.baselines.loadtest import closed_loop
 from batchlab.errors import ConfigError, user_errors

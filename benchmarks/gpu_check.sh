@@ -101,7 +101,10 @@ echo "gpu_check: $MODEL on $DEVICE ($DTYPE), rates $RATES, validation rates $VAL
 stage env bash -c env_facts
 stage tests "$PY" -m pytest -q -p no:cacheprovider -rs tests/backends/test_cuda.py
 stage engine "$PY" benchmarks/gpu_check.py engine --model "$MODEL" --device "$DEVICE" --dtype "$DTYPE" --out "$W/engine.json"
-stage sweep "${BL[@]}" run configs/full.yaml --out "$W/sweep" "${COMMON[@]}" --set "traffic.rates=$RATES"
+# NOTE: without full.yaml's vllm: a managed baseline needs the model's files (not a random shape)
+# and its own environment, minutes to install, which this check's budget does not hold
+stage sweep "${BL[@]}" run configs/full.yaml --out "$W/sweep" "${COMMON[@]}" --set "traffic.rates=$RATES" \
+    --set "strategies=[naive,dynamic,continuous]"
 stage profile-iteration "${BL[@]}" profile configs/full.yaml --strategy continuous "${PROFILE_GRID[@]}" \
     --out "$W/profile-iteration.json" "${COMMON[@]}"
 stage profile-request "${BL[@]}" profile configs/full.yaml --strategy dynamic "${PROFILE_GRID[@]}" \

@@ -19,7 +19,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from batchlab.baselines import compare, overhead, process
+from batchlab.backends import process
+from batchlab.baselines import compare, overhead
 from batchlab.errors import ConfigError, user_errors
 from batchlab.run.config import load_config
 

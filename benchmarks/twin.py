@@ -39,11 +39,12 @@ from pathlib import Path
 
 import yaml
 
+from batchlab.backends import process
 from batchlab.backends.openai_client import OpenAIBackend
-from batchlab.baselines import compare, process, vllm
+from batchlab.backends.server_limits import from_section
+from batchlab.baselines import compare, vllm
 from batchlab.baselines.background import background_load
 from batchlab.baselines.contention import contention
-from batchlab.baselines.server_limits import from_section
 from batchlab.calibrate.accuracy import sides
 from batchlab.calibrate.blackbox import ProbeGrid
 from batchlab.calibrate.server import profile_server

@@ -110,6 +110,22 @@ class BackendOptions(Model):
         """The names `batchlab serve` answers to for this backend's model, by default."""
         return ()
 
+    hosts_baselines: ClassVar[bool] = False
+    """Managed baselines (backends/baselines.py: vllm, transformers-serve) can run on its model."""
+
+    def baseline(self, cfg: RunConfig, name: str, cpus: str | None) -> Backend:
+        """The load target for managed baseline `name`'s points: its server on this backend's
+        model, pinned to `cpus`, started and stopped around each trace (backends/managed.py)."""
+        raise NotImplementedError
+
+    def check_baselines(self, cfg: RunConfig, names: list[str]) -> list[str]:
+        """Before anything is written: the baselines `names` can start here (ConfigError if not)."""
+        return []
+
+    def prepare_baselines(self, cfg: RunConfig, names: list[str], echo) -> tuple[str | None, dict[str, Any]]:
+        """Before the first point: orphans stopped, cores split; the servers' cores and what setup.json records."""
+        return None, {}
+
 
 class Backend(ABC):
     """What both roles share: setup facts, preparing a request, start and close, per-point facts."""

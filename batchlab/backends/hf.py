@@ -68,7 +68,38 @@ class HFOptions(ModelOptions):
     """Continuous: decode-only passes padded to row buckets and compiled (torch.compile; CUDA
     graphs on CUDA), built at start-up; mixed steps stay eager."""
 
+    hosts_baselines = True
+
+    def check_baselines(self, cfg, names: list[str]) -> list[str]:
+        from batchlab.backends.managed import check_baselines
+        return check_baselines(cfg, names)
+
+    def prepare_baselines(self, cfg, names: list[str], echo):
+        from batchlab.backends.managed import prepare_baselines
+        return prepare_baselines(cfg, names, echo)
+
+    def baseline(self, cfg, name: str, cpus: str | None):
+        from batchlab.backends.baselines import options
+        from batchlab.backends.managed import ManagedServer, model_dir
+        opts = options(cfg, name)
+        path, context = model_dir(self.model)
+        launch = opts.launch(path, server_dtype(self.dtype, self.device), context, cpus)
+        return ManagedServer(launch, cpus, {"baseline": name, "version": opts.version(), "model": path,
+                                            "flags": opts.limits().given(), "command": launch.cmd})
+
     def build(self, cfg):
         from batchlab.backends.hf_backend import HFBackend, typical_len
         shape = (cfg.dynamic.max_batch_size, typical_len(cfg.traffic.prompt_len, 128), 8)
         return HFBackend(self, warmup_shape=shape, decode_rows=cfg.continuous.max_num_seqs)
+
+
+def server_dtype(dtype: str, device: str) -> str:
+    """The dtype a baseline server runs the model in: the engine's, by the servers' names (auto:
+    float32 on a CPU, as the engine, else float16)."""
+    named = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}.get(dtype, dtype)
+    if named != "auto":
+        return named
+    if device == "auto":
+        import torch
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    return "float32" if device == "cpu" else "float16"

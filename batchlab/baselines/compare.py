@@ -19,8 +19,9 @@ from pathlib import Path
 
 import click
 
+from batchlab.backends import process
 from batchlab.backends.openai_client import OpenAIBackend
-from batchlab.baselines import process, vllm
+from batchlab.baselines import vllm
 from batchlab.baselines.loadtest import closed_loop, open_loop
 from batchlab.baselines.metrics import Peaks, metrics_url
 from batchlab.core.clock import RealClock

@@ -19,8 +19,8 @@ import click
 import httpx
 import numpy as np
 
+from batchlab.backends import process
 from batchlab.backends.openai_client import OpenAIBackend
-from batchlab.baselines import process
 from batchlab.baselines.compare import PORT, Settings
 from batchlab.baselines.loadtest import open_loop
 from batchlab.core.clock import RealClock

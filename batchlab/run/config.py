@@ -17,6 +17,7 @@ import yaml
 from pydantic import Field, ValidationError, create_model, model_validator
 
 from batchlab.backends import TARGET, BackendOptions, kinds
+from batchlab.backends.baselines import BASELINES, baselines_model
 from batchlab.core.config import RunConfig, TrafficConfig, format_error
 from batchlab.core.config.load import user_tree
 from batchlab.errors import ConfigError
@@ -49,8 +50,13 @@ class _Run(RunConfig):
             wrong = [s for s in self.strategies if s != b.strategy]
             need = f"[{b.strategy}] (it batches for itself)"
         else:
-            wrong = [s for s in self.strategies if s in target_strategies()]
+            wrong = [s for s in self.strategies if s in target_strategies()
+                     or (s in BASELINES and not b.hosts_baselines)]
             need = f"{', '.join(option_sections())} or a policy's import path"
+            if b.hosts_baselines:
+                need += f", or a managed baseline ({', '.join(BASELINES)})"
+            elif any(s in BASELINES for s in wrong):
+                need += f" (managed baselines such as {', '.join(BASELINES)} need a model's files: backend.kind hf)"
         if wrong:
             raise ValueError(f"strategies: backend.kind '{b.kind}' takes {need}, not {', '.join(wrong)}")
         return self
@@ -77,6 +83,8 @@ def config_model() -> type[RunConfig]:
                                                            description="What runs the requests (its `kind`)."))}
         for name, model in sections.items():
             fields[name] = (model, Field(default_factory=model, description=model.__doc__))
+        section = baselines_model()
+        fields["baselines"] = (section, Field(default_factory=section, description=section.__doc__))
         _MODELS[key] = create_model("RunConfig", __base__=_Run, __module__=__name__, **fields)
     return _MODELS[key]
 

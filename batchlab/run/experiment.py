@@ -51,10 +51,14 @@ def point_hash(cfg: RunConfig, strategy: str) -> str:
 
 def knobs(cfg: RunConfig, strategy: str) -> dict[str, Any]:
     """The settings that shape one strategy's runs, flattened (`continuous.max_num_seqs`), for CSV
-    rows and reports: the sections its scheduler runs under, or a load target's own keys."""
+    rows and reports: the sections its scheduler runs under, a load target's own keys, or a managed
+    baseline's version and flags (always, defaults or not: a new vLLM is a new point)."""
     from batchlab.backends import TARGET
+    from batchlab.backends.baselines import BASELINES, options
     from batchlab.schedulers import scheduler_class
     b = cfg.backend
+    if strategy in BASELINES and b.role != TARGET:      # a managed baseline: its version and flags
+        return options(cfg, strategy).knobs()
     if b.role == TARGET:
         backend = identity(cfg)["backend"]
         out = {f"backend.{k}": backend.get(k) for k in b.knob_keys}

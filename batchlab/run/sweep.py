@@ -11,6 +11,7 @@ directory instead of being refused or mixed in.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import re
@@ -20,8 +21,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import click
+
 from batchlab.backends import TARGET, make_backend
 from batchlab.backends.base import Backend
+from batchlab.backends.baselines import BASELINES
 from batchlab.core.config import RunConfig
 from batchlab.core.request import Status
 from batchlab.core.traffic import build_trace, check_inputs, read_trace, trace_rate
@@ -119,7 +123,8 @@ def plan_sweep(cfg: RunConfig, out: str | Path, backend: Backend | None = None) 
     `backend`: use this one (already made by the caller, who closes it) for local points."""
     if cfg.backend.role != TARGET:
         for strategy in cfg.strategies:                 # a policy of your own is imported here
-            scheduler_class(strategy)
+            if strategy not in BASELINES:
+                scheduler_class(strategy)
     grid = list(points(cfg))                            # a replayed trace is read (and checked) here
     exp = identity(cfg)
     results, link = _choose_directory(cfg, Path(out), exp)
@@ -149,7 +154,8 @@ def preflight(cfg: RunConfig) -> list[str]:
     the trace or ShareGPT files (row by row, and the per-point caps with real lengths), and the
     backend's own inputs (a preset or profile, a model path or hub cache, a server and its model
     list). Raises ConfigError (one line) on the first problem; returns warning lines."""
-    return config_warnings(cfg) + check_inputs(cfg.traffic) + cfg.backend.preflight(cfg)
+    return (config_warnings(cfg) + check_inputs(cfg.traffic) + cfg.backend.preflight(cfg)
+            + cfg.backend.check_baselines(cfg, [s for s in cfg.strategies if s in BASELINES]))
 
 
 def _declared_resources(cfg: RunConfig) -> dict[str, float]:
@@ -212,8 +218,11 @@ def _run_points(plan: SweepPlan, todo: list[Key], done: set[Key], written: dict[
     local = executor.kind == "local"
     if local:       # NOTE: the plan's backend (one model load) serves every point, in this process, in order
         calls = [(plan.cfg, key, plan.backend) for key in todo]
-        fn: Callable = _announced(compute_point, progress)
-        _write_setup(plan, plan.backend.describe(), executor, need, set())
+        baselines = sorted({k[0] for k in todo if k[0] in BASELINES and plan.cfg.backend.role != TARGET})
+        cpus, setup = (plan.cfg.backend.prepare_baselines(plan.cfg, baselines, functools.partial(click.echo, err=True))
+                       if baselines else (None, {}))
+        fn: Callable = _announced(functools.partial(compute_point, baseline_cpus=cpus), progress)
+        _write_setup(plan, plan.backend.describe() | ({"baselines": setup} if setup else {}), executor, need, set())
     else:
         cfg = absolute_inputs(plan.cfg)
         calls, fn = [(cfg, key) for key in todo], task or point_task
@@ -252,12 +261,16 @@ class PointRows:
     setup: dict[str, Any]               # the backend's facts (describe()) where it ran
 
 
-def compute_point(cfg: RunConfig, key: Key, backend: Backend) -> PointRows:
-    """Run one point on `backend` and turn it into rows; writes nothing."""
+def compute_point(cfg: RunConfig, key: Key, backend: Backend, baseline_cpus: str | None = None) -> PointRows:
+    """Run one point on `backend` (a managed baseline's: on its server, started for the point on
+    `baseline_cpus`) and turn it into rows; writes nothing."""
     strategy, rate, repeat = key
     describe = backend.describe()
     model = str(describe.get("model", ""))
     trace = build_trace(cfg.traffic, rate, repeat)
+    if strategy in BASELINES and cfg.backend.role != TARGET:
+        backend = cfg.backend.baseline(cfg, strategy, baseline_cpus)
+        describe = backend.describe()
     res: PointResult = run_point(cfg, strategy, rate, repeat, backend, trace)
     rows = request_rows(cfg, strategy, rate, repeat, res.requests, model)
     errors = Counter(r.error or "unknown error" for r in res.requests if r.status is Status.FAILED)

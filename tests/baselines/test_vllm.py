@@ -10,8 +10,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from batchlab.baselines import process, vllm
-from batchlab.baselines.server_limits import ServerLimits
+from batchlab.backends import process
+from batchlab.backends.server_limits import ServerLimits
+from batchlab.baselines import vllm
 
 METRICS = """# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.
 vllm:kv_cache_usage_perc{engine="0",model_name="tiny"} 0.25

@@ -9,7 +9,7 @@ import sys
 import httpx
 import pytest
 
-from batchlab.baselines import process
+from batchlab.backends import process
 from batchlab.errors import ConfigError
 
 SERVER = """
@@ -108,5 +108,5 @@ def test_the_serve_command_and_an_unpinned_machine():
 
 
 def test_a_taskset_list_is_read_as_core_numbers():
-    from batchlab.baselines.process import cpu_list
+    from batchlab.backends.process import cpu_list
     assert cpu_list("1") == [1] and cpu_list("0,2") == [0, 2] and cpu_list("2-4,7") == [2, 3, 4, 7]

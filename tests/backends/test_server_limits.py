@@ -1,7 +1,7 @@
 """A baseline server's limits: from a continuous section or flags to the server's own flags."""
 import pytest
 
-from batchlab.baselines.server_limits import ServerLimits, from_section
+from batchlab.backends.server_limits import ServerLimits, from_section
 from batchlab.errors import ConfigError
 from batchlab.run.config import load_config
 
