@@ -11,7 +11,12 @@ continuous modes are run again with preemption by recomputation, which takes blo
 computed and evicts when they run out.
 Reported per mode: output tokens/s, mean TTFT, p99 inter-token latency and requests finished;
 then chunked prefill against whole-prompt prefill (the last two modes).
-Usage: python benchmarks/four_modes.py [--requests 60 2000] [--seed 7] [--json docs/results/four_modes.json]
+`--backend tiny` runs the same modes on the tiny model (CPU, real time, one torch thread): padded
+`generate()` for the first two, our step engine for the continuous ones. Its context is 4,096
+tokens, so prompts and the KV cache are a quarter of the toy's (32 to 2,048 tokens; 450 blocks of
+16 tokens), chunks stay 512 tokens and answers 50-300.
+Usage: python benchmarks/four_modes.py [--requests 60 2000] [--seed 7] [--backend sim|tiny]
+       [--json docs/results/four_modes.json]
 """
 from __future__ import annotations
 
@@ -31,6 +36,13 @@ from batchlab.run.config import load_user_config
 from batchlab.run.sweep import run_sweep
 
 PROMPTS = (128, 256, 512, 2048, 8192)
+BACKENDS = {
+    "sim": (1, ["backend.kind=sim", "backend.preset=toy"]),
+    # a quarter of the toy's prompts and KV (the tiny model's context is 4,096 tokens): 450 blocks of 16
+    # tokens at its 4,096 bytes of KV per token
+    "tiny": (4, ["backend.kind=hf", "backend.model=tiny", "backend.threads=1", "backend.warmup_batches=1",
+                 f"backend.memory_budget_bytes={450 * 16 * 4096}"]),
+}
 MODES = {
     "one at a time": ["strategies=[naive]", "naive.batch_size=1"],
     "static batches of 16": ["strategies=[naive]", "naive.batch_size=16"],
@@ -42,10 +54,10 @@ MODES = {
 }
 
 
-def write_trace(path: Path, n: int, seed: int) -> None:
+def write_trace(path: Path, n: int, seed: int, scale: int = 1) -> None:
     rng = np.random.default_rng(seed)
     arrivals = np.cumsum(rng.exponential(1 / 40.0, n))
-    prompts = rng.choice(PROMPTS, n)
+    prompts = rng.choice(PROMPTS, n) // scale
     outputs = rng.integers(50, 301, n)
     with path.open("w", newline="") as f:
         w = csv.writer(f)
@@ -53,14 +65,15 @@ def write_trace(path: Path, n: int, seed: int) -> None:
         w.writerows(zip((f"{t:.6f}" for t in arrivals), prompts, outputs))
 
 
-def run_modes(n: int, seed: int) -> dict[str, dict]:
+def run_modes(n: int, seed: int, backend: str = "sim") -> dict[str, dict]:
     """Every mode on one trace of n requests: its summary figures."""
     rows = {}
+    scale, sets_of_backend = BACKENDS[backend]
     with tempfile.TemporaryDirectory() as tmp:
         trace = Path(tmp) / "trace.csv"
-        write_trace(trace, n, seed)
+        write_trace(trace, n, seed, scale)
         for name, sets in MODES.items():
-            cfg = load_user_config(None, ["backend.kind=sim", "backend.preset=toy", "traffic.arrival=trace",
+            cfg = load_user_config(None, [*sets_of_backend, "traffic.arrival=trace",
                                           f"traffic.trace_file={trace}", "traffic.warmup_s=0", "report=false",
                                           *sets])
             summary, _, _ = load_results(run_sweep(cfg, Path(tmp) / name.replace(" ", "_").replace(",", "")))
@@ -79,10 +92,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--requests", type=int, nargs="+", default=[60, 2000])
     ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--backend", choices=sorted(BACKENDS), default="sim")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
-    workloads = {str(n): run_modes(n, args.seed) for n in args.requests}
+    load = os.getloadavg()[0]
+    workloads = {str(n): run_modes(n, args.seed, args.backend) for n in args.requests}
     record = {"command": "python " + shlex.join(sys.argv), "cpus": os.cpu_count(), "seed": args.seed,
+              "backend": args.backend, "load_1min_before": load, "load_1min_after": os.getloadavg()[0],
               "workloads": workloads}
     if args.json:
         Path(args.json).write_text(json.dumps(record, indent=2) + "\n")

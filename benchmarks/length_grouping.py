@@ -8,7 +8,10 @@ E2E and in throughput (batchlab compare's statistics: a block bootstrap over the
 trace, or a t-interval over repeats).
 Then, at the highest rate, the skip cap swept (`--skips`): how much grouping it allows against the
 longest wait a request sees (max TTFT).
-Usage: python benchmarks/length_grouping.py [--rates 20 30 40] [--skips 4 32 1000] [--duration 300] [--json FILE]
+`--config` runs another config's backend and lengths (configs/smoke.yaml: the tiny model in real
+time), `--set` overrides its keys.
+Usage: python benchmarks/length_grouping.py [--config FILE] [--set KEY=VALUE ...] [--rates 20 30 40]
+       [--skips 4 32 1000] [--duration 300] [--json FILE]
 """
 from __future__ import annotations
 
@@ -38,7 +41,7 @@ def skip_sweep(args, rate: float) -> list[dict]:
             sets = [f"traffic.rates=[{rate}]", f"traffic.duration_s={args.duration}", "strategies=[dynamic]", "report=false"]
             sets += ["dynamic.group_by_length=false"] if skips is None else ["dynamic.group_by_length=true",
                                                                             f"dynamic.max_skips={skips}"]
-            d = run_sweep(load_user_config(None, sets), Path(tmp) / str(skips))
+            d = run_sweep(load_user_config(args.config, [*args.set, *sets]), Path(tmp) / str(skips))
             summary, _, _ = load_results(d)
             requests = load_requests(d)
             m = requests[~requests["warmup"].astype(bool) & (requests["status"] == "finished")]
@@ -58,15 +61,17 @@ def main() -> None:
     ap.add_argument("--skips", type=int, nargs="+", default=[4, 32, 1000])
     ap.add_argument("--duration", type=float, default=300)
     ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--config", default=None, help="Base config (default: the packaged default sweep).")
+    ap.add_argument("--set", action="append", default=[], help="Override a config key (repeatable).")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     before = os.getloadavg()
-    common = [f"traffic.rates={list(args.rates)}", f"traffic.duration_s={args.duration}", "strategies=[dynamic]",
+    common = [*args.set, f"traffic.rates={list(args.rates)}", f"traffic.duration_s={args.duration}", "strategies=[dynamic]",
               f"traffic.repeats={args.repeats}", "report=false"]
     with tempfile.TemporaryDirectory() as tmp:
         dirs = []
         for name, on in (("plain", "false"), ("grouped", "true")):
-            cfg = load_user_config(None, common + [f"dynamic.group_by_length={on}"])
+            cfg = load_user_config(args.config, common + [f"dynamic.group_by_length={on}"])
             dirs.append(run_sweep(cfg, Path(tmp) / name))
         exps = load(dirs)
         summary, requests, rates = combined(exps)
@@ -90,7 +95,8 @@ def main() -> None:
     sweep = skip_sweep(args, max(args.rates))
     record = {"command": "python " + shlex.join(sys.argv), "cpus": os.cpu_count(),
               "load_avg_1_5_15": {"before": before, "after": os.getloadavg()}, "duration_s": args.duration,
-              "repeats": args.repeats, "dynamic_cap": load_user_config(None, common).dynamic.max_batch_size,
+              "repeats": args.repeats, "dynamic_cap": load_user_config(args.config, common).dynamic.max_batch_size,
+              "config": args.config, "backend": load_user_config(args.config, common).backend.kind,
               "rates": per_rate, "skip_sweep": sweep}
     if args.json:
         Path(args.json).write_text(json.dumps(record, indent=2, default=float) + "\n")

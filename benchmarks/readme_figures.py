@@ -686,8 +686,10 @@ def size_search(d: dict) -> str:
 
 
 def length_grouping(d: dict) -> str:
-    lines = [f"`{d['command']}` ({_load(d)}; {d['duration_s']:g} s of traffic per point, the default config's "
-             f"lognormal lengths, dynamic batching with its cap of {d['dynamic_cap']}; the same trace both ways):", "",
+    source = (f"{d['config']}'s backend ({d.get('backend')}) and the lengths set in the command" if d.get("config")
+              else "the default config's lognormal lengths")
+    lines = [f"`{d['command']}` ({_load(d)}; {d['duration_s']:g} s of traffic per point, {source}, "
+             f"dynamic batching with its cap of {d['dynamic_cap']}; the same trace both ways):", "",
              "| rate | useful decode, plain → grouped | prompt not padding | p50 TTFT | p99 TTFT | p99 E2E | throughput |",
              "|---|---|---|---|---|---|---|"]
     for r in d["rates"]:
@@ -708,7 +710,10 @@ def length_grouping(d: dict) -> str:
 
 
 def four_modes(d: dict) -> str:
-    lines = [f"`{d['command']}` (the simulator's `toy` step model; one trace per workload, seed {d['seed']}):", ""]
+    where = ("the simulator's `toy` step model" if d.get("backend", "sim") == "sim" else
+             f"the tiny model on {d['cpus']} CPUs, one torch thread, real time; prompts and KV a quarter of the toy's; "
+             f"1-minute load {d['load_1min_before']:.1f} before, {d['load_1min_after']:.1f} after")
+    lines = [f"`{d['command']}` ({where}; one trace per workload, seed {d['seed']}):", ""]
     for n, modes in d["workloads"].items():
         lines += [f"{int(n):,} requests:", "",
                   "| mode | output tok/s | mean TTFT | p99 ITL | finished | preemptions |", "|---|---|---|---|---|---|"]
@@ -744,13 +749,40 @@ def closed_loop(d: dict) -> str:
     return "\n".join(lines).rstrip()
 
 
+def plan_cpu(d: dict) -> str:
+    """The plan's experiment: verdict, sentence, hypotheses, a row per strategy and rate, two plots."""
+    t, su = d["config"]["traffic"], d["setup"]
+    vllm = (su.get("baselines") or {}).get("vllm", {})
+    lines = [f"`{d['run']}`, then `{d['command']}` ({su['model']} model, {su['params']:,} parameters, {su['device']}, "
+             f"{su['dtype']}, torch {su['torch']}; vLLM: {vllm.get('version', 'not run')}, flags "
+             f"{vllm.get('flags') or 'its defaults'}; {(su.get('baselines') or {}).get('cores', '')}; {su['machine']}; "
+             f"{d['repeats']} repeats of {t['duration_s']:g} s of Poisson traffic after {t['warmup_s']:g} s of warm-up "
+             f"at each rate):", "", f"**{d['verdict']}**", ""]
+    if d["sentence"]:
+        lines += [f"> {d['sentence']}", ""]
+    lines += ["| hypothesis | answer | figures |", "|---|---|---|"]
+    lines += [f"| {h['hypothesis']} | **{h['answer']}** | {h['figures']} |" for h in d["hypotheses"]]
+    lines += ["", "Medians over repeats:", "",
+              "| rate | strategy | output tok/s | p50 TTFT | p99 TTFT | p50 TPOT | p99 E2E | SLO met | failed |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    ms = lambda x: f"{x * 1e3:,.0f} ms" if x < 1 else f"{x:,.2f} s"   # noqa: E731
+    for p in sorted(d["points"], key=lambda p: p["rate"]):
+        lines.append(f"| {p['rate']:g} req/s | {p['strategy']} | {p['throughput_tok_s']:,.0f} | {ms(p['ttft_p50'])} | "
+                     f"{ms(p['ttft_p99'])} | {p['tpot_p50'] * 1e3:.1f} ms | {ms(p['e2e_p99'])} | "
+                     f"{p['slo_attainment']:.0%} | {p['failed']:.0f} |")
+    lines += [""] + [f"![{Path(p).stem}]({p})" for p in d["plots"]]
+    return "\n".join(lines).rstrip()
+
+
 RENDER = {"sim_speed": sim_speed, "hf_dynamic_vs_naive": hf_dynamic_vs_naive, "engine_vs_hf_cb": engine_vs_hf_cb,
           "validate_sim": validate_sim, "serving": serving, "client_vs_vllm_bench": client_vs_vllm_bench,
           "prefix_cache": prefix_cache, "policies": policies, "ray_sweep": ray_sweep,
           "roofline_check": roofline_check, "size_search": size_search, "length_grouping": length_grouping,
-          "four_modes": four_modes, "closed_loop": closed_loop}
+          "four_modes": four_modes, "closed_loop": closed_loop,
+          "plan_cpu": plan_cpu}
 # Result files written by a benchmark with other settings (serving-max-num-seqs-128.json, ...) use its renderer.
-FAMILIES = {"serving-": serving, "validate_sim_": validate_sim, "twin_": twin}
+FAMILIES = {"serving-": serving, "validate_sim_": validate_sim, "twin_": twin, "four_modes_": four_modes,
+            "length_grouping_": length_grouping}
 BLOCK = re.compile(r"(<!-- figures:([\w.-]+) -->\n)(.*?)(<!-- /figures:\2 -->)", re.S)
 
 

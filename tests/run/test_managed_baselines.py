@@ -83,8 +83,16 @@ def test_check_names_a_version_other_than_the_one_asked_for(tmp_path):
         VllmBaseline(venv=str(tmp_path)).check()
 
 
-def _serve_cfg(out: Path, port: int, *extra: str) -> list[str]:
-    sets = ["backend.kind=hf", "backend.model=tiny", "backend.threads=1", "backend.warmup_batches=0",
+@pytest.fixture
+def own_state(tmp_path, monkeypatch, tiny_model_dir):
+    """Server state files of this test's own (inherited by the batchlab it starts): a test elsewhere
+    that stops a server recorded at the same URL (a free port handed out twice) never sees ours."""
+    monkeypatch.setenv("BATCHLAB_DATA", str(tmp_path / "data"))
+    return str(tiny_model_dir)
+
+
+def _serve_cfg(out: Path, port: int, model: str, *extra: str) -> list[str]:
+    sets = ["backend.kind=hf", f"backend.model={model}", "backend.threads=1", "backend.warmup_batches=0",
             f"baselines.transformers_serve.port={port}", "traffic.rates=[4]", "traffic.duration_s=2",
             "traffic.warmup_s=0", "traffic.prompt_len=12", "traffic.output_len=6", "report=false", *extra]
     return [sys.executable, "-m", "batchlab.cli", "run", "--out", str(out), "--quiet",
@@ -95,9 +103,9 @@ def _rows(out: Path) -> list[dict]:
     return list(csv.DictReader((out / "requests.csv").open()))
 
 
-def test_a_baseline_runs_the_same_trace_into_the_same_directory_and_is_stopped(tmp_path, tiny_model_dir):
+def test_a_baseline_runs_the_same_trace_into_the_same_directory_and_is_stopped(tmp_path, own_state):
     out, port = tmp_path / "out", free_port()
-    res = subprocess.run(_serve_cfg(out, port, "strategies=[continuous, transformers-serve]"),
+    res = subprocess.run(_serve_cfg(out, port, own_state, "strategies=[continuous, transformers-serve]"),
                          capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert res.returncode == 0, res.stderr[-2000:]
     rows = _rows(out)
@@ -111,9 +119,9 @@ def test_a_baseline_runs_the_same_trace_into_the_same_directory_and_is_stopped(t
     assert not [r for r in process.orphans() if r.server == "baseline-transformers-serve"]
 
 
-def test_after_a_kill_9_mid_point_the_next_run_stops_the_orphan_and_finishes(tmp_path, tiny_model_dir):
+def test_after_a_kill_9_mid_point_the_next_run_stops_the_orphan_and_finishes(tmp_path, own_state):
     out, port = tmp_path / "out", free_port()
-    cmd = _serve_cfg(out, port, "strategies=[transformers-serve]", "traffic.duration_s=60")
+    cmd = _serve_cfg(out, port, own_state, "strategies=[transformers-serve]", "traffic.duration_s=60")
     log = (tmp_path / "first.log").open("w")
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=os.environ | {"PYTHONPATH": str(ROOT)})
     deadline = time.monotonic() + 300
