@@ -72,8 +72,7 @@ class BaselineOptions(Model):
     def knobs(self) -> dict[str, Any]:
         """What shapes its runs, for CSV rows and point hashes: its version and every flag it was
         given (an unset one is the server's default)."""
-        return {"version": self.version(), **{f"{self.section}.{k}": v for k, v in self.limits().given().items()},
-                **({f"{self.section}.extra_args": self.extra_args} if getattr(self, "extra_args", None) else {})}
+        return {"version": self.version(), **{f"{self.section}.{k}": v for k, v in self.limits().given().items()}}
 
 
 class VllmBaseline(BaselineOptions):
@@ -108,6 +107,9 @@ class VllmBaseline(BaselineOptions):
 
     def python(self) -> Path:
         return Path(self.venv) / "bin" / "python"
+
+    def knobs(self) -> dict[str, Any]:
+        return super().knobs() | ({"vllm.extra_args": self.extra_args} if self.extra_args else {})
 
     def check(self) -> None:
         if not self.python().is_file() or not _dist_info(Path(self.venv), "vllm"):

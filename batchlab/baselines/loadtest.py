@@ -30,6 +30,7 @@ from batchlab.core.metrics import summarize
 from batchlab.core.request import Request
 from batchlab.core.traffic import build_trace
 from batchlab.errors import ConfigError, user_errors
+from batchlab.run.point import rebased
 from batchlab.run.results import check_location
 
 
@@ -44,7 +45,7 @@ def closed_loop(backend: OpenAIBackend, concurrency: int, per_user: int | None, 
     clock = RealClock()
     requests, t0 = clock.run(backend.run_trace(build_trace(traffic, concurrency), clock, traffic, per_user))
     wall = max((r.token_times[-1] for r in requests if r.token_times), default=t0) - t0
-    _rebase(requests, t0)
+    rebased(requests, t0)
     s = summarize(requests, window=(0.0, duration_s), closed=per_user is None)
     return {"concurrency": concurrency, "requests": len(requests), "failed": s["failed"], "wall_s": wall,
             "requests_per_s": s["requests_per_s"], "throughput_tok_s": s["throughput_tok_s"],
@@ -52,13 +53,6 @@ def closed_loop(backend: OpenAIBackend, concurrency: int, per_user: int | None, 
             "ttft_p95": s["ttft_p95"], "tpot_p50": s["tpot_p50"], "tpot_p95": s["tpot_p95"],
             "in_system_mean": s["little_L"], **_lags(backend),
             "errors": sorted({r.error for r in requests if r.error})[:3]}
-
-
-def _rebase(requests: list[Request], t0: float) -> None:
-    """Seconds from the run's start, as in every batchlab run."""
-    for r in requests:
-        r.arrival_time -= t0
-        r.token_times[:] = [t - t0 for t in r.token_times]
 
 
 def _lags(backend: OpenAIBackend) -> dict[str, float]:
@@ -74,7 +68,7 @@ def open_loop(backend: OpenAIBackend, traffic: TrafficConfig, rate: float,
         raise ConfigError(f"no arrivals in {traffic.duration_s:g} s at {rate:g} req/s: lengthen --duration")
     clock = RealClock()
     requests, t0 = clock.run(backend.run_trace(trace, clock))
-    _rebase(requests, t0)
+    rebased(requests, t0)
     s = summarize([r for r in requests if r.arrival_time >= traffic.warmup_s], slo)
     return {"rate": rate, "arrival": traffic.arrival, "t0": t0, **s, **backend.point_facts(t0, s),
             "errors": sorted({r.error for r in requests if r.error})[:3]}, requests

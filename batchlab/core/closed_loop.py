@@ -107,15 +107,11 @@ class ClosedLoop:
         r = Request(f"u{u:05d}-{k:06d}", prompt_len, output_len, arrival, prompt=text,
                     index=k * self.sessions + u, session_id=u)
         self.later.append(r)
-        if self.prepare is not None:
-            try:
-                self.prepare(r)
-            except ValueError as e:
-                # NOTE: refused before it runs (longer than the model's context): it is recorded,
-                # and its user stops, or it would send its next request at this same instant
-                r.fail(f"invalid request: {e}")
-                self.ended["refused"] += 1
-                return None
+        if not r.prepared(self.prepare):
+            # NOTE: refused before it runs (longer than the model's context): it is recorded, and
+            # its user stops, or it would send its next request at this same instant
+            self.ended["refused"] += 1
+            return None
         return r
 
     def requests(self) -> list[Request]:

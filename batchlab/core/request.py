@@ -7,6 +7,7 @@ Progress is tracked vLLM-style: `num_computed_tokens` (KV in cache) against `num
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -75,6 +76,18 @@ class Request:
         self.token_times.append(t)
         if token_id is not None:
             self.output_token_ids.append(token_id)
+
+    def prepared(self, prepare: Callable[[Request], None] | None) -> bool:
+        """Hand this request to a backend's `prepare`; one it refuses (ValueError: an empty prompt,
+        longer than the model's context) fails with the reason, as a server would answer it with a
+        400, and is kept in the results. False when refused."""
+        if prepare is not None:
+            try:
+                prepare(self)
+            except ValueError as e:
+                self.fail(f"invalid request: {e}")
+                return False
+        return True
 
     def fail(self, error: str) -> None:
         self.status = Status.FAILED

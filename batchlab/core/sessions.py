@@ -77,13 +77,9 @@ class Conversations:
             return None
         r = self._request(done, f, arrival)
         self.later.append(r)
-        try:
-            if r.prompt_len > MAX_LENGTH:
-                raise ValueError(f"the conversation reached {r.prompt_len:,} tokens, over the limit of {MAX_LENGTH:,}")
-            if self.prepare is not None:
-                self.prepare(r)
-        except ValueError as e:
-            r.fail(f"invalid request: {e}")
+        if r.prompt_len > MAX_LENGTH:
+            r.fail(f"invalid request: the conversation reached {r.prompt_len:,} tokens, over the limit of {MAX_LENGTH:,}")
+        if r.is_done or not r.prepared(self.prepare):
             self.ended["failed"] += 1
             return None
         return r

@@ -237,11 +237,7 @@ def make_requests(trace: list[TraceItem], t0: float, prepare: Callable[[Request]
             r.prefix_group = item.prefix_group
             if item.session is not None:
                 r.session_id, r.turn = i, 1
-        if prepare is not None:
-            try:
-                prepare(r)
-            except ValueError as e:
-                r.fail(f"invalid request: {e}")
+        r.prepared(prepare)
         reqs.append(r)
     return reqs
 

@@ -57,7 +57,7 @@ def knobs(cfg: RunConfig, strategy: str) -> dict[str, Any]:
     from batchlab.backends.baselines import BASELINES, options
     from batchlab.schedulers import scheduler_class
     b = cfg.backend
-    if strategy in BASELINES and b.role != TARGET:      # a managed baseline: its version and flags
+    if strategy in BASELINES:                           # a managed baseline: its version and flags
         return options(cfg, strategy).knobs()
     if b.role == TARGET:
         backend = identity(cfg)["backend"]

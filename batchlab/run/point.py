@@ -84,7 +84,7 @@ def run_point(cfg: RunConfig, strategy: str, rate: float, repeat: int, backend: 
     wall = time.perf_counter()
     requests, t0 = clock.run(main())
     wall = time.perf_counter() - wall
-    requests = _rebased(requests, t0)
+    requests = rebased(requests, t0)
     # NOTE: without a driver (a server) the stamps' count stands in, over every request, warm-up
     # ones too, so both edges of the window are counted alike (summary column little_source)
     in_system, source = ((occupancy.rebased(t0), "driver") if occupancy.changes
@@ -106,7 +106,7 @@ def traffic_end(cfg: RunConfig, requests: list[Request]) -> float:
     return cfg.traffic.warmup_s + cfg.traffic.duration_s
 
 
-def _rebased(requests: list[Request], t0: float) -> list[Request]:
+def rebased(requests: list[Request], t0: float) -> list[Request]:
     """Express every stamp in seconds from the point's start."""
     if t0 == 0.0:
         return requests

@@ -218,7 +218,7 @@ def _run_points(plan: SweepPlan, todo: list[Key], done: set[Key], written: dict[
     local = executor.kind == "local"
     if local:       # NOTE: the plan's backend (one model load) serves every point, in this process, in order
         calls = [(plan.cfg, key, plan.backend) for key in todo]
-        baselines = sorted({k[0] for k in todo if k[0] in BASELINES and plan.cfg.backend.role != TARGET})
+        baselines = sorted({k[0] for k in todo if k[0] in BASELINES})
         cpus, setup = (plan.cfg.backend.prepare_baselines(plan.cfg, baselines, functools.partial(click.echo, err=True))
                        if baselines else (None, {}))
         fn: Callable = _announced(functools.partial(compute_point, baseline_cpus=cpus), progress)
@@ -268,7 +268,7 @@ def compute_point(cfg: RunConfig, key: Key, backend: Backend, baseline_cpus: str
     describe = backend.describe()
     model = str(describe.get("model", ""))
     trace = build_trace(cfg.traffic, rate, repeat)
-    if strategy in BASELINES and cfg.backend.role != TARGET:
+    if strategy in BASELINES:
         backend = cfg.backend.baseline(cfg, strategy, baseline_cpus)
         describe = backend.describe()
     res: PointResult = run_point(cfg, strategy, rate, repeat, backend, trace)
