@@ -1,4 +1,4 @@
-"""The plan's deliverable from one results directory, as a result file the README renders: the
+"""The four-strategy experiment's deliverable from one results directory, as a result file the README renders: the
 verdict's first line (what each strategy sustains under the SLO), the filled-in sentence (dynamic
 against naive, at the rate the verdict names), the four hypotheses answered from the run, one row
 per strategy and rate (medians over repeats), and two of the report's plots copied beside it.
