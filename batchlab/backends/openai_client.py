@@ -9,14 +9,15 @@ inside a multi-token chunk are spread evenly between chunk stamps (see `token_st
 *planned* arrival, so time lost in the load generator or waiting for a pooled connection counts
 against the server's numbers, never in its favour; the generator's own send lag is recorded
 (`point_facts()`) and a run where it is large is flagged; the send loop is LoadTarget's.
-When httpx began writing each request to the socket is kept too (`sent_at`, from httpcore's
-trace hook), so what the client library spends before a request leaves (1.5-2 ms here) can be
-told apart from what the server adds.
+When each request began to be written to the socket is kept too (`sent_at`), so what the
+client spends before a request leaves can be told apart from what the server adds.
 
-NOTE: httpx rather than the official `openai` client: one parsed JSON line per chunk costs far
-less CPU than the client's pydantic objects (the load generator shares two cores with the server),
-its pool limits and timeouts are explicit, it never retries behind our back, and
-`httpx.MockTransport` fakes servers in unit tests. Server tests use the official client.
+NOTE: not the official `openai` client: one parsed JSON line per chunk costs far less CPU than its
+pydantic objects (the load generator shares its cores with the server), and it may retry behind
+our back. A plain http:// server is read through backends/sse_http.py (httptools on an asyncio
+Protocol, events stamped inside the read callback); https:// and tests that fake a server with
+`httpx.MockTransport` go through httpx. Both never retry, and their pool limits and timeouts are
+explicit. Server tests use the official client.
 Before a run, `preflight` asks the server's `/models` whether it serves the configured model, so
 a wrong name fails in one line instead of in thousands of recorded requests. The API key comes
 from the environment only, and is masked in every error text recorded.
@@ -31,7 +32,9 @@ from typing import Any
 
 import httpx
 import numpy as np
+import orjson
 
+from batchlab.backends import sse_http
 from batchlab.backends.base import LoadTarget
 from batchlab.core.breakdown import finish
 from batchlab.core.clock import Clock
@@ -50,7 +53,8 @@ class OpenAIBackend(LoadTarget):
 
     def __init__(self, base_url: str, model: str, api_key: str = "EMPTY", timeout_s: float = 600.0,
                  prompt_format: str = "tokens", length_control: str = "ignore_eos",
-                 max_connections: int | None = None, transport: httpx.AsyncBaseTransport | None = None):
+                 max_connections: int | None = None, transport: httpx.AsyncBaseTransport | None = None,
+                 client: str = "lean"):
         super().__init__()
         self.base_url = base_url.rstrip("/")
         self.model = model
@@ -60,6 +64,7 @@ class OpenAIBackend(LoadTarget):
         self.length_control = length_control
         self.max_connections = max_connections
         self.transport = transport               # tests inject httpx.MockTransport
+        self.client = client                     # "lean" (sse_http, plain http:// only) or "httpx"
         self.salt = secrets.randbits(48)         # the synthetic prompts' salt: this process's, fresh again per session
         self.server_timing: dict[str, dict] = {}  # request id -> batchlab serve's own stamps, if sent
         self.sent_at: dict[str, float] = {}       # request id -> when httpx began writing it to the socket
@@ -74,7 +79,7 @@ class OpenAIBackend(LoadTarget):
     def describe(self) -> dict[str, Any]:
         return {"backend": "openai", "model": self.model, "base_url": self.base_url,
                 "prompt_format": self.prompt_format, "length_control": self.length_control,
-                "httpx": httpx.__version__}
+                "client": "lean" if self.lean else f"httpx {httpx.__version__}"}
 
     def prepare(self, request: Request) -> None:
         if self.prompt_format == "tokens" and request.prompt_token_ids is None:
@@ -82,10 +87,12 @@ class OpenAIBackend(LoadTarget):
         elif self.prompt_format == "text" and not request.prompt:
             request.prompt = synthetic_text(request.index, request.prompt_len, self.salt)
 
-    def session(self, concurrency: int) -> httpx.AsyncClient:
+    def session(self, concurrency: int) -> Any:
         """One client and pool for a run, sized for `concurrency` requests in flight. A run's
         synthetic prompts are its own (a fresh salt): a server's prefix cache never finds a prompt
-        it saw in an earlier run, so a rerun of the same trace costs what the first run cost."""
+        it saw in an earlier run, so a rerun of the same trace costs what the first run cost.
+        A plain http:// server is read through the lean client (backends/sse_http.py: about a
+        third of httpx's CPU per streamed request); https://, or an injected transport, through httpx."""
         self.server_timing, self.sent_at, self.started_at, self.chunk_times = {}, {}, {}, {}
         self.salt = secrets.randbits(48)
         size = self.max_connections or max(1, min(concurrency, 1024))
@@ -93,28 +100,91 @@ class OpenAIBackend(LoadTarget):
         # against every connection on each event: with 2,400 requests in flight behind 1,024
         # connections that took the client minutes of CPU after the server had drained
         self.slots = asyncio.Semaphore(size)
+        headers = {"Authorization": f"Bearer {self.api_key}"}
+        if self.lean:
+            return sse_http.Pool(self.base_url, headers, self.timeout_s)
         limits = httpx.Limits(max_connections=size, max_keepalive_connections=size)
         timeout = httpx.Timeout(self.timeout_s)            # connect, read, write and pool waits alike
-        headers = {"Authorization": f"Bearer {self.api_key}"}
         return httpx.AsyncClient(base_url=self.base_url, limits=limits, timeout=timeout,
                                  headers=headers, transport=self.transport)
 
+    @property
+    def lean(self) -> bool:
+        """Whether requests go through the lean client (plain http://, no injected transport)."""
+        return self.client == "lean" and self.transport is None and self.base_url.startswith("http://")
+
     def point_facts(self, measured_from: float, summary: dict[str, Any]) -> dict[str, Any]:
-        """The load generator's own timing error over the last run (see module docstring)."""
-        return send_lag_summary(self.send_lags)
+        """The load generator's own timing error over the last run (see module docstring), and
+        its processes if it had several."""
+        return send_lag_summary(self.send_lags) | self.split_facts
+
+    RECORDS = ("server_timing", "sent_at", "started_at", "chunk_times")
+
+    def worker_spec(self) -> tuple[type, dict[str, Any]]:
+        # NOTE: the client only, whatever subclass started a server: a process sends, it never manages
+        return OpenAIBackend, {"base_url": self.base_url, "model": self.model, "api_key": self.api_key,
+                            "timeout_s": self.timeout_s, "prompt_format": self.prompt_format,
+                            "length_control": self.length_control, "max_connections": self.max_connections,
+                            "client": self.client}
+
+    def records(self) -> dict[str, dict]:
+        return {name: getattr(self, name) for name in self.RECORDS}
+
+    def absorb(self, records: list[dict[str, dict]]) -> None:
+        for name in self.RECORDS:
+            setattr(self, name, {k: v for r in records for k, v in r[name].items()})
 
     def chunk_stamps(self, request: Request) -> list[float]:
         """One stamp per streamed chunk that carried a choice, as parsed."""
         return list(self.chunk_times.get(request.request_id, ()))
 
-    async def send(self, r: Request, client: httpx.AsyncClient, clock: Clock) -> None:
+    async def send(self, r: Request, client: Any, clock: Clock) -> None:
         """One streamed request: stamps chunks on `r`, records failures on `r`; never raises.
         Waits for a free connection of the session's pool first (the wait is part of its latency:
         its clock started at its planned arrival)."""
+        run = self._send_lean if isinstance(client, sse_http.Pool) else self._send
         if self.slots is None:
-            return await self._send(r, client, clock)
+            return await run(r, client, clock)
         async with self.slots:
-            await self._send(r, client, clock)
+            await run(r, client, clock)
+
+    async def _send_lean(self, r: Request, pool: sse_http.Pool, clock: Clock) -> None:
+        """`_send` through the lean client: each SSE event is stamped and parsed inside the
+        connection's read callback, the moment its bytes have been parsed."""
+        r.status = Status.RUNNING
+        rid = r.request_id
+        self.started_at[rid] = clock.now()
+        chunks: list[tuple[float, str]] = []
+        usage: list[dict] = []
+        now = clock.now
+
+        def on_event(data: bytes) -> bool:
+            if data == b"[DONE]":
+                return True
+            got = read_chunk(orjson.loads(data), now(), chunks)
+            if got is not None:
+                usage.append(got)
+            return False
+
+        def on_sent() -> None:
+            self.sent_at[rid] = now()
+
+        try:
+            answer = await pool.post_sse("/completions", orjson.dumps(self.body(r)), on_event, on_sent)
+        except sse_http.HTTPFailure as e:
+            r.fail(self.redact(f"timeout after {self.timeout_s:g} s ({e.kind})" if "Timeout" in e.kind else str(e)))
+            return
+        except (orjson.JSONDecodeError, ServerError) as e:
+            r.fail(self.redact(f"{type(e).__name__}: {e}"))
+            return
+        if answer.status != 200:
+            r.fail(self.redact(f"HTTP {answer.status}: {error_text(b''.join(answer.error_body))}"))
+            return
+        last = usage[-1] if usage else None
+        if last and "batchlab_timing" in last:
+            self.server_timing[rid] = last.pop("batchlab_timing")
+        self.chunk_times[rid] = [t for t, _ in chunks]
+        settle(r, chunks, last)
 
     async def _send(self, r: Request, client: httpx.AsyncClient, clock: Clock) -> None:
         r.status = Status.RUNNING
@@ -239,14 +309,19 @@ def chunk_itls(chunk_times: list[float]) -> list[float]:
 
 
 def error_message(resp: httpx.Response) -> str:
+    return error_text(resp.content)
+
+
+def error_text(raw: bytes) -> str:
+    """One line from an error answer's body: its JSON error message, else its text."""
     try:
-        err = resp.json()
+        err = json.loads(raw)
         if isinstance(err, dict):
             detail = err.get("error", err.get("detail", err))
             return one_line(str(detail.get("message", detail) if isinstance(detail, dict) else detail)[:300])
     except (json.JSONDecodeError, UnicodeDecodeError):
         pass
-    return one_line(resp.text[:300])
+    return one_line(raw.decode("utf-8", "replace")[:300])
 
 
 def send_lag_summary(lags: list[float]) -> dict[str, Any]:

@@ -101,6 +101,7 @@ class CountingClock(RealClock):
     """Each reading is one tick later than the last: shows how many stamps were taken, and in what order."""
 
     def __init__(self):
+        super().__init__()
         self.ticks = 0.0
 
     def now(self) -> float:
