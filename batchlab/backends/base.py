@@ -16,6 +16,7 @@ with getattr/hasattr: what is not declared here is not part of the contract.
 from __future__ import annotations
 
 import asyncio
+import gc
 import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
@@ -30,7 +31,6 @@ from batchlab.core.request import Request, Status
 from batchlab.core.traffic import TraceItem, make_requests
 from batchlab.core.work import MemoryBudget, Step
 
-SPIN_S = 0.0015          # the last stretch before a planned send is waited by yielding, not by a 1 ms timer
 FAIL_FAST_AFTER = 20     # a load target stops sending once this many first requests all failed the same way
 ENGINE, TARGET = "engine", "load target"      # the two roles
 
@@ -234,9 +234,11 @@ class LoadTarget(Backend):
 
     def __init__(self) -> None:
         self.send_lags: list[float] = []      # seconds between planned and actual send, last run
+        self.split_facts: dict[str, Any] = {}  # the last run's load generator processes, if it had several
 
     async def run_trace(self, trace: list[TraceItem], clock: Clock, traffic: TrafficConfig | None = None,
-                        per_user: int | None = None) -> tuple[list[Request], float]:
+                        per_user: int | None = None, t0: float | None = None, indices: list[int] | None = None,
+                        workers: int = 1) -> tuple[list[Request], float]:
         """Send every request of the trace at its planned time; returns the requests (failed
         ones included) and the clock reading their arrival offsets start from.
         A closed-loop trace (its items name their users) with the `traffic` that made it: each
@@ -246,11 +248,33 @@ class LoadTarget(Backend):
         Fails fast: once the first FAIL_FAST_AFTER requests sent have all failed the same way
         (same error once numbers are removed: a wrong model name, a refused option, a dead
         server), the rest are recorded as failed without being sent and those still in flight
-        are cancelled; every failure already recorded is kept as it was."""
+        are cancelled; every failure already recorded is kept as it was.
+        `workers` > 1: the trace is sent by that many processes (backends/split.py; open loop
+        only). A worker sends its share with `t0`, the start the parent chose, and `indices`, its
+        items' places in the whole trace."""
         self.send_lags = []
+        # NOTE: a full collection of a large heap stops the loop for milliseconds, and every send
+        # planned meanwhile leaves late; what exists before the run is never garbage during it
+        gc.collect()
+        gc.freeze()
+        try:
+            return await self._run_trace(trace, clock, traffic, per_user, t0, indices, workers)
+        finally:
+            gc.unfreeze()
+
+    async def _run_trace(self, trace, clock, traffic, per_user, t0, indices, workers) -> tuple[list[Request], float]:
+        if workers > 1:
+            from batchlab.backends.split import run_split
+            requests, t0, self.split_facts = await run_split(self, trace, clock, traffic, workers)
+            return requests, t0
         async with self.session(len(trace)) as session:
-            t0 = clock.now() + self.lead_s   # NOTE: after opening the session (a client's setup takes ms)
-            requests = make_requests(trace, t0, self.prepare, self.vocab_size())
+            # NOTE: the requests are built before the start is fixed (preparing 10,000 prompts takes
+            # a fifth of a second here: the first ones would leave late), after opening the session
+            requests = make_requests(trace, 0.0, self.prepare, self.vocab_size(), indices)
+            if t0 is None:
+                t0 = clock.now() + self.lead_s
+            for r in requests:
+                r.arrival_time += t0
             users = (ClosedLoop(traffic, trace, requests, clock, t0, prepare=self.prepare, per_user=per_user)
                      if traffic is not None and trace and trace[0].user is not None else None)
             todo = sorted((r for r in requests if not r.is_done), key=lambda r: (r.arrival_time, r.index))
@@ -288,6 +312,18 @@ class LoadTarget(Backend):
                 await wait_until(clock, r.arrival_time)
                 self.send_lags.append(clock.now() - r.arrival_time)
 
+    def worker_spec(self) -> tuple[type, dict[str, Any]]:
+        """How a load generator process rebuilds this target: its class and keyword arguments."""
+        raise NotImplementedError(f"{type(self).__name__} cannot be split across processes")
+
+    def records(self) -> dict[str, dict]:
+        """Per-request records beside the stamps (name -> request id -> value), handed back by a
+        load generator process; `absorb` merges several of them. Default: none."""
+        return {}
+
+    def absorb(self, records: list[dict[str, dict]]) -> None:
+        """Take over the records of several load generator processes."""
+
     @abstractmethod
     def session(self, concurrency: int) -> Any:
         """An async context manager for one run (an HTTP client, a batching manager's tracker),
@@ -314,11 +350,8 @@ class LoadTarget(Backend):
 
 
 async def wait_until(clock: Clock, t: float) -> None:
-    """Sleep to `t`: a timer for most of the way, then yield until due (timers are 1 ms granular)."""
-    if t - clock.now() > SPIN_S:
-        await clock.sleep(t - clock.now() - SPIN_S)
-    while clock.now() < t:
-        await clock.sleep(0)
+    """Sleep to `t` (the clock's own precise wait: see RealClock.sleep_until)."""
+    await clock.sleep_until(t)
 
 
 def common_failure(first: list[Request], sent: list[Request]) -> str | None:

@@ -33,11 +33,11 @@ class ManagedServer(OpenAIBackend):
         self.launch, self.cpus, self.facts, self.echo = launch, cpus, facts, echo
 
     async def run_trace(self, trace: list[TraceItem], clock: Clock, traffic: TrafficConfig | None = None,
-                        per_user: int | None = None) -> tuple[list[Request], float]:
+                        per_user: int | None = None, **split) -> tuple[list[Request], float]:
         # NOTE: blocking while the server starts and stops: nothing else runs in this point's loop then
         with process.managed(self.launch.name, self.launch.cmd, self.launch.url, self.launch.served,
                              self.launch.env, self.cpus, self.launch.wait_s, self.echo):
-            return await super().run_trace(trace, clock, traffic, per_user)
+            return await super().run_trace(trace, clock, traffic, per_user, **split)
 
     def describe(self) -> dict[str, Any]:
         return {**self.facts, "url": self.launch.url, "cpus": self.cpus or "unpinned"}

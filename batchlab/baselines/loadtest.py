@@ -61,13 +61,14 @@ def _lags(backend: OpenAIBackend) -> dict[str, float]:
 
 
 def open_loop(backend: OpenAIBackend, traffic: TrafficConfig, rate: float,
-              slo: SLOConfig = SLOConfig()) -> tuple[dict[str, Any], list[Request]]:
-    """One seeded trace at `rate` req/s; summary plus the generator's send lag."""
+              slo: SLOConfig = SLOConfig(), workers: int = 1) -> tuple[dict[str, Any], list[Request]]:
+    """One seeded trace at `rate` req/s, sent by `workers` processes; summary plus the
+    generator's send lag."""
     trace = build_trace(traffic, rate)
     if not trace:
         raise ConfigError(f"no arrivals in {traffic.duration_s:g} s at {rate:g} req/s: lengthen --duration")
     clock = RealClock()
-    requests, t0 = clock.run(backend.run_trace(trace, clock))
+    requests, t0 = clock.run(backend.run_trace(trace, clock, workers=workers))
     rebased(requests, t0)
     s = summarize([r for r in requests if r.arrival_time >= traffic.warmup_s], slo)
     return {"rate": rate, "arrival": traffic.arrival, "t0": t0, **s, **backend.point_facts(t0, s),
@@ -151,15 +152,19 @@ def _levels(text: str) -> list[int]:
               help="Per-request timeout, seconds.")
 @click.option("--api-key-env", default=None, metavar="NAME",
               help="Environment variable holding the API key (default: OPENAI_API_KEY if set).")
+@click.option("--workers", default=1, show_default=True, type=click.IntRange(min=1, max=64),
+              help="Open loop: processes sending each rate's trace (request i by process i mod N).")
 @click.option("--out", type=click.Path(dir_okay=False), default=None, help="Write the results as JSON here.")
 @user_errors
 def loadtest_cmd(url, model, concurrency, per_user, rate, arrival, burstiness, duration, prompt_len, output_len,
-                 prompt_format, length_control, seed, timeout, api_key_env, out) -> None:
+                 prompt_format, length_control, seed, timeout, api_key_env, workers, out) -> None:
     """Load an OpenAI-compatible server at URL (e.g. http://127.0.0.1:8000/v1)."""
     url = url.rstrip("/")
     if not url.startswith(("http://", "https://")):
         raise ConfigError(f"URL must start with http:// or https://, got {url!r}")
     levels = [] if rate else _levels(concurrency)
+    if workers > 1 and not rate:
+        raise ConfigError("--workers: a closed loop is sent by one process; give --rate for an open loop")
     if levels and per_user and max(levels) * per_user > MAX_REQUESTS_PER_POINT:
         raise ConfigError(f"--concurrency x --per-user: {max(levels) * per_user:,} requests in one level; "
                           f"the limit is {MAX_REQUESTS_PER_POINT:,}")
@@ -176,7 +181,7 @@ def loadtest_cmd(url, model, concurrency, per_user, rate, arrival, burstiness, d
     results: list[dict] = []
     if traffic is not None:
         for lam in rate:
-            summary, _ = open_loop(backend, traffic, lam)
+            summary, _ = open_loop(backend, traffic, lam, workers=workers)
             print_open(summary)
             results.append(summary)
     else:

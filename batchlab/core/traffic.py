@@ -219,14 +219,15 @@ def trace_rate(items: list[TraceItem]) -> float:
 
 
 def make_requests(trace: list[TraceItem], t0: float, prepare: Callable[[Request], None] | None = None,
-                  vocab: int | None = None) -> list[Request]:
+                  vocab: int | None = None, indices: list[int] | None = None) -> list[Request]:
     """One request per trace item, arriving at t0 + its offset, each passed to `prepare` (the
     backend's). A request `prepare` refuses (ValueError: empty prompt, longer than the model's
     context) is recorded as failed with the reason, as a server would answer it with a 400: it
     stays in the results and never runs. An item with shared content gets its token ids here,
-    within the backend's vocabulary `vocab` (core/content.py), on every backend alike."""
+    within the backend's vocabulary `vocab` (core/content.py), on every backend alike.
+    `indices`: each item's index in the whole trace, where `trace` is one load generator's share."""
     reqs = []
-    for i, item in enumerate(trace):
+    for i, item in zip(indices if indices is not None else range(len(trace)), trace):
         r = Request(f"r{i:06d}", item.prompt_len, item.output_len, t0 + item.arrival, prompt=item.prompt, index=i)
         if item.user is not None:              # closed loop: named and numbered as the user's later ones
             r.request_id, r.session_id = f"u{item.user.number:05d}-{0:06d}", item.user.number

@@ -62,6 +62,14 @@ class _Run(RunConfig):
         return self
 
     @model_validator(mode="after")
+    def _one_loop_one_process(self):
+        # NOTE: a closed loop's users are numbered by their place in one process's list, and each
+        # user's next request depends on its last answer: it is not split (yet)
+        if self.loadgen.workers > 1 and self.traffic.arrival == "closed":
+            raise ValueError("loadgen.workers: a closed loop is sent by one process; set loadgen.workers=1")
+        return self
+
+    @model_validator(mode="after")
     def _sessions_need_a_driver(self):
         # NOTE: a session's next turn exists only once its previous answer finished, which the
         # driver sees (run/driver.py, run/replicas.py); a load target sends a fixed trace by
@@ -154,6 +162,8 @@ def _ignored(cfg: RunConfig, section: str, name: str, key: str) -> str | None:
         return f": '{section}' is not among the strategies"
     if section == "traffic":
         return _traffic_ignores(cfg.traffic, name)
+    if section == "loadgen" and b.role != TARGET and not any(s in BASELINES for s in cfg.strategies):
+        return f"to backend.kind '{b.kind}' (no server is sent a trace: it runs in this process)"
     return None
 
 

@@ -44,6 +44,17 @@ def test_cli_closed_loop_prints_one_line_per_level_and_writes_json(tmp_path):
     assert [row["concurrency"] for row in json.loads(out.read_text())] == [1, 3]
 
 
+def test_cli_open_loop_split_over_two_processes_records_every_request_once(tmp_path):
+    out = tmp_path / "lt.json"
+    with running_server("continuous") as (url, _):
+        res = CliRunner().invoke(loadtest_cmd, [url + "/v1", "--rate", "30", "--duration", "1", "--output-len", "4",
+                                                "--prompt-len", "4", "--workers", "2", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    [row] = json.loads(out.read_text())
+    assert row["loadgen_workers"] == 2 and row["loadgen_restarts"] == 0
+    assert row["finished"] == row["num_requests"] > 0
+
+
 def test_cli_bad_input_is_one_line_and_exit_2():
     res = CliRunner().invoke(loadtest_cmd, ["127.0.0.1:9/v1", "--model", "m"])
     assert res.exit_code == 2 and "must start with http://" in res.output
@@ -64,6 +75,7 @@ def one_error_line(res) -> str:
     (["--rate", "5", "--duration", "nan"], "duration_s: Input should be a finite number"),
     (["--concurrency", "100000"], "--concurrency: levels must be from 1 to 65,536"),
     (["--concurrency", "1000", "--per-user", "5000"], "the limit is 1,000,000"),
+    (["--workers", "2"], "--workers: a closed loop is sent by one process"),
     (["--api-key-env", "SURELY_NOT_SET_1234"], "--api-key-env: the environment variable SURELY_NOT_SET_1234 is not set"),
 ])
 def test_cli_bad_numbers_and_keys_are_one_line_before_any_request(args, message, monkeypatch):

@@ -65,6 +65,14 @@ class ValidateConfig(Model):
         return v
 
 
+class LoadgenConfig(Model):
+    """The load generator that sends a server its trace (backend.kind openai, or a managed
+    baseline's points)."""
+    workers: Annotated[int, Field(ge=1, le=64)] = 1
+    """Processes that send one point's trace, request i by process i mod workers (open loop only):
+    past a few hundred streamed requests per second, one process's CPU and not the server sets the pace."""
+
+
 class RunConfig(Model):
     """One experiment: its traffic, strategies, SLO and output (the backend and the strategies'
     sections come from the registries, see the module docstring)."""
@@ -82,6 +90,8 @@ class RunConfig(Model):
     """The results directory (a path named latest is a link to a directory per experiment)."""
     report: bool = identity_role(NO_EFFECT, True)
     """Write report.md, report.html and the plots at the end of `run`."""
+    loadgen: LoadgenConfig = LoadgenConfig()
+    """How a server's trace is sent."""
     executor: ExecutorConfig = identity_role(IGNORED, ExecutorConfig())
     """Where points run; never part of what they mean."""
     validation: ValidateConfig = identity_role(IGNORED, ValidateConfig())

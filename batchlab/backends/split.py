@@ -1,0 +1,152 @@
+"""One point's trace sent by several processes (`loadgen.workers: N`), recorded as one.
+
+A load generator in one Python process is bound to one core: past a few hundred streamed
+requests per second its own CPU, not the server, sets the pace. Here request i goes to worker
+i mod N (interleaved, so every worker sees the whole point's time span and its own share of the
+rate); each worker is a fresh process (spawn: no event loop or connection is inherited) that
+rebuilds the target from its spec and sends its share with the ordinary send loop.
+
+One clock reference: the parent picks the start t0 on `time.perf_counter`, which reads the
+system-wide monotonic clock (CLOCK_MONOTONIC on Linux), so the same t0 means the same instant in
+every process on the machine. The offset is not assumed: each worker's clock is read against the
+parent's by a ping (its reading against the midpoint of the parent's send and receive) and the
+offsets are recorded with the point; they are microseconds on one machine.
+
+Every request is recorded exactly once: each worker hands back all of its requests, finished or
+failed, with their global indices; a worker that dies (killed, crashed) loses its share's
+answers, so the whole point is sent again from scratch (nothing of the failed attempt is kept)
+and the restart is recorded; after MAX_ATTEMPTS the point fails in one line.
+"""
+from __future__ import annotations
+
+import asyncio
+import multiprocessing as mp
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from batchlab.core.clock import Clock, RealClock
+from batchlab.core.config import TrafficConfig
+from batchlab.core.request import Request
+from batchlab.core.traffic import TraceItem
+from batchlab.errors import RunFailed
+
+READY_TIMEOUT_S = 60.0       # a worker's start (interpreter, imports) must take less than this
+START_AHEAD_S = 0.25         # t0 lies this far after the last worker said it was ready, plus
+PREPARE_S = 50e-6            # this much per request of the largest share (a worker builds its requests after "go")
+MAX_ATTEMPTS = 2             # a point whose worker died is sent again once
+
+
+@dataclass
+class Share:
+    """What one worker sends and what it hands back."""
+    indices: list[int]
+    trace: list[TraceItem]
+
+
+@dataclass
+class Sent:
+    """One worker's outcome: its requests and the target's per-request records."""
+    requests: list[Request]
+    send_lags: list[float]
+    records: dict[str, dict]
+    cpu_s: float
+
+
+class WorkerDied(RuntimeError):
+    """A worker ended without handing back its share."""
+
+
+def shares(trace: list[TraceItem], n: int) -> list[Share]:
+    """Request i to worker i mod n."""
+    return [Share(list(range(w, len(trace), n)), trace[w::n]) for w in range(n)]
+
+
+def _worker(conn, spec: tuple[type, dict], share: Share, traffic: TrafficConfig | None) -> None:
+    """A worker process: rebuild the target, answer the clock ping, wait for t0, send, hand back."""
+    cls, kwargs = spec
+    target = cls(**kwargs)
+    conn.send(("ready", os.getpid()))
+    msg = conn.recv()
+    while msg == "ping":
+        conn.send(time.perf_counter())
+        msg = conn.recv()
+    _, t0 = msg
+    clock = RealClock()
+    cpu = time.process_time()
+    requests, _ = clock.run(target.run_trace(share.trace, clock, traffic, t0=t0, indices=share.indices))
+    conn.send(Sent(requests, target.send_lags, target.records(), time.process_time() - cpu))
+    conn.close()
+
+
+def clock_offset(conn, pings: int = 5) -> float:
+    """The worker's clock minus ours, from the ping with the shortest round trip."""
+    best = None
+    for _ in range(pings):
+        t1 = time.perf_counter()
+        conn.send("ping")
+        tw = conn.recv()
+        t2 = time.perf_counter()
+        if best is None or t2 - t1 < best[0]:
+            best = (t2 - t1, tw - (t1 + t2) / 2)
+    return best[1]
+
+
+async def run_split(target, trace: list[TraceItem], clock: Clock, traffic: TrafficConfig | None,
+                    workers: int) -> tuple[list[Request], float, dict[str, Any]]:
+    """Send `trace` through `workers` processes; returns every request (in index order), t0 and
+    facts about the split (offsets, each worker's CPU, restarts)."""
+    restarts = 0
+    while True:
+        try:
+            requests, t0, facts = await _attempt(target, trace, clock, traffic, workers)
+            return requests, t0, facts | {"loadgen_restarts": restarts}
+        except WorkerDied as e:
+            restarts += 1
+            if restarts >= MAX_ATTEMPTS:
+                raise RunFailed(f"loadgen: {e}, in {restarts} attempts; the point is not recorded") from None
+            print(f"warning: loadgen: {e}; sending the point again (nothing of that attempt is kept)", flush=True)
+
+
+async def _attempt(target, trace, clock, traffic, workers):
+    ctx = mp.get_context("spawn")
+    pipes, procs = [], []
+    try:
+        for share in shares(trace, workers):
+            ours, theirs = ctx.Pipe()
+            p = ctx.Process(target=_worker, args=(theirs, target.worker_spec(), share, traffic), daemon=True)
+            p.start()
+            theirs.close()
+            pipes.append(ours)
+            procs.append(p)
+        for conn, p in zip(pipes, procs):
+            if not await asyncio.to_thread(conn.poll, READY_TIMEOUT_S):
+                raise WorkerDied(f"worker {p.pid} did not start within {READY_TIMEOUT_S:g} s")
+            _recv(conn, p)
+        offsets = [clock_offset(conn) for conn in pipes]
+        t0 = clock.now() + START_AHEAD_S + target.lead_s + PREPARE_S * -(-len(trace) // workers)
+        for conn in pipes:
+            conn.send(("go", t0))
+        sent = [await asyncio.to_thread(_recv, conn, p) for conn, p in zip(pipes, procs)]
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+            p.join(timeout=5)
+        for conn in pipes:
+            conn.close()
+    requests = sorted((r for s in sent for r in s.requests), key=lambda r: r.index)
+    target.send_lags = [lag for s in sent for lag in s.send_lags]
+    target.absorb([s.records for s in sent])
+    facts = {"loadgen_workers": workers, "loadgen_clock_offset_max_s": max(abs(o) for o in offsets),
+             "loadgen_cpu_s": [round(s.cpu_s, 3) for s in sent]}
+    return requests, t0, facts
+
+
+def _recv(conn, p) -> Any:
+    try:
+        return conn.recv()
+    except (EOFError, ConnectionError):
+        p.join(timeout=5)
+        raise WorkerDied(f"worker {p.pid} ended (exit code {p.exitcode}) before handing back its share") from None
