@@ -749,6 +749,61 @@ def closed_loop(d: dict) -> str:
     return "\n".join(lines).rstrip()
 
 
+def loadgen(d: dict) -> str:
+    """Client CPU per request and the highest rate paced on time, batchlab's client against vLLM's."""
+    names = {"lean": "batchlab (lean client)", "httpx": "batchlab through httpx", "vllm": "`vllm bench serve`"}
+    lines = [f"`{d['command']}` (stub server streaming one event per token every {d['itl_ms']:g} ms on core 1, every "
+             f"client on core 0; {d['prompt_len']}-token prompts; 1-minute load {d['load_avg_1_5_15_before'][0]:.1f} "
+             f"before, {d['load_avg_1_5_15_after'][0]:.1f} after, {d['cpus']} CPUs):", ""]
+    cpu = {k: v for k, v in d["lengths"].items() if "cpu" in v}
+    if cpu:
+        lines += ["| stream | client | CPU per request | CPU per chunk | send lag p99 | runs |", "|---|---|---|---|---|---|"]
+        for length, v in cpu.items():
+            c = v["cpu"]
+            for client, m in c["median"].items():
+                lines.append(f"| {length} tokens at {c['rate']:g} req/s | {names.get(client, client)} | "
+                             f"{m['cpu_per_request_ms']:.2f} ms | {m['cpu_per_chunk_us']:.1f} µs | "
+                             f"{m['send_lag_p99'] * 1e3:.2f} ms | {len(c['runs'][client])} |")
+        lines += ["", "Medians over the runs, each client in rotating order on the same trace. batchlab's client CPU per "
+                  "request over vLLM's client's (`cpu_per_request_ratio_vs_vllm`): " + "; ".join(
+                      f"{length} tokens **{v['cpu_per_request_ratio_vs_vllm']:.2f}×**"
+                      + (f" (through httpx {v['httpx_cpu_per_request_ratio_vs_vllm']:.2f}×)"
+                         if "httpx_cpu_per_request_ratio_vs_vllm" in v else "")
+                      for length, v in cpu.items() if "cpu_per_request_ratio_vs_vllm" in v) + ".", ""]
+    ladder = {k: v for k, v in d["lengths"].items() if "ladder" in v}
+    if ladder:
+        loose = d.get("loose_rule_s", d["lag_rule_s"])
+        lines += [f"Highest rate held: every request finished and send lag p99 ≤ {d['lag_rule_s'] * 1e3:g} ms (and, "
+                  f"beside it, ≤ {loose * 1e3:g} ms). Each rung is a new seeded trace; a client's ladder stops at "
+                  f"its first rung over {loose * 1e3:g} ms:", "",
+                  f"| stream | client | held at ≤ {d['lag_rule_s'] * 1e3:g} ms | held at ≤ {loose * 1e3:g} ms | "
+                  "send lag p99 at each rung | CPU per request at the top rung held | stub's core share there |",
+                  "|---|---|---|---|---|---|---|"]
+        for length, v in ladder.items():
+            for client, lad in v["ladder"].items():
+                rows = lad["rows"]
+                top = next((r for r in reversed(rows) if r.get("held_loose", r["held"])), None)
+                lags = ", ".join(f"{r['rate']:g}: " + ("?" if r["send_lag_p99"] is None else f"{r['send_lag_p99'] * 1e3:.2f}")
+                                 + (f" ({r['failed']} failed)" if r["failed"] else "") for r in rows)
+                held = lambda x: f"{x:g} req/s" if x else "none"  # noqa: E731
+                cpu_r = "—" if top is None or top["cpu_per_request_ms"] is None else f"{top['cpu_per_request_ms']:.2f} ms"
+                share = "—" if top is None else f"{top['stub_core_share']:.2f}"
+                name = names.get(client, client.replace("lean x", "batchlab, processes: "))
+                lines.append(f"| {length} tokens | {name} | {held(lad['held'])} | {held(lad.get('held_loose'))} | "
+                             f"{lags} ms | {cpu_r} | {share} |")
+        for length, v in ladder.items():
+            one, split = v["ladder"].get("lean"), next((x for k, x in v["ladder"].items() if k.startswith("lean x")), None)
+            if one and split:
+                a = {r["rate"]: r["cpu_per_request_ms"] for r in one["rows"] if r["finished"] == r["requests"]}
+                b = {r["rate"]: r["cpu_per_request_ms"] for r in split["rows"] if r["finished"] == r["requests"]}
+                both = sorted(set(a) & set(b))
+                if both:
+                    ratio = statistics.median(b[x] / a[x] for x in both)
+                    lines.append(f"\n{length} tokens: CPU per request of the processes together over one process's, "
+                                 f"median over the {len(both)} rungs both completed: {ratio:.2f}×.")
+    return "\n".join(lines).rstrip()
+
+
 def plan_cpu(d: dict) -> str:
     """The plan's experiment: verdict, sentence, hypotheses, a row per strategy and rate, two plots."""
     t, su = d["config"]["traffic"], d["setup"]
@@ -778,7 +833,7 @@ RENDER = {"sim_speed": sim_speed, "hf_dynamic_vs_naive": hf_dynamic_vs_naive, "e
           "validate_sim": validate_sim, "serving": serving, "client_vs_vllm_bench": client_vs_vllm_bench,
           "prefix_cache": prefix_cache, "policies": policies, "ray_sweep": ray_sweep,
           "roofline_check": roofline_check, "size_search": size_search, "length_grouping": length_grouping,
-          "four_modes": four_modes, "closed_loop": closed_loop,
+          "four_modes": four_modes, "closed_loop": closed_loop, "loadgen": loadgen,
           "plan_cpu": plan_cpu}
 # Result files written by a benchmark with other settings (serving-max-num-seqs-128.json, ...) use its renderer.
 FAMILIES = {"serving-": serving, "validate_sim_": validate_sim, "twin_": twin, "four_modes_": four_modes,

@@ -1,6 +1,6 @@
 """A streaming stub of an OpenAI-compatible server: what a load generator is measured against.
 
-It answers `GET /v1/models` and streamed `POST /v1/completions` the way vLLM does (one SSE event
+It answers `GET /health`, `GET /v1/models` and streamed `POST /v1/completions` the way vLLM does (one SSE event
 per token, `choices[0].text`, a final usage event when `stream_options.include_usage` is set,
 `data: [DONE]`), over HTTP/1.1 keep-alive with chunked transfer encoding, and computes nothing:
 every `itl_s` seconds one step writes the next token of every active stream, as a server stepping
@@ -131,7 +131,9 @@ class StubProtocol(asyncio.Protocol):
         url, body, self.url, self.body = self.url, b"".join(self.body), b"", []
         method = self.parser.get_method()
         path = url.split(b"?", 1)[0]
-        if method == b"GET" and path == b"/v1/models":
+        if method == b"GET" and path == b"/health":
+            self.transport.write(plain(200, {"status": "ok"}))
+        elif method == b"GET" and path == b"/v1/models":
             self.transport.write(plain(200, {"object": "list", "data": [{"id": self.model, "object": "model"}]}))
         elif method == b"POST" and path == b"/v1/completions":
             self.completion(body)

@@ -319,7 +319,7 @@ def line(rep: int, row: dict) -> str:
     return (f"#{rep + 1} {row['order']}: batchlab/vLLM p50 " + ", ".join(cells) +
             " | mean over the server's own, ms: " + ", ".join(over) +
             f" | send lag p50 {b['send_lag_p50'] * 1e3:.2f}/{v.get('send_lag_p50', float('nan')) * 1e3:.2f} ms, "
-            f"httpx pre-send p50 {(b['pre_send_p50'] or float('nan')) * 1e3:.2f} ms | client CPU "
+            f"client pre-send p50 {(b['pre_send_p50'] or float('nan')) * 1e3:.2f} ms | client CPU "
             f"{b['client_cpu_s']:.2f}/{v['client_cpu_s'] or float('nan'):.2f} s, foreign CPU {foreign:.2f} s")
 
 
