@@ -770,6 +770,12 @@ def loadgen(d: dict) -> str:
                       + (f" (through httpx {v['httpx_cpu_per_request_ratio_vs_vllm']:.2f}×)"
                          if "httpx_cpu_per_request_ratio_vs_vllm" in v else "")
                       for length, v in cpu.items() if "cpu_per_request_ratio_vs_vllm" in v) + ".", ""]
+    return "\n".join(lines + _loadgen_ladder(d, names)).rstrip()
+
+
+def _loadgen_ladder(d: dict, names: dict[str, str]) -> list[str]:
+    """The ladder of rates: what each client held under the two send-lag rules."""
+    lines: list[str] = []
     ladder = {k: v for k, v in d["lengths"].items() if "ladder" in v}
     if ladder:
         loose = d.get("loose_rule_s", d["lag_rule_s"])
@@ -801,7 +807,7 @@ def loadgen(d: dict) -> str:
                     ratio = statistics.median(b[x] / a[x] for x in both)
                     lines.append(f"\n{length} tokens: CPU per request of the processes together over one process's, "
                                  f"median over the {len(both)} rungs both completed: {ratio:.2f}×.")
-    return "\n".join(lines).rstrip()
+    return lines
 
 
 def plan_cpu(d: dict) -> str:
