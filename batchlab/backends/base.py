@@ -238,7 +238,7 @@ class LoadTarget(Backend):
 
     async def run_trace(self, trace: list[TraceItem], clock: Clock, traffic: TrafficConfig | None = None,
                         per_user: int | None = None, t0: float | None = None, indices: list[int] | None = None,
-                        workers: int = 1) -> tuple[list[Request], float]:
+                        workers: int = 1, spread: str = "local") -> tuple[list[Request], float]:
         """Send every request of the trace at its planned time; returns the requests (failed
         ones included) and the clock reading their arrival offsets start from.
         A closed-loop trace (its items name their users) with the `traffic` that made it: each
@@ -249,8 +249,8 @@ class LoadTarget(Backend):
         (same error once numbers are removed: a wrong model name, a refused option, a dead
         server), the rest are recorded as failed without being sent and those still in flight
         are cancelled; every failure already recorded is kept as it was.
-        `workers` > 1: the trace is sent by that many processes (backends/split.py; open loop
-        only). A worker sends its share with `t0`, the start the parent chose, and `indices`, its
+        `workers` > 1: the trace is sent by that many processes, or Ray actors where `spread` is
+        ray (backends/split.py; open loop only). A worker sends its share with `t0`, the start the parent chose, and `indices`, its
         items' places in the whole trace."""
         self.send_lags = []
         # NOTE: a full collection of a large heap stops the loop for milliseconds, and every send
@@ -258,14 +258,14 @@ class LoadTarget(Backend):
         gc.collect()
         gc.freeze()
         try:
-            return await self._run_trace(trace, clock, traffic, per_user, t0, indices, workers)
+            return await self._run_trace(trace, clock, traffic, per_user, t0, indices, workers, spread)
         finally:
             gc.unfreeze()
 
-    async def _run_trace(self, trace, clock, traffic, per_user, t0, indices, workers) -> tuple[list[Request], float]:
+    async def _run_trace(self, trace, clock, traffic, per_user, t0, indices, workers, spread) -> tuple[list[Request], float]:
         if workers > 1:
             from batchlab.backends.split import run_split
-            requests, t0, self.split_facts = await run_split(self, trace, clock, traffic, workers)
+            requests, t0, self.split_facts = await run_split(self, trace, clock, traffic, workers, spread)
             return requests, t0
         async with self.session(len(trace)) as session:
             # NOTE: the requests are built before the start is fixed (preparing 10,000 prompts takes

@@ -12,6 +12,12 @@ every process on the machine. The offset is not assumed: each worker's clock is 
 parent's by a ping (its reading against the midpoint of the parent's send and receive) and the
 offsets are recorded with the point; they are microseconds on one machine.
 
+On Ray (`loadgen.kind: ray`) each share is sent by a Ray actor, spread over the cluster's nodes.
+An actor on the parent's node reads the same monotonic clock and its offset is taken as zero
+(measured and recorded all the same); an actor on another node gets the start in its own clock
+(t0 plus its measured offset), and every stamp it hands back is moved into the parent's clock by
+the same offset, whose uncertainty (half the ping's round trip) is recorded with the point.
+
 Every request is recorded exactly once: each worker hands back all of its requests, finished or
 failed, with their global indices; a worker that dies (killed, crashed) loses its share's
 answers, so the whole point is sent again from scratch (nothing of the failed attempt is kept)
@@ -94,13 +100,14 @@ def clock_offset(conn, pings: int = 5) -> float:
 
 
 async def run_split(target, trace: list[TraceItem], clock: Clock, traffic: TrafficConfig | None,
-                    workers: int) -> tuple[list[Request], float, dict[str, Any]]:
-    """Send `trace` through `workers` processes; returns every request (in index order), t0 and
-    facts about the split (offsets, each worker's CPU, restarts)."""
+                    workers: int, kind: str = "local") -> tuple[list[Request], float, dict[str, Any]]:
+    """Send `trace` through `workers` processes (`kind` local) or Ray actors (ray); returns every
+    request (in index order), t0 and facts about the split (offsets, each worker's CPU, restarts)."""
+    attempt = _attempt_ray if kind == "ray" else _attempt
     restarts = 0
     while True:
         try:
-            requests, t0, facts = await _attempt(target, trace, clock, traffic, workers)
+            requests, t0, facts = await attempt(target, trace, clock, traffic, workers)
             return requests, t0, facts | {"loadgen_restarts": restarts}
         except WorkerDied as e:
             restarts += 1
@@ -139,7 +146,90 @@ async def _attempt(target, trace, clock, traffic, workers):
     requests = sorted((r for s in sent for r in s.requests), key=lambda r: r.index)
     target.send_lags = [lag for s in sent for lag in s.send_lags]
     target.absorb([s.records for s in sent])
-    facts = {"loadgen_workers": workers, "loadgen_clock_offset_max_s": max(abs(o) for o in offsets),
+    facts = {"loadgen_workers": workers, "loadgen_kind": "local", "loadgen_clock_offset_max_s": max(abs(o) for o in offsets),
+             "loadgen_cpu_s": [round(s.cpu_s, 3) for s in sent]}
+    return requests, t0, facts
+
+
+class LoadgenActor:
+    """One load generator on a Ray worker (wrapped by ray.remote in `_attempt_ray`)."""
+
+    def __init__(self, spec: tuple[type, dict]):
+        cls, kwargs = spec
+        self.target = cls(**kwargs)
+
+    def where(self) -> tuple[str, float]:
+        """This actor's node and its clock's reading now."""
+        import ray
+        return ray.get_runtime_context().get_node_id(), time.perf_counter()
+
+    def run(self, share: Share, traffic: TrafficConfig | None, t0: float) -> Sent:
+        clock = RealClock()
+        cpu = time.process_time()
+        requests, _ = clock.run(self.target.run_trace(share.trace, clock, traffic, t0=t0, indices=share.indices))
+        return Sent(requests, self.target.send_lags, self.target.records(), time.process_time() - cpu)
+
+
+def ray_offset(actor, ray, pings: int = 5) -> tuple[str, float, float]:
+    """(the actor's node, its clock minus ours, the round trip of the ping that measured it)."""
+    best = None
+    for _ in range(pings):
+        t1 = time.perf_counter()
+        node, tw = ray.get(actor.where.remote(), timeout=READY_TIMEOUT_S)
+        t2 = time.perf_counter()
+        if best is None or t2 - t1 < best[2]:
+            best = (node, tw - (t1 + t2) / 2, t2 - t1)
+    return best
+
+
+def shift(sent: Sent, by: float) -> None:
+    """Move every stamp of an actor's answer by `by` seconds (into the parent's clock)."""
+    if by == 0.0:
+        return
+    for r in sent.requests:
+        r.arrival_time += by
+        if r.scheduled_time is not None:
+            r.scheduled_time += by
+        r.token_times[:] = [t + by for t in r.token_times]
+    for name in ("sent_at", "started_at"):
+        sent.records[name] = {k: v + by for k, v in sent.records.get(name, {}).items()}
+    sent.records["chunk_times"] = {k: [t + by for t in v] for k, v in sent.records.get("chunk_times", {}).items()}
+
+
+async def _attempt_ray(target, trace, clock, traffic, workers):
+    try:
+        import ray
+    except ImportError:
+        raise RunFailed("loadgen.kind ray needs the ray extra (pip install 'batchlab[ray]')") from None
+    if not ray.is_initialized():
+        ray.init(address=os.environ.get("RAY_ADDRESS"), include_dashboard=False, log_to_driver=False,
+                 logging_level="WARNING")
+    remote = ray.remote(num_cpus=1, max_restarts=0, scheduling_strategy="SPREAD")(LoadgenActor)
+    actors = [remote.remote(target.worker_spec()) for _ in range(workers)]
+    here = ray.get_runtime_context().get_node_id()
+    try:
+        try:
+            where = [ray_offset(a, ray) for a in actors]
+            # NOTE: on this node the clock is the same one: a measured offset would only add its error
+            offsets = [0.0 if node == here else off for node, off, _ in where]
+            t0 = clock.now() + START_AHEAD_S + target.lead_s + PREPARE_S * -(-len(trace) // workers)
+            refs = [a.run.remote(share, traffic, t0 + off)
+                    for a, share, off in zip(actors, shares(trace, workers), offsets)]
+            sent = await asyncio.to_thread(ray.get, refs)
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as e:
+            raise WorkerDied(f"a Ray load generator ended before handing back its share ({type(e).__name__})") from None
+    finally:
+        for a in actors:
+            ray.kill(a)
+    for s, off in zip(sent, offsets):
+        shift(s, -off)
+    requests = sorted((r for s in sent for r in s.requests), key=lambda r: r.index)
+    target.send_lags = [lag for s in sent for lag in s.send_lags]
+    target.absorb([s.records for s in sent])
+    facts = {"loadgen_workers": workers, "loadgen_kind": "ray", "loadgen_nodes": len({n for n, _, _ in where}),
+             "loadgen_clock_offset_max_s": max(abs(o) for _, o, _ in where),
+             "loadgen_clock_uncertainty_s": max(rtt / 2 for (node, _, rtt) in where if node != here)
+             if any(node != here for node, _, _ in where) else 0.0,
              "loadgen_cpu_s": [round(s.cpu_s, 3) for s in sent]}
     return requests, t0, facts
 

@@ -164,6 +164,8 @@ def _ignored(cfg: RunConfig, section: str, name: str, key: str) -> str | None:
         return _traffic_ignores(cfg.traffic, name)
     if section == "loadgen" and b.role != TARGET and not any(s in BASELINES for s in cfg.strategies):
         return f"to backend.kind '{b.kind}' (no server is sent a trace: it runs in this process)"
+    if key == "loadgen.kind" and cfg.loadgen.workers == 1:
+        return "with loadgen.workers 1 (the trace is sent by this process)"
     return None
 
 

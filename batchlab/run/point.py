@@ -47,7 +47,7 @@ async def run_trace(cfg: RunConfig, strategy: str, trace: list[TraceItem], backe
     is driven under the strategy's scheduler. `occupancy` collects the driver's count of requests
     in the system (untouched by a load target)."""
     if isinstance(backend, LoadTarget):
-        return await backend.run_trace(trace, clock, cfg.traffic, workers=cfg.loadgen.workers)
+        return await backend.run_trace(trace, clock, cfg.traffic, workers=cfg.loadgen.workers, spread=cfg.loadgen.kind)
     return await drive_trace(cfg, strategy, trace, backend, clock, occupancy)
 
 

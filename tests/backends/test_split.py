@@ -15,10 +15,10 @@ import pytest
 pytest.importorskip("httptools")
 
 from batchlab.backends.openai_client import OpenAIBackend  # noqa: E402
-from batchlab.backends.split import shares  # noqa: E402
+from batchlab.backends.split import Sent, shares, shift  # noqa: E402
 from batchlab.baselines import stub_server  # noqa: E402
 from batchlab.core.clock import RealClock  # noqa: E402
-from batchlab.core.request import Status  # noqa: E402
+from batchlab.core.request import Request, Status  # noqa: E402
 from batchlab.core.traffic import TraceItem  # noqa: E402
 from batchlab.errors import ConfigError  # noqa: E402
 from batchlab.run.config import load_config  # noqa: E402
@@ -110,3 +110,32 @@ def test_a_closed_loop_is_not_split_and_workers_on_the_simulator_earn_a_warning(
     from batchlab.run.config import config_warnings
     cfg = load_config(None, ["loadgen.workers=2"])
     assert any(w.startswith("loadgen.workers does not apply to backend.kind 'sim'") for w in config_warnings(cfg))
+    cfg = load_config(None, ["backend.kind=openai", "backend.base_url=http://127.0.0.1:1/v1", "backend.model=m",
+                             "strategies=[server]", "loadgen.kind=ray"])
+    assert any(w.startswith("loadgen.kind does not apply with loadgen.workers 1") for w in config_warnings(cfg))
+
+
+def test_an_actor_on_another_node_has_every_stamp_moved_into_the_parents_clock():
+    r = Request("r000003", 4, 2, 105.0, index=3)
+    r.scheduled_time, r.token_times = 105.5, [106.0, 106.25]
+    sent = Sent([r], [0.0], {"sent_at": {"r000003": 105.1}, "started_at": {"r000003": 105.05},
+                             "chunk_times": {"r000003": [106.0, 106.25]}, "server_timing": {"r000003": {"t": 7.0}}}, 0.1)
+    shift(sent, -100.0)
+    assert (r.arrival_time, r.scheduled_time, r.token_times) == (5.0, 5.5, [6.0, 6.25])
+    assert sent.records["sent_at"]["r000003"] == pytest.approx(5.1)
+    assert sent.records["started_at"]["r000003"] == pytest.approx(5.05)
+    assert sent.records["chunk_times"]["r000003"] == [6.0, 6.25]
+    assert sent.records["server_timing"]["r000003"] == {"t": 7.0}     # the server's own clock: untouched
+
+
+def test_ray_actors_send_the_trace_and_every_request_is_recorded_once(stub, ray_local):
+    trace = [TraceItem(i / 100.0, 6, 4) for i in range(80)]
+    backend = OpenAIBackend(stub, "stub")
+    clock = RealClock()
+    requests, t0 = clock.run(backend.run_trace(trace, clock, workers=2, spread="ray"))
+    assert [r.index for r in requests] == list(range(80))
+    assert all(r.status is Status.FINISHED and len(r.token_times) == 4 for r in requests)
+    assert all(abs(r.arrival_time - (t0 + r.index / 100.0)) < 1e-9 for r in requests)
+    facts = backend.split_facts
+    assert facts["loadgen_kind"] == "ray" and facts["loadgen_nodes"] == 1 and facts["loadgen_restarts"] == 0
+    assert facts["loadgen_clock_uncertainty_s"] == 0.0          # one node: the same clock, no offset applied

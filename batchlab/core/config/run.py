@@ -71,6 +71,9 @@ class LoadgenConfig(Model):
     workers: Annotated[int, Field(ge=1, le=64)] = 1
     """Processes that send one point's trace, request i by process i mod workers (open loop only):
     past a few hundred streamed requests per second, one process's CPU and not the server sets the pace."""
+    kind: Literal["local", "ray"] = "local"
+    """Where those processes run: local, on this machine; ray, as Ray actors spread over the
+    cluster's nodes (the cluster of executor.kind ray, or $RAY_ADDRESS), their clock offsets measured."""
 
 
 class RunConfig(Model):
