@@ -101,6 +101,48 @@ def one(kind: str, url: str, bench, trace, name: str, workers: int, stub_pid: in
     return row
 
 
+def parse_cost_us(n: int = 100_000) -> float:
+    """Microseconds per streamed event for the lean client's own work, without the event loop or
+    the kernel: the connection's read callback fed one stub event at a time (httptools' chunked
+    decoding, the SSE split, orjson and the stamp, as in OpenAIBackend._send_lean)."""
+    import asyncio
+
+    import orjson
+
+    from batchlab.backends import sse_http
+    from batchlab.backends.openai_client import read_chunk
+    from batchlab.baselines.stub_server import HEAD, Stream
+
+    class Sink:
+        def is_closing(self) -> bool:
+            return False
+
+        def write(self, data: bytes) -> None:
+            pass
+
+    async def main() -> float:
+        pool = sse_http.Pool("http://127.0.0.1:1/v1", {}, 10.0)
+        pool.loop = asyncio.get_running_loop()
+        conn, chunks, now = sse_http.Connection(pool), [], time.perf_counter
+        conn.transport = Sink()
+
+        def on_event(data: bytes) -> bool:
+            if data == b"[DONE]":
+                return True
+            read_chunk(orjson.loads(data), now(), chunks)
+            return False
+        conn.answer = sse_http.Answer(on_event)
+        conn.data_received(HEAD)
+        stream = Stream(Sink(), "tiny", 32, n + 1, True)
+        stream.prefix = b'{"id":"cmpl-stub","object":"text_completion","created":0,"model":"tiny","choices":[{"index":0,'
+        events = [stream.next_event() for _ in range(n)]
+        t = time.perf_counter()
+        for e in events:
+            conn.data_received(e)
+        return (time.perf_counter() - t) / n * 1e6
+    return min(asyncio.run(main()) for _ in range(3))
+
+
 def label(kind: str, workers: int) -> str:
     return kind if workers == 1 else f"{kind} x{workers}"
 
@@ -149,6 +191,7 @@ def cpu_part(args, clients: list[str], length: int, url: str, bench, stub_pid: i
     """Every client on one trace, --repeats times in rotating order; medians and the ratios."""
     rate = CPU_RATE[length]
     trace = vllm_bench.make_trace(rate, args.cpu_seconds, 32, length, 0)
+    out["lean_parse_us_per_event"] = parse_cost_us()
     runs: dict[str, list] = {c: [] for c in clients}
     for rep in range(args.repeats):
         for c in clients[rep % len(clients):] + clients[:rep % len(clients)]:

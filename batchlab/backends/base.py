@@ -250,9 +250,9 @@ class LoadTarget(Backend):
         server), the rest are recorded as failed without being sent and those still in flight
         are cancelled; every failure already recorded is kept as it was.
         `workers` > 1: the trace is sent by that many processes, or Ray actors where `spread` is
-        ray (backends/split.py; open loop only). A worker sends its share with `t0`, the start the parent chose, and `indices`, its
-        items' places in the whole trace."""
-        self.send_lags = []
+        ray (backends/split.py; open loop only). A worker sends its share with `t0`, the start
+        the parent chose, and `indices`, its items' places in the whole trace."""
+        self.send_lags, self.split_facts = [], {}
         # NOTE: a full collection of a large heap stops the loop for milliseconds, and every send
         # planned meanwhile leaves late; what exists before the run is never garbage during it
         gc.collect()
