@@ -37,7 +37,8 @@ class _Run(RunConfig):
             return data
         backend = {"kind": "sim"} | data.get("backend", {})
         known = kinds()
-        chosen = known.get(backend["kind"])
+        # NOTE: a kind that is not a string (a list, a number) is left for the model to refuse in one line
+        chosen = known.get(backend["kind"]) if isinstance(backend["kind"], str) else None
         if chosen is not None:
             others = {f for k, m in known.items() if m is not chosen for f in m.model_fields} - set(chosen.model_fields)
             backend = {k: v for k, v in backend.items() if k not in others}

@@ -56,6 +56,8 @@ def test_an_unknown_kind_or_key_is_one_line():
         load_config(None, ["backend.kind=tpu"])
     with pytest.raises(ConfigError, match=r"^backend.presett: unknown key$"):
         load_config(None, ["backend.presett=toy"])
+    with pytest.raises(ConfigError, match=r"^backend: Input tag '\[1.0\]' .* does not match any of the expected tags"):
+        load_config(None, ["backend.kind=[1.0]"])               # not a string: refused, not a TypeError
 
 
 def test_a_load_target_takes_only_its_own_strategy_and_no_sessions():
