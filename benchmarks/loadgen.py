@@ -68,7 +68,7 @@ def batchlab_run(url: str, trace, client: str, workers: int = 1) -> dict:
     clock = RealClock()
     cpu = time.process_time()
     requests, _ = clock.run(backend.run_trace(trace, clock, workers=workers))
-    cpu = time.process_time() - cpu + sum(backend.split_facts.get("loadgen_cpu_s", []))
+    cpu = time.process_time() - cpu + backend.split_facts.get("loadgen_cpu_s", 0.0)
     lags = np.array(backend.send_lags)
     ok = [r for r in requests if r.status is Status.FINISHED]
     return {"cpu_s": cpu, "requests": len(requests), "finished": len(ok), "failed": len(requests) - len(ok),

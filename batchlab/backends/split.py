@@ -147,7 +147,7 @@ async def _attempt(target, trace, clock, traffic, workers):
     target.send_lags = [lag for s in sent for lag in s.send_lags]
     target.absorb([s.records for s in sent])
     facts = {"loadgen_workers": workers, "loadgen_kind": "local", "loadgen_clock_offset_max_s": max(abs(o) for o in offsets),
-             "loadgen_cpu_s": [round(s.cpu_s, 3) for s in sent]}
+             **cpu_facts(sent)}
     return requests, t0, facts
 
 
@@ -230,8 +230,13 @@ async def _attempt_ray(target, trace, clock, traffic, workers):
              "loadgen_clock_offset_max_s": max(abs(o) for _, o, _ in where),
              "loadgen_clock_uncertainty_s": max(rtt / 2 for (node, _, rtt) in where if node != here)
              if any(node != here for node, _, _ in where) else 0.0,
-             "loadgen_cpu_s": [round(s.cpu_s, 3) for s in sent]}
+             **cpu_facts(sent)}
     return requests, t0, facts
+
+
+def cpu_facts(sent: list[Sent]) -> dict[str, float]:
+    """The processes' CPU seconds inside their send loops: in all, and the busiest one's."""
+    return {"loadgen_cpu_s": sum(s.cpu_s for s in sent), "loadgen_cpu_max_s": max(s.cpu_s for s in sent)}
 
 
 def _recv(conn, p) -> Any:
