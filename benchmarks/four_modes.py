@@ -30,6 +30,7 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 
 from batchlab.report.load import load_results
 from batchlab.run.config import load_user_config
@@ -76,9 +77,15 @@ def run_modes(n: int, seed: int, backend: str = "sim") -> dict[str, dict]:
             cfg = load_user_config(None, [*sets_of_backend, "traffic.arrival=trace",
                                           f"traffic.trace_file={trace}", "traffic.warmup_s=0", "report=false",
                                           *sets])
-            summary, _, _ = load_results(run_sweep(cfg, Path(tmp) / name.replace(" ", "_").replace(",", "")))
+            out = run_sweep(cfg, Path(tmp) / name.replace(" ", "_").replace(",", ""))
+            summary, _, _ = load_results(out)
             s = summary.iloc[0]
             row = {k: float(s[k]) for k in ("throughput_tok_s", "ttft_mean", "ttft_p99", "itl_p99", "e2e_p50")}
+            # each request's longest gap between tokens (requests.csv keeps it): p99 ITL pools every
+            # gap, so a few long stalls can sit above it while many shorter ones set it
+            longest = pd.read_csv(out / "requests.csv")["itl_max"].dropna()
+            if len(longest):
+                row |= {"itl_max_p50": float(longest.median()), "itl_max": float(longest.max())}
             error = s.get("top_error")
             row |= {"finished": int(s["finished"]), "requests": int(s["num_requests"]),
                     "preemptions": int(s.get("preemptions", 0) or 0), "top_error": error if isinstance(error, str) else ""}
