@@ -104,13 +104,11 @@ def one(kind: str, url: str, bench, trace, name: str, workers: int, stub_pid: in
 def parse_cost_us(n: int = 100_000) -> float:
     """Microseconds per streamed event for the lean client's own work, without the event loop or
     the kernel: the connection's read callback fed one stub event at a time (httptools' chunked
-    decoding, the SSE split, orjson and the stamp, as in OpenAIBackend._send_lean)."""
+    decoding, the SSE split, and openai_client.Events: orjson and the stamp)."""
     import asyncio
 
-    import orjson
-
     from batchlab.backends import sse_http
-    from batchlab.backends.openai_client import read_chunk
+    from batchlab.backends.openai_client import Events
     from batchlab.baselines.stub_server import HEAD, Stream
 
     class Sink:
@@ -123,18 +121,11 @@ def parse_cost_us(n: int = 100_000) -> float:
     async def main() -> float:
         pool = sse_http.Pool("http://127.0.0.1:1/v1", {}, 10.0)
         pool.loop = asyncio.get_running_loop()
-        conn, chunks, now = sse_http.Connection(pool), [], time.perf_counter
+        conn = sse_http.Connection(pool)
         conn.transport = Sink()
-
-        def on_event(data: bytes) -> bool:
-            if data == b"[DONE]":
-                return True
-            read_chunk(orjson.loads(data), now(), chunks)
-            return False
-        conn.answer = sse_http.Answer(on_event)
+        conn.answer = sse_http.Answer(Events(time.perf_counter).feed)
         conn.data_received(HEAD)
         stream = Stream(Sink(), "tiny", 32, n + 1, True)
-        stream.prefix = b'{"id":"cmpl-stub","object":"text_completion","created":0,"model":"tiny","choices":[{"index":0,'
         events = [stream.next_event() for _ in range(n)]
         t = time.perf_counter()
         for e in events:

@@ -254,8 +254,8 @@ class LoadTarget(Backend):
         the parent chose, and `indices`, its items' places in the whole trace."""
         self.send_lags, self.split_facts = [], {}
         # NOTE: a full collection of a large heap stops the loop for milliseconds, and every send
-        # planned meanwhile leaves late; what exists before the run is never garbage during it
-        gc.collect()
+        # planned meanwhile leaves late: what exists before the run is set aside from the collector
+        # (no collection first: garbage among it is only collected after the run, once unfrozen)
         gc.freeze()
         try:
             return await self._run_trace(trace, clock, traffic, per_user, t0, indices, workers, spread)
@@ -281,7 +281,7 @@ class LoadTarget(Backend):
             tasks: list[asyncio.Task] = []
             first, failure = todo[:FAIL_FAST_AFTER], None
             for i, r in enumerate(todo):
-                await wait_until(clock, r.arrival_time)
+                await clock.sleep_until(r.arrival_time)
                 if first and i >= FAIL_FAST_AFTER and all(q.is_done for q in first):
                     failure, first = common_failure(first, todo[:i]), []     # decided once
                 if failure:
@@ -309,7 +309,7 @@ class LoadTarget(Backend):
             await self.send(r, session, clock)
             r = users.next_turn(r)
             if r is not None:
-                await wait_until(clock, r.arrival_time)
+                await clock.sleep_until(r.arrival_time)
                 self.send_lags.append(clock.now() - r.arrival_time)
 
     def worker_spec(self) -> tuple[type, dict[str, Any]]:
@@ -347,11 +347,6 @@ class LoadTarget(Backend):
         server's streamed chunks): what a black-box profile reads step times from. Default: the
         token stamps (a target that hands tokens over one at a time)."""
         return list(request.token_times)
-
-
-async def wait_until(clock: Clock, t: float) -> None:
-    """Sleep to `t` (the clock's own precise wait: see RealClock.sleep_until)."""
-    await clock.sleep_until(t)
 
 
 def common_failure(first: list[Request], sent: list[Request]) -> str | None:

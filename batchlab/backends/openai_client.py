@@ -28,6 +28,7 @@ import asyncio
 import json
 import os
 import secrets
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -67,7 +68,7 @@ class OpenAIBackend(LoadTarget):
         self.client = client                     # "lean" (sse_http, plain http:// only) or "httpx"
         self.salt = secrets.randbits(48)         # the synthetic prompts' salt: this process's, fresh again per session
         self.server_timing: dict[str, dict] = {}  # request id -> batchlab serve's own stamps, if sent
-        self.sent_at: dict[str, float] = {}       # request id -> when httpx began writing it to the socket
+        self.sent_at: dict[str, float] = {}       # request id -> when the client began writing it to the socket
         self.started_at: dict[str, float] = {}    # request id -> when its send coroutine began (vLLM's start)
         self.chunk_times: dict[str, list[float]] = {}  # request id -> one stamp per chunk with a choice
         self.slots: asyncio.Semaphore | None = None     # the session's pool size: requests beyond it wait here
@@ -154,43 +155,28 @@ class OpenAIBackend(LoadTarget):
         r.status = Status.RUNNING
         rid = r.request_id
         self.started_at[rid] = clock.now()
-        chunks: list[tuple[float, str]] = []
-        usage: list[dict] = []
-        now = clock.now
-
-        def on_event(data: bytes) -> bool:
-            if data == b"[DONE]":
-                return True
-            got = read_chunk(orjson.loads(data), now(), chunks)
-            if got is not None:
-                usage.append(got)
-            return False
+        events = Events(clock.now)
 
         def on_sent() -> None:
-            self.sent_at[rid] = now()
+            self.sent_at[rid] = clock.now()
 
         try:
-            answer = await pool.post_sse("/completions", orjson.dumps(self.body(r)), on_event, on_sent)
+            answer = await pool.post_sse("/completions", orjson.dumps(self.body(r)), events.feed, on_sent)
         except sse_http.HTTPFailure as e:
             r.fail(self.redact(f"timeout after {self.timeout_s:g} s ({e.kind})" if "Timeout" in e.kind else str(e)))
             return
-        except (orjson.JSONDecodeError, ServerError) as e:
+        except (json.JSONDecodeError, ServerError) as e:
             r.fail(self.redact(f"{type(e).__name__}: {e}"))
             return
         if answer.status != 200:
             r.fail(self.redact(f"HTTP {answer.status}: {error_text(b''.join(answer.error_body))}"))
             return
-        last = usage[-1] if usage else None
-        if last and "batchlab_timing" in last:
-            self.server_timing[rid] = last.pop("batchlab_timing")
-        self.chunk_times[rid] = [t for t, _ in chunks]
-        settle(r, chunks, last)
+        self._settle(r, events)
 
     async def _send(self, r: Request, client: httpx.AsyncClient, clock: Clock) -> None:
         r.status = Status.RUNNING
         self.started_at[r.request_id] = clock.now()   # where vllm bench serve starts its clock (st)
-        chunks: list[tuple[float, str]] = []
-        usage: dict | None = None
+        events = Events(clock.now)
 
         async def trace(event: str, info: dict) -> None:      # httpcore's hook; MockTransport never calls it
             if event == "http11.send_request_headers.started":
@@ -203,17 +189,22 @@ class OpenAIBackend(LoadTarget):
                     await resp.aread()
                     r.fail(self.redact(f"HTTP {resp.status_code}: {error_message(resp)}"))
                     return
-                usage = await read_stream(resp, clock, chunks)
-                if usage and "batchlab_timing" in usage:
-                    self.server_timing[r.request_id] = usage.pop("batchlab_timing")
+                await read_stream(resp, events)
         except httpx.TimeoutException as e:
             r.fail(f"timeout after {self.timeout_s:g} s ({type(e).__name__})")
             return
         except (httpx.HTTPError, json.JSONDecodeError, ServerError) as e:
             r.fail(self.redact(f"{type(e).__name__}: {e}"))
             return
-        self.chunk_times[r.request_id] = [t for t, _ in chunks]
-        settle(r, chunks, usage)
+        self._settle(r, events)
+
+    def _settle(self, r: Request, events: Events) -> None:
+        """A whole answer: batchlab serve's own stamps kept aside, chunk stamps kept, tokens stamped."""
+        usage = events.usage
+        if usage and "batchlab_timing" in usage:
+            self.server_timing[r.request_id] = usage.pop("batchlab_timing")
+        self.chunk_times[r.request_id] = [t for t, _ in events.chunks]
+        settle(r, events.chunks, usage)
 
     def body(self, r: Request) -> dict[str, Any]:
         prompt = r.prompt_token_ids if self.prompt_format == "tokens" else r.prompt
@@ -232,25 +223,38 @@ class ServerError(RuntimeError):
     """The server reported an error inside the stream."""
 
 
-async def read_stream(resp: httpx.Response, clock: Clock, chunks: list[tuple[float, str]]) -> dict | None:
+class Events:
+    """One answer's SSE events as they are parsed: each chunk's stamp and text, and the usage
+    report. `feed` takes one event's data (both clients call it, once per event)."""
+
+    __slots__ = ("now", "chunks", "usage")
+
+    def __init__(self, now: Callable[[], float]):
+        self.now = now
+        self.chunks: list[tuple[float, str]] = []
+        self.usage: dict | None = None
+
+    def feed(self, data: bytes) -> bool:
+        """Stamp and keep one event (the stamp is taken once its JSON is parsed); True at [DONE]."""
+        if data == b"[DONE]":
+            return True
+        self.usage = read_chunk(orjson.loads(data), self.now(), self.chunks) or self.usage
+        return False
+
+
+async def read_stream(resp: httpx.Response, events: Events) -> None:
     """Read SSE events as bytes arrive; each event is stamped when it has been parsed.
     NOTE: a network read can hold several events (the server wrote them together); one stamp per
     read gave them all the read's time, hence zero gaps. Stamping each event after its JSON is
     parsed is what vLLM's bench client does (perf_counter after json.loads, per message), so the
     two clients' chunk gaps mean the same thing. Raw bytes are split by hand: cheaper per chunk
     than httpx's text and line decoders, and the load generator shares its CPU with the server."""
-    usage, buf = None, b""
+    buf = b""
     async for raw in resp.aiter_bytes():
         *lines, buf = (buf + raw).split(b"\n")
         for line in lines:
-            if not line.startswith(b"data:"):
-                continue
-            data = line[5:].strip()
-            if data == b"[DONE]":
-                return usage
-            chunk = json.loads(data)
-            usage = read_chunk(chunk, clock.now(), chunks) or usage
-    return usage
+            if line.startswith(b"data:") and events.feed(line[5:].strip()):
+                return
 
 
 def read_chunk(chunk: dict, now: float, chunks: list[tuple[float, str]]) -> dict | None:

@@ -79,11 +79,31 @@ def _worker(conn, spec: tuple[type, dict], share: Share, traffic: TrafficConfig 
         conn.send(time.perf_counter())
         msg = conn.recv()
     _, t0 = msg
+    conn.send(send_share(target, share, traffic, t0))
+    conn.close()
+
+
+def send_share(target, share: Share, traffic: TrafficConfig | None, t0: float) -> Sent:
+    """One worker's share sent from `t0` (its own clock's reading) with the ordinary send loop."""
     clock = RealClock()
     cpu = time.process_time()
     requests, _ = clock.run(target.run_trace(share.trace, clock, traffic, t0=t0, indices=share.indices))
-    conn.send(Sent(requests, target.send_lags, target.records(), time.process_time() - cpu))
-    conn.close()
+    return Sent(requests, target.send_lags, target.records(), time.process_time() - cpu)
+
+
+def start_at(clock: Clock, target, trace: list[TraceItem], workers: int) -> float:
+    """t0: far enough ahead for every worker to build its requests, then the target's lead."""
+    return clock.now() + START_AHEAD_S + target.lead_s + PREPARE_S * -(-len(trace) // workers)
+
+
+def merge(target, sent: list[Sent], facts: dict[str, Any]) -> tuple[list[Request], dict[str, Any]]:
+    """Every worker's requests in index order; their send lags and records handed to `target`;
+    the split's facts with the workers' CPU."""
+    target.send_lags = [lag for s in sent for lag in s.send_lags]
+    target.absorb([s.records for s in sent])
+    requests = sorted((r for s in sent for r in s.requests), key=lambda r: r.index)
+    return requests, facts | {"loadgen_cpu_s": sum(s.cpu_s for s in sent),
+                              "loadgen_cpu_max_s": max(s.cpu_s for s in sent)}
 
 
 def clock_offset(conn, pings: int = 5) -> float:
@@ -132,7 +152,7 @@ async def _attempt(target, trace, clock, traffic, workers):
                 raise WorkerDied(f"worker {p.pid} did not start within {READY_TIMEOUT_S:g} s")
             _recv(conn, p)
         offsets = [clock_offset(conn) for conn in pipes]
-        t0 = clock.now() + START_AHEAD_S + target.lead_s + PREPARE_S * -(-len(trace) // workers)
+        t0 = start_at(clock, target, trace, workers)
         for conn in pipes:
             conn.send(("go", t0))
         sent = [await asyncio.to_thread(_recv, conn, p) for conn, p in zip(pipes, procs)]
@@ -143,11 +163,8 @@ async def _attempt(target, trace, clock, traffic, workers):
             p.join(timeout=5)
         for conn in pipes:
             conn.close()
-    requests = sorted((r for s in sent for r in s.requests), key=lambda r: r.index)
-    target.send_lags = [lag for s in sent for lag in s.send_lags]
-    target.absorb([s.records for s in sent])
-    facts = {"loadgen_workers": workers, "loadgen_kind": "local", "loadgen_clock_offset_max_s": max(abs(o) for o in offsets),
-             **cpu_facts(sent)}
+    requests, facts = merge(target, sent, {"loadgen_workers": workers, "loadgen_kind": "local",
+                                           "loadgen_clock_offset_max_s": max(abs(o) for o in offsets)})
     return requests, t0, facts
 
 
@@ -164,10 +181,7 @@ class LoadgenActor:
         return ray.get_runtime_context().get_node_id(), time.perf_counter()
 
     def run(self, share: Share, traffic: TrafficConfig | None, t0: float) -> Sent:
-        clock = RealClock()
-        cpu = time.process_time()
-        requests, _ = clock.run(self.target.run_trace(share.trace, clock, traffic, t0=t0, indices=share.indices))
-        return Sent(requests, self.target.send_lags, self.target.records(), time.process_time() - cpu)
+        return send_share(self.target, share, traffic, t0)
 
 
 def ray_offset(actor, ray, pings: int = 5) -> tuple[str, float, float]:
@@ -212,7 +226,7 @@ async def _attempt_ray(target, trace, clock, traffic, workers):
             where = [ray_offset(a, ray) for a in actors]
             # NOTE: on this node the clock is the same one: a measured offset would only add its error
             offsets = [0.0 if node == here else off for node, off, _ in where]
-            t0 = clock.now() + START_AHEAD_S + target.lead_s + PREPARE_S * -(-len(trace) // workers)
+            t0 = start_at(clock, target, trace, workers)
             refs = [a.run.remote(share, traffic, t0 + off)
                     for a, share, off in zip(actors, shares(trace, workers), offsets)]
             sent = await asyncio.to_thread(ray.get, refs)
@@ -223,20 +237,12 @@ async def _attempt_ray(target, trace, clock, traffic, workers):
             ray.kill(a)
     for s, off in zip(sent, offsets):
         shift(s, -off)
-    requests = sorted((r for s in sent for r in s.requests), key=lambda r: r.index)
-    target.send_lags = [lag for s in sent for lag in s.send_lags]
-    target.absorb([s.records for s in sent])
-    facts = {"loadgen_workers": workers, "loadgen_kind": "ray", "loadgen_nodes": len({n for n, _, _ in where}),
-             "loadgen_clock_offset_max_s": max(abs(o) for _, o, _ in where),
-             "loadgen_clock_uncertainty_s": max(rtt / 2 for (node, _, rtt) in where if node != here)
-             if any(node != here for node, _, _ in where) else 0.0,
-             **cpu_facts(sent)}
+    away = [rtt / 2 for node, _, rtt in where if node != here]
+    requests, facts = merge(target, sent, {
+        "loadgen_workers": workers, "loadgen_kind": "ray", "loadgen_nodes": len({n for n, _, _ in where}),
+        "loadgen_clock_offset_max_s": max(abs(o) for _, o, _ in where),
+        "loadgen_clock_uncertainty_s": max(away, default=0.0)})
     return requests, t0, facts
-
-
-def cpu_facts(sent: list[Sent]) -> dict[str, float]:
-    """The processes' CPU seconds inside their send loops: in all, and the busiest one's."""
-    return {"loadgen_cpu_s": sum(s.cpu_s for s in sent), "loadgen_cpu_max_s": max(s.cpu_s for s in sent)}
 
 
 def _recv(conn, p) -> Any:

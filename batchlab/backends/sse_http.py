@@ -37,7 +37,7 @@ class HTTPFailure(Exception):
 class Answer:
     """One exchange's outcome: status, the body of a non-200 answer, and whether the stream ended."""
 
-    __slots__ = ("status", "error_body", "done", "sse_buf", "on_event", "keep_alive")
+    __slots__ = ("status", "error_body", "done", "sse_buf", "on_event")
 
     def __init__(self, on_event: Callable[[bytes], bool]):
         self.status = 0
@@ -45,7 +45,6 @@ class Answer:
         self.done: asyncio.Future = asyncio.get_running_loop().create_future()
         self.sse_buf = b""
         self.on_event = on_event         # called with each event's data; returns True at the end ([DONE])
-        self.keep_alive = False
 
 
 class Connection(asyncio.Protocol):
@@ -114,11 +113,10 @@ class Connection(asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         a = self.answer
-        a.keep_alive = self.parser.should_keep_alive()
         self.answer = None
         if not a.done.done():
             a.done.set_result(None)
-        if a.keep_alive and not self.closed:
+        if self.parser.should_keep_alive() and not self.closed:
             self.pool.idle.append(self)
         else:
             self.abort()

@@ -51,7 +51,11 @@ class Stream:
     total: int
     usage: bool
     sent: int = 0
-    prefix: bytes = field(default=b"", repr=False)
+    prefix: bytes = field(init=False, repr=False)     # every event's JSON up to the token's text
+
+    def __post_init__(self) -> None:
+        self.prefix = (b'{"id":"cmpl-stub","object":"text_completion","created":0,"model":%s,"choices":[{"index":0,'
+                       % json.dumps(self.model).encode())
 
     def next_event(self) -> bytes:
         self.sent += 1
@@ -156,11 +160,8 @@ class StubProtocol(asyncio.Protocol):
         tokens = len(prompt) if isinstance(prompt, list) else len(str(prompt).split())
         usage = bool((req.get("stream_options") or {}).get("include_usage"))
         model = str(req.get("model", self.model))
-        s = Stream(self.transport, model, tokens, n, usage)
-        s.prefix = (b'{"id":"cmpl-stub","object":"text_completion","created":0,"model":%s,"choices":[{"index":0,'
-                    % json.dumps(model).encode())
         self.transport.write(HEAD)
-        self.stepper.add(s)
+        self.stepper.add(Stream(self.transport, model, tokens, n, usage))
 
 
 async def serve(host: str, port: int, itl_s: float, model: str, ready: asyncio.Future | None = None,
