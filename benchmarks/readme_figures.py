@@ -208,8 +208,28 @@ def serving(d: dict) -> str:
     rows, done = _serving_rows(d, rule)
     lines += rows
     lines += _versus(done, rule)
+    lines += _overloaded(done)
     lines += _serving_notes(d, done)
     return "\n".join(lines)
+
+
+def _overloaded(done: dict[str, list[dict]]) -> list[str]:
+    """Past the knee: each server at a multiple of its own sustained rate, per repeat: the share
+    of the offered output tokens it served in the window (target >= 95 % for batchlab), its p50
+    TTFT and p99 TPOT, and how late the client's sends went."""
+    out = []
+    for name, reps in done.items():
+        pts = [r["overload"] for r in reps if r.get("overload")]
+        if not pts:
+            continue
+        each = "; ".join(f"{p['rate']:g} req/s: {100 * p['served_share']:.1f} % served, p50 TTFT "
+                         f"{p['ttft_p50']:.2f} s, p99 TPOT {1e3 * p['tpot_p99']:.0f} ms, sends {1e3 * p['send_lag_p99']:.1f} ms "
+                         f"late p99" for p in pts)
+        m = statistics.median(p["served_share"] for p in pts)
+        verdict = (f" Target ≥ 95 %: **{'met' if m >= 0.95 else 'not met'}**." if name.startswith("batchlab") else "")
+        out.append(f"{name} past the knee, at {pts[0]['factor']:g}× each repeat's sustained rate: "
+                   f"**{100 * m:.1f} %** of the offered tokens served (median; {each}).{verdict}")
+    return out + [""] if out else []
 
 
 def _serving_rows(d: dict, rule: dict) -> tuple[list[str], dict[str, list[dict]]]:

@@ -45,6 +45,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="points per search at most (0: no search, the saturated burst only)")
     ap.add_argument("--burst", type=int, default=compare.BURST,
                     help="requests sent at once for the saturated throughput (0: not measured)")
+    ap.add_argument("--overload", type=float, default=compare.OVERLOAD,
+                    help="after each search, one point at this multiple of its sustained rate (0: none)")
     ap.add_argument("--sustain-repeats", type=int, default=3, help="searches per server, in alternating order")
     ap.add_argument("--overhead-rate", type=float, default=2.0, help="low: the overhead, not queueing, is measured")
     ap.add_argument("--repeats", type=int, default=3, help="repeats of the overhead and load-generator measurements")
@@ -61,7 +63,8 @@ def settings(args: argparse.Namespace) -> compare.Settings:
     except ValueError:
         raise ConfigError(f"--bracket: want LO,HI in req/s, e.g. 40,80 (got {args.bracket!r})") from None
     s = compare.Settings(args.config, args.set, Path(args.venv), args.timeout, (lo, hi), args.tolerance, args.max_points,
-                         args.burst, args.sustain_repeats, args.overhead_rate, args.repeats)
+                         args.burst, args.sustain_repeats, args.overhead_rate, args.repeats,
+                         overload=args.overload)
     compare.check(s, args.servers.split(","))
     return s
 

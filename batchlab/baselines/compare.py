@@ -37,6 +37,7 @@ WARMUP_USERS = 8            # a closed-loop burst before each server's search: f
 TOLERANCE = 0.10            # the search stops once its bracket's hi / lo - 1 is within this
 MAX_POINTS = 10             # a search that has not settled by then reports the bracket it has
 BURST = 1024                # requests sent at once for the saturated throughput: well above any server's batch
+OVERLOAD = 1.5              # past the knee: one point at this multiple of the sustained rate, for how a server degrades
 SERVERS = ("batchlab", "vllm", "transformers")
 PARTS = (*SERVERS, "overhead", "loadgen")
 POINT_KEYS = ("rate", "num_requests", "finished", "failed", "throughput_tok_s", "requests_per_s", "ttft_p50",
@@ -61,6 +62,7 @@ class Settings:
     overhead_rate: float = 2.0
     repeats: int = 3                         # of the overhead and load-generator measurements
     cpus: str | None = None                  # the servers' cores (process.split_cores; None: unpinned)
+    overload: float = OVERLOAD               # after a search, a point at this multiple of its sustained rate (0: none)
 
 
 def check(s: Settings, parts: list[str]) -> None:
@@ -80,6 +82,8 @@ def check(s: Settings, parts: list[str]) -> None:
                                ("--repeats", s.repeats, 1), ("--burst", s.burst, 0)):
         if value < least:
             raise ConfigError(f"{flag}: must be at least {least} (got {value})")
+    if not (s.overload == 0 or 1 < s.overload < float("inf")):
+        raise ConfigError(f"--overload: 0 (no point past the knee) or a multiple of the knee above 1 (got {s.overload:g})")
     if not 0 < s.timeout < float("inf"):
         raise ConfigError(f"--timeout: must be a positive number of seconds (got {s.timeout:g})")
 
@@ -161,6 +165,11 @@ def search_server(name: str, backend: OpenAIBackend, cfg: RunConfig, bracket: tu
     if s.max_points:
         b = knee(holds, *bracket, tolerance=s.tolerance, max_probes=s.max_points, snap=significant(3))
         found = {"sustained_rate": b.lo, "failed_rate": b.hi, "probes": [r for r, _ in b.probes], "settled": b.settled}
+    if s.overload and found["sustained_rate"]:
+        # NOTE: past the knee the rule's verdict is known (not sustained); what the point is for is
+        # how much of the offered work the server still serves, and how late the client's sends go
+        rate = significant(3)(s.overload * found["sustained_rate"])
+        found["overload"] = probe(name, backend, cfg, rate) | {"factor": s.overload}
     return found | {"bracket_start": list(bracket), "points": points, "saturated": sat}
 
 

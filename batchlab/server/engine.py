@@ -97,6 +97,14 @@ class Engine:
     def running_count(self) -> int:
         return len(self.scheduler.running)
 
+    def queued_count(self) -> int:
+        """Requests submitted and not yet scheduled: in the inbox or the scheduler's queue. Read
+        on every admission, so it counts two containers rather than walking every live request
+        (at a few thousand queued streams the walk cost more than the admission itself)."""
+        if self._inbox is None:
+            return 0
+        return len(self._inbox.live) + len(self.scheduler.waiting)
+
     def _call(self, fn, arg) -> None:
         args = () if arg is None else (arg,)
         if threading.get_ident() == self._loop_thread:

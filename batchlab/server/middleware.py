@@ -7,6 +7,7 @@ from collections.abc import Callable
 from starlette.exceptions import HTTPException
 
 from batchlab.server.protocol import APIError
+from batchlab.server.stream import RAW_SEND
 
 CLOSE = {"Connection": "close"}
 OVER_LIMIT = "batchlab_over_connection_limit"     # a scope key the connection layer sets (server/connection.py)
@@ -14,7 +15,9 @@ OVER_LIMIT = "batchlab_over_connection_limit"     # a scope key the connection l
 
 class StampArrival:
     """ASGI middleware, outermost: a request's arrival is when its HTTP message was received,
-    before routing, body parsing and validation, which are the server's work and count in TTFT."""
+    before routing, body parsing and validation, which are the server's work and count in TTFT.
+    It also leaves the connection's own `send` in the scope, where an event stream writes its
+    events past the application's wrappers (server/stream.py)."""
 
     def __init__(self, app, clock):
         self.app, self.clock = app, clock
@@ -22,6 +25,7 @@ class StampArrival:
     async def __call__(self, scope, receive, send):
         if scope["type"] == "http":
             scope["batchlab_arrival"] = self.clock.now()
+            scope[RAW_SEND] = send
         await self.app(scope, receive, send)
 
 

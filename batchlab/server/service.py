@@ -11,19 +11,21 @@ and what is still running at the deadline fails: its stream ends with an error e
 from __future__ import annotations
 
 import asyncio
+import gc
 import itertools
 import uuid
 from dataclasses import dataclass
 from typing import Any
 
 from fastapi import Request as HTTPRequest
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 
 from batchlab.core.request import Request, Status
 from batchlab.schedulers import ContinuousScheduler
 from batchlab.server.engine import Engine
 from batchlab.server.metrics import ServerMetrics
 from batchlab.server.protocol import DONE, APIError, ChatBody, Chunks, CompletionBody, unsupported
+from batchlab.server.stream import EventStream
 from batchlab.server.text import TextCodec
 
 DRAIN_POLL_S = 0.02               # how often a draining server looks whether its streams have ended
@@ -50,6 +52,7 @@ class Stream:
     event: asyncio.Event
     sent: int = 0                     # output tokens already written to the client
     text_state: dict | None = None
+    gone: bool = False                # the client disconnected
 
 
 class Server:
@@ -79,7 +82,7 @@ class Server:
         return out
 
     def queue_depth(self) -> int:
-        return sum(1 for r in list(self.streams) if r.status is Status.QUEUED)
+        return self.engine.queued_count()
 
     async def start(self) -> None:
         self._loop = loop = asyncio.get_running_loop()
@@ -92,6 +95,12 @@ class Server:
         self.max_model_len = self.opts.max_model_len or facts.max_context or 4096
         self.vocab = facts.vocab_size
         self.engine.backend.reset_peak_memory()   # peaks are measured from here: loaded and warm
+        # NOTE: the loaded model, tokenizer and libraries are a few hundred thousand objects that
+        # live as long as the server. Frozen, the collector stops walking them on every full
+        # collection: those walks were pauses of a few hundred milliseconds under load, the
+        # engine stalled for each (vLLM freezes its heap after start-up for the same reason).
+        gc.collect()
+        gc.freeze()
 
     def _wake(self, reqs: list[Request]) -> None:
         for r in reqs:
@@ -108,7 +117,7 @@ class Server:
         self.engine.submit(r)
         if body.stream:
             usage = body.stream_options is not None and body.stream_options.include_usage
-            return StreamingResponse(self._events(s, usage), media_type="text/event-stream")
+            return EventStream(self._events(s, usage), on_gone=lambda: self._gone(s))
         return await self._whole(s, http)
 
     # --- admission --------------------------------------------------------------------------
@@ -184,12 +193,18 @@ class Server:
             self.engine.abort("the server is shutting down")
 
     # --- responses ----------------------------------------------------------------------------
+    def _gone(self, s: Stream) -> None:
+        s.gone = True
+        s.event.set()
+
     async def _events(self, s: Stream, include_usage: bool):
         r = s.request
         try:
             while True:
                 await s.event.wait()
                 s.event.clear()
+                if s.gone:
+                    return
                 done = r.is_done                  # read before the count: once done, every stamp is in
                 out = self._new_text(s)
                 if out:
@@ -204,16 +219,16 @@ class Server:
         finally:
             self._forget(s)
 
-    def _new_text(self, s: Stream) -> str:
+    def _new_text(self, s: Stream) -> bytes:
         r = s.request
         n = r.output_len
         if n <= s.sent:
-            return ""
+            return b""
         texts = self.codec.delta(r, s.sent, n, s.text_state)
         events = [s.chunks.delta(t, "length" if k == r.max_new_tokens - 1 else None)
                   for k, t in zip(range(s.sent, n), texts)]
         s.sent = n
-        return "".join(events)
+        return b"".join(events)
 
     async def _whole(self, s: Stream, http: HTTPRequest) -> Response:
         finished = asyncio.create_task(_until_done(s))

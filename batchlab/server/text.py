@@ -8,6 +8,7 @@ either way (they are the backend's token stamps); only the simulator's *text* is
 """
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from batchlab.core.request import Request
@@ -44,9 +45,14 @@ class TextCodec:
         return "".join(f"{role}: {content}\n" for role, content in messages) + "assistant:"
 
     def delta(self, r: Request, start: int, end: int, state: dict) -> list[str]:
-        """Text of output tokens start..end-1, one string per token."""
+        """Text of output tokens start..end-1, one string per token (calls for one response go
+        in order and share `state`)."""
         if self.tokenizer is None or len(r.output_token_ids) < end:
             return [" " + PLACEHOLDER[k % len(PLACEHOLDER)] for k in range(start, end)]
+        if self._streams:
+            stream = state.get("stream") or state.setdefault("stream", self._new_stream())
+            rust = self.tokenizer.backend_tokenizer
+            return [stream.step(rust, t) or "" for t in r.output_token_ids[start:end]]
         out = []
         for k in range(start, end):
             full = self.tokenizer.decode(r.output_token_ids[: k + 1], skip_special_tokens=True)
@@ -56,3 +62,25 @@ class TextCodec:
             out.append(full[len(state.get("text", "")):])
             state["text"] = full
         return out
+
+    @functools.cached_property
+    def _streams(self) -> bool:
+        """Whether tokens can be decoded one at a time by the tokenizer's own incremental decoder
+        (`tokenizers`' DecodeStream: the text a token adds, held back while it ends inside a
+        character) instead of decoding the whole output again per token. Only for a fast
+        tokenizer that does not rewrite spaces after decoding: what `decode` then returns for the
+        whole output is exactly the stream's pieces joined."""
+        tok = self.tokenizer
+        return (getattr(tok, "backend_tokenizer", None) is not None and _decode_stream() is not None
+                and not getattr(tok, "clean_up_tokenization_spaces", False))
+
+    def _new_stream(self):
+        return _decode_stream()(skip_special_tokens=True)
+
+
+def _decode_stream():
+    try:
+        from tokenizers.decoders import DecodeStream
+    except ImportError:         # tokenizers before 0.21
+        return None
+    return DecodeStream

@@ -28,6 +28,8 @@ def settings(**kw) -> compare.Settings:
     (dict(max_points=1), [], "a bracket needs two ends"),
     (dict(max_points=0, burst=0), [], "measures nothing"),
     (dict(timeout=0.0), [], "--timeout"),
+    (dict(overload=0.8), [], "--overload: 0 .* above 1"),
+    (dict(overload=float("nan")), [], "--overload"),
 ])
 def test_bad_settings_are_one_line_errors(kw, parts, says):
     with pytest.raises(ConfigError, match=says) as e:
@@ -71,9 +73,21 @@ def test_one_servers_search_against_a_stub_keeps_every_point_with_its_verdict():
     """A stub that answers at once holds both ends of the bracket; the search stops at its cap."""
     cfg = load_config(None, ["traffic.duration_s=1", "traffic.warmup_s=0", "traffic.prompt_len=8", "traffic.output_len=4"])
     backend = OpenAIBackend("http://stub/v1", "m", transport=httpx.MockTransport(stub_reply))
-    res = compare.search_server("stub", backend, cfg, (4.0, 8.0), settings(max_points=2, burst=16))
+    res = compare.search_server("stub", backend, cfg, (4.0, 8.0), settings(max_points=2, burst=16, overload=0))
     assert res["probes"] == [4.0, 8.0] and [p["rate"] for p in res["points"]] == [4.0, 8.0]
     assert res["bracket_start"] == [4.0, 8.0] and res["saturated"]["requests"] == 16 and res["saturated"]["failed"] == 0
     for p in res["points"]:
         assert set(compare.POINT_KEYS) < set(p) and p["sustained"] == (p["why"] == [])
     assert res["settled"] is False
+
+
+def test_past_the_knee_one_point_at_the_overload_multiple_of_the_rate_held():
+    """The overload point is measured apart from the search's points, at 1.5x the rate it held."""
+    cfg = load_config(None, ["traffic.duration_s=1", "traffic.warmup_s=0", "traffic.prompt_len=8", "traffic.output_len=4"])
+    backend = OpenAIBackend("http://stub/v1", "m", transport=httpx.MockTransport(stub_reply))
+    res = compare.search_server("stub", backend, cfg, (4.0, 8.0), settings(max_points=2, burst=0))
+    over = res["overload"]
+    assert res["sustained_rate"] == 8.0 and over["rate"] == 12.0 and over["factor"] == 1.5
+    assert 12.0 not in [p["rate"] for p in res["points"]] and 0 < over["served_share"] <= 1.0
+    none = compare.search_server("stub", backend, cfg, (4.0, 8.0), settings(max_points=0, burst=16))
+    assert "overload" not in none       # nothing searched, nothing held: no rate to multiply
