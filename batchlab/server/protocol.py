@@ -11,13 +11,11 @@ BadRequestError (400), NotFoundError (404), RateLimitError (429) and so on.
 from __future__ import annotations
 
 import time
-
-import orjson
 from typing import Annotated, Any, Literal
 
+import orjson
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictInt, StrictStr
-
 
 _dumps = orjson.dumps     # compact JSON as UTF-8 bytes; also escapes a token's text for the event templates
 
