@@ -30,8 +30,9 @@ def values(text: str, names: Iterable[str]) -> dict[str, float]:
 
 
 def metrics_url(url: str) -> str:
-    """A server's /metrics from its base URL (with or without /v1)."""
-    return url.removesuffix("/").removesuffix("/v1") + "/metrics"
+    """A server's /metrics from its base URL (with or without /v1), or that URL itself."""
+    base = url.removesuffix("/")
+    return base if base.endswith("/metrics") else base.removesuffix("/v1") + "/metrics"
 
 
 def scrape(url: str, names: Iterable[str]) -> dict[str, float]:

@@ -22,6 +22,7 @@ def test_series_by_name_the_largest_over_label_sets():
                                 "absent"])
     assert got == {"batchlab_ttft_seconds_sum": 1.5, "batchlab_ttft_seconds_count": 100.0, "vllm:num_requests_running": 9.0}
     assert metrics.metrics_url("http://h:1/v1") == metrics.metrics_url("http://h:1/") == "http://h:1/metrics"
+    assert metrics.metrics_url("http://h:1/metrics") == "http://h:1/metrics"   # a scrape URL passes through
 
 
 def test_a_histograms_mean_between_two_scrapes():
