@@ -35,6 +35,5 @@ class EventStream(StreamingResponse):
             watch.cancel()
 
     async def _watch(self, receive) -> None:
-        while (await receive())["type"] != "http.disconnect":
-            pass
+        await self.listen_for_disconnect(receive)
         self.on_gone()

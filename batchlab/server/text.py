@@ -13,6 +13,11 @@ from typing import Any
 
 from batchlab.core.request import Request
 
+try:
+    from tokenizers.decoders import DecodeStream
+except ImportError:             # tokenizers before 0.21, or none at all (the simulator's server)
+    DecodeStream = None
+
 PLACEHOLDER = ["lorem", "ipsum", "dolor", "sit", "amet", "consectetur", "adipiscing", "elit"]
 
 
@@ -50,7 +55,9 @@ class TextCodec:
         if self.tokenizer is None or len(r.output_token_ids) < end:
             return [" " + PLACEHOLDER[k % len(PLACEHOLDER)] for k in range(start, end)]
         if self._streams:
-            stream = state.get("stream") or state.setdefault("stream", self._new_stream())
+            stream = state.get("stream")
+            if stream is None:
+                stream = state["stream"] = DecodeStream(skip_special_tokens=True)
             rust = self.tokenizer.backend_tokenizer
             return [stream.step(rust, t) or "" for t in r.output_token_ids[start:end]]
         out = []
@@ -71,16 +78,5 @@ class TextCodec:
         tokenizer that does not rewrite spaces after decoding: what `decode` then returns for the
         whole output is exactly the stream's pieces joined."""
         tok = self.tokenizer
-        return (getattr(tok, "backend_tokenizer", None) is not None and _decode_stream() is not None
+        return (DecodeStream is not None and getattr(tok, "backend_tokenizer", None) is not None
                 and not getattr(tok, "clean_up_tokenization_spaces", False))
-
-    def _new_stream(self):
-        return _decode_stream()(skip_special_tokens=True)
-
-
-def _decode_stream():
-    try:
-        from tokenizers.decoders import DecodeStream
-    except ImportError:         # tokenizers before 0.21
-        return None
-    return DecodeStream

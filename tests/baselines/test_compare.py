@@ -69,10 +69,15 @@ def test_the_header_states_the_rule_and_a_rerun_keeps_the_parts_it_did_not_measu
     assert "loadgen" not in again and json.loads(out.read_text())["load_avg_1_5_15"]["after"]
 
 
+def stub():
+    """A short trace's config, and a client of a stub server that answers at once."""
+    cfg = load_config(None, ["traffic.duration_s=1", "traffic.warmup_s=0", "traffic.prompt_len=8", "traffic.output_len=4"])
+    return cfg, OpenAIBackend("http://stub/v1", "m", transport=httpx.MockTransport(stub_reply))
+
+
 def test_one_servers_search_against_a_stub_keeps_every_point_with_its_verdict():
     """A stub that answers at once holds both ends of the bracket; the search stops at its cap."""
-    cfg = load_config(None, ["traffic.duration_s=1", "traffic.warmup_s=0", "traffic.prompt_len=8", "traffic.output_len=4"])
-    backend = OpenAIBackend("http://stub/v1", "m", transport=httpx.MockTransport(stub_reply))
+    cfg, backend = stub()
     res = compare.search_server("stub", backend, cfg, (4.0, 8.0), settings(max_points=2, burst=16, overload=0))
     assert res["probes"] == [4.0, 8.0] and [p["rate"] for p in res["points"]] == [4.0, 8.0]
     assert res["bracket_start"] == [4.0, 8.0] and res["saturated"]["requests"] == 16 and res["saturated"]["failed"] == 0
@@ -83,8 +88,7 @@ def test_one_servers_search_against_a_stub_keeps_every_point_with_its_verdict():
 
 def test_past_the_knee_one_point_at_the_overload_multiple_of_the_rate_held():
     """The overload point is measured apart from the search's points, at 1.5x the rate it held."""
-    cfg = load_config(None, ["traffic.duration_s=1", "traffic.warmup_s=0", "traffic.prompt_len=8", "traffic.output_len=4"])
-    backend = OpenAIBackend("http://stub/v1", "m", transport=httpx.MockTransport(stub_reply))
+    cfg, backend = stub()
     res = compare.search_server("stub", backend, cfg, (4.0, 8.0), settings(max_points=2, burst=0))
     over = res["overload"]
     assert res["sustained_rate"] == 8.0 and over["rate"] == 12.0 and over["factor"] == 1.5
