@@ -161,7 +161,7 @@ def validate_sim(d: dict) -> str:
             lines.append(f"| {name} | " + " | ".join(pct(per[k]["error_median"]) + _below(per[k]) for k in keys) + " |")
         if d.get("uncorrected"):
             u = d["uncorrected"]
-            lines.append("| the whole model, no drift correction | "
+            lines.append(f"| the whole model, no drift{' or live' if d.get('live') else ''} correction | "
                          + " | ".join(pct(u[k]["error_median"]) if k in u else "–" for k in keys) + " |")
     if d.get("drift"):
         lines += ["", "Drift: the reference burst (8 requests, 48 + 24 tokens) ran at " + "; ".join(
@@ -169,7 +169,21 @@ def validate_sim(d: dict) -> str:
             for w, f in d["drift"].items())
             + " the time the profiles predict for it; each workload's replays are scaled by its factor, and the "
             "spread of the three timings joins the fit's error in the intervals."]
-    return "\n".join(lines)
+    return "\n".join(lines + _live(d.get("live")))
+
+
+def _live(rec: dict | None) -> list[str]:
+    """The live factor each workload was replayed with (measured on the others), and the pooled one."""
+    per = {w: {lvl: v for lvl, v in levels.items() if v["cells"]} for w, levels in (rec or {}).get("per_workload", {}).items()}
+    if not any(per.values()):
+        return []
+    pooled = rec.get("pooled", {})
+    return ["", "Live factor (real over replayed p50 TPOT on the *other* workloads' cells, both real runs; "
+            "each workload's replays scaled by its own, so no cell is judged on itself): " + "; ".join(
+                f"`{w}` " + ", ".join(f"{v['factor']:.2f}× ({lvl}, ± {100 * v['se']:.0f} %)" for lvl, v in f.items())
+                for w, f in per.items() if f)
+            + ("; over every workload " + ", ".join(f"{v['factor']:.2f}× ({lvl})" for lvl, v in pooled.items())
+               + ", the factor written into the live profiles." if pooled else ".")]
 
 
 def _memory(res: dict) -> str:

@@ -62,7 +62,8 @@ def sh(cmd: list[str], env: dict[str, str]) -> None:
 # What each later term of the step model earns: the same real runs, the profiles refitted with the
 # term held at zero; "five-term model" is the model without any of the three.
 VARIANTS = {"without attention": "attn_s_per_pair", "without admission": "admit_s", "without warm-up": "warmup_s",
-            "without the shape correction": "shape_s", "five-term model": "attn_s_per_pair,admit_s,warmup_s,shape_s"}
+            "without the shape correction": "shape_s", "five-term model": "attn_s_per_pair,admit_s,warmup_s,shape_s",
+            "without the live factor": ""}   # "": the same profiles, validated with validation.live=false
 
 
 def ablate(bl: list[str], config: Path, out: Path, strategies: list[str], env: dict[str, str]) -> dict:
@@ -71,7 +72,7 @@ def ablate(bl: list[str], config: Path, out: Path, strategies: list[str], env: d
     import shutil
     result = {}
     for name, without in VARIANTS.items():
-        tag = without.replace(",", "+")
+        tag = without.replace(",", "+") or "no-live"
         vdir = out / "ablation" / tag
         if vdir.exists():
             shutil.rmtree(vdir)
@@ -86,9 +87,12 @@ def ablate(bl: list[str], config: Path, out: Path, strategies: list[str], env: d
         profiles = []
         for strategy in dict.fromkeys("continuous" if s == "continuous" else "dynamic" for s in strategies):
             dst = vdir / f"profile_{strategy}.json"
-            sh(bl + ["profile", "--refit", str(out / f"profile_{strategy}.json"), "--without", without, "--out", str(dst)], env)
+            if without:
+                sh(bl + ["profile", "--refit", str(out / f"profile_{strategy}.json"), "--without", without, "--out", str(dst)], env)
+            else:
+                shutil.copy(out / f"profile_{strategy}.json", dst)
             profiles += ["--profile", str(dst)]
-        sh(bl + ["validate", str(config), *profiles, "--out", str(vdir)], env)
+        sh(bl + ["validate", str(config), *profiles, "--out", str(vdir)] + ([] if without else ["--set", "validation.live=false"]), env)
         metrics = json.loads((vdir / "accuracy.json").read_text())["metrics"]
         below = sides(pd.read_csv(vdir / "validation.csv"))
         result[name] = {m["metric"]: {"error_median": m["error_median"], "error_p90": m["error_p90"],
@@ -169,7 +173,7 @@ def result(args, out: Path, ablation: dict, load_before) -> dict:
             "rates": args.rates, "duration_s": args.duration, "traffic_repeats": args.traffic_repeats,
             "threads": args.threads, "workloads": acc["workloads"], "profiles": acc["profiles"],
             "metrics": acc["metrics"], "coverage": float(cells["inside"].mean()), "cells": len(cells), "signs": sides(cells),
-            "ablation": ablation, "drift": acc["drift"], "uncorrected": acc["uncorrected"],
+            "ablation": ablation, "drift": acc["drift"], "live": acc.get("live", {}), "uncorrected": acc["uncorrected"],
             "load_1min_at_reference_bursts": acc.get("load_1min", {}),
             "cell_rows": cells.drop(columns=["kind"]).to_dict(orient="records"),
             "load_avg_1_5_15": {"before": load_before, "after": os.getloadavg()}, "cpus": os.cpu_count()}

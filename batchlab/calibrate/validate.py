@@ -22,7 +22,7 @@ import json
 import math
 import os
 import secrets
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import click
@@ -32,7 +32,9 @@ import pandas as pd
 from batchlab.backends import TARGET, make_backend
 from batchlab.backends.cost import COEFFS, StepCost
 from batchlab.backends.simulated import SimOptions, SimulatedBackend
-from batchlab.calibrate import accuracy
+from batchlab.calibrate import accuracy, live
+from batchlab.calibrate.live import NONE as LIVE_NONE
+from batchlab.calibrate.live import Live
 from batchlab.core.clock import RealClock, VirtualClock
 from batchlab.core.config import RunConfig
 from batchlab.core.files import write_atomic
@@ -118,7 +120,8 @@ def sim_cost(cfg: RunConfig, cost: StepCost, scale: float = 1.0) -> StepCost:
     """The profile's timings (every step-time term times `scale`) with the real run's memory
     budget, so memory triggers match."""
     if scale != 1.0:
-        cost = replace(cost, **{k: scale * getattr(cost, k) for k in TIME_TERMS})
+        cost = replace(cost, **{k: scale * getattr(cost, k) for k in TIME_TERMS},
+                       shape_s=tuple((x, scale * y) for x, y in cost.shape_s))
     budget = cfg.backend.model_dump().get("memory_budget_bytes")     # the real kind's key, if it has one
     return replace(cost, kv_budget_bytes=budget) if budget else cost
 
@@ -139,7 +142,7 @@ def simulate_points(cfg: RunConfig, real: pd.DataFrame, profiles: dict[str, Prof
             prof = profile_for(point["strategy"], profiles)
             d = (drift or {}).get(level_of(point["strategy"]), NO_DRIFT)
             calls.append((cfg, point["strategy"], float(point["rate"]), int(point["repeat"]), prof,
-                          sim_cost(cfg, prof.cost, d.factor * (1 + k * d.sigma(prof)))))
+                          sim_cost(cfg, prof.cost, d.scale * (1 + k * d.sigma(prof)))))
     rows: list[dict | None] = [None] * len(calls)
     for fin in (executor or LocalExecutor()).map(sim_point, calls):
         if fin.error is not None:
@@ -181,34 +184,38 @@ def saturation_burst(cfg: RunConfig, strategy: str):
     return burst_trace(cfg.traffic, max(64, 6 * rows))
 
 
-def saturation(cfg: RunConfig, profiles: dict[str, Profile], path: Path, noise: bool, real: "LentBackend",
-               drift: dict[str, Drift], progress=None) -> pd.DataFrame:
-    """Per strategy, the steady-middle output tokens/s of a burst: real (twice with `noise`) and
-    simulated on every side. Real rows are appended to `path` as they come and a rerun keeps them;
-    simulated ones are recomputed (milliseconds), so a new profile never meets an old replay."""
+def saturation_real(cfg: RunConfig, path: Path, noise: bool, real: "LentBackend", progress=None) -> None:
+    """Per strategy, the real bursts (twice with `noise`) not yet in `path`: each row is appended
+    as it comes, so a killed validation keeps the bursts it finished."""
     done = whole_rows(path, ["strategy", "side", "throughput_tok_s"])
     have = set(zip(done["strategy"], done["side"]))
-    rows = [done]
+    for strategy in cfg.strategies:
+        rate, trace = saturation_burst(cfg, strategy)
+        for side in ["real", "real_b"] if noise else ["real"]:
+            if (strategy, side) in have:
+                continue
+            if progress:
+                progress(f"saturation burst: {strategy}, {len(trace)} requests at once ({side})")
+            res = run_point(cfg, strategy, rate, 0, real.get(), trace)
+            row = pd.DataFrame([{"strategy": strategy, "side": side, "throughput_tok_s": saturated_tokens(res.requests)}])
+            row.to_csv(path, mode="a", header=not path.is_file(), index=False)
+
+
+def saturation(cfg: RunConfig, profiles: dict[str, Profile], path: Path, drift: dict[str, Drift]) -> pd.DataFrame:
+    """Per strategy, the steady-middle output tokens/s of a burst: the real ones kept in `path`
+    (`saturation_real`) beside the simulated ones on every side, recomputed (milliseconds), so a
+    new profile never meets an old replay."""
+    rows = [whole_rows(path, ["strategy", "side", "throughput_tok_s"])]
     for strategy in cfg.strategies:
         rate, trace = saturation_burst(cfg, strategy)
         prof = profile_for(strategy, profiles)
         d = drift.get(level_of(strategy), NO_DRIFT)
-        for side in (["real", "real_b"] if noise else ["real"]) + list(SIDES):
-            run_cfg, runs_as = cfg, strategy
-            if side in SIDES:
-                b = SimulatedBackend(sim_cost(cfg, prof.cost, d.factor * (1 + SIDES[side] * d.sigma(prof))))
-                run_cfg, runs_as = prof.replay_as(cfg, strategy)
-            elif (strategy, side) in have:
-                continue
-            else:
-                b = real.get()
-                if progress:
-                    progress(f"saturation burst: {strategy}, {len(trace)} requests at once ({side})")
+        run_cfg, runs_as = prof.replay_as(cfg, strategy)
+        for side, k in SIDES.items():
+            b = SimulatedBackend(sim_cost(cfg, prof.cost, d.scale * (1 + k * d.sigma(prof))))
             res = run_point(run_cfg, runs_as, rate, 0, b, trace)
-            row = pd.DataFrame([{"strategy": strategy, "side": side, "throughput_tok_s": saturated_tokens(res.requests)}])
-            if side not in SIDES:
-                row.to_csv(path, mode="a", header=not path.is_file(), index=False)
-            rows.append(row)
+            rows.append(pd.DataFrame([{"strategy": strategy, "side": side,
+                                       "throughput_tok_s": saturated_tokens(res.requests)}]))
     wide = pd.concat(rows, ignore_index=True).pivot_table(index="strategy", columns="side",
                                                           values="throughput_tok_s", aggfunc="last")
     return wide.reindex(cfg.strategies).reset_index()
@@ -293,9 +300,15 @@ class Drift:
     spread: float = 0.0
     against: str = "prediction"   # what the factor divides by: the profile's prediction of the probe, or the probe
                                   # as timed when the server was profiled ("profile time": free of the fit's error)
+    live: Live = LIVE_NONE        # live traffic's step time over closed bursts', from the other workloads (calibrate/live.py)
+
+    @property
+    def scale(self) -> float:
+        """What the replays multiply every step cost by: the machine's speed, then live traffic's."""
+        return self.factor * self.live.factor
 
     def sigma(self, prof: Profile) -> float:
-        return math.hypot(prof.sigma, self.spread)
+        return math.hypot(prof.sigma, self.spread, self.live.se)
 
 
 NO_DRIFT = Drift()
@@ -322,28 +335,43 @@ def validate(cfg: RunConfig, profile_paths: list[str], out: Path, progress=None,
     profiles = load_profiles(profile_paths, twin)
     for s in cfg.strategies:
         profile_for(s, profiles)                 # fail before the (long) real run, not after
-    parts, drifts = [], {}
+    names = ["base", *cfg.validation.workloads]
     executor = make_executor(cfg.executor)     # NOTE: first, so a Ray started here serves every half
     try:
-        for name in ["base", *cfg.validation.workloads]:
+        measured = {}
+        for name in names:
             say = (lambda m, n=name: progress(f"{n}: {m}")) if progress else None
-            cells, drifts[name] = validate_workload(cfg, name, profiles, out / name, executor, say)
-            parts += cells
+            measured[name] = measure_workload(cfg, name, profiles, out / name, say)
+        ratios = live_ratios(cfg, measured, profiles, executor) if cfg.validation.live else {}
+        lives = live.leave_one_out(ratios)
+        drifts = {name: with_live(m.drift, lives.get(name, {})) for name, m in measured.items()}
+        parts = [c for name in names for c in judge_workload(cfg, name, measured[name], drifts[name], profiles,
+                                                             out / name, executor)]
     finally:
         executor.close()
     table = accuracy.with_errors(pd.concat(parts, ignore_index=True))
     summ = accuracy.summary(table)
+    record = accuracy_record(cfg, profiles, table, summ, {name: m.drift for name, m in measured.items()}, out)
+    record["live"] = live_record({level_of(s): profile_for(s, profiles) for s in cfg.strategies}, ratios, out)
     write_atomic(out / "validation.csv", table.to_csv(index=False))
-    write_atomic(out / "accuracy.json", json.dumps(accuracy_record(cfg, profiles, table, summ, drifts, out), indent=2) + "\n")
+    write_atomic(out / "accuracy.json", json.dumps(record, indent=2) + "\n")
     from batchlab.calibrate.validate_plot import plot_validation
     plot_validation(table, summ, out / "validation.png")
     return Validation(table, summ)
 
 
-def validate_workload(cfg: RunConfig, name: str, profiles: dict[str, Profile], where: Path, executor: Executor,
-                      say=None) -> tuple[list[pd.DataFrame], dict[str, Drift]]:
-    """One workload: its real runs (and rerun), reference bursts around them, the replays, the
-    saturation bursts. Returns its cells (latency, then saturation) and the drift it measured."""
+@dataclass
+class Measured:
+    """One workload's real side: its sweep, the rerun (None without `validation.noise`) and the
+    machine's speed around them."""
+    real: pd.DataFrame
+    rerun: pd.DataFrame | None
+    drift: dict[str, Drift]
+
+
+def measure_workload(cfg: RunConfig, name: str, profiles: dict[str, Profile], where: Path, say=None) -> Measured:
+    """One workload's real runs (and rerun), the reference bursts around them and its saturation
+    bursts; each kept in `where` as it comes, so a killed validation resumes where it stopped."""
     wc = cfg.workload(name)
     noise, drift_on = cfg.validation.noise, cfg.validation.drift
     levels = sorted({level_of(s) for s in cfg.strategies})
@@ -360,23 +388,75 @@ def validate_workload(cfg: RunConfig, name: str, profiles: dict[str, Profile], w
             rerun = _sweep(wc, where / "rerun", real_backend, say)
         if drift_on:
             reference(ref, "after", levels, real_backend, say)
-        drift = drift_factors(ref, profiles, cfg.strategies) if drift_on else {}
-        sims = simulate_points(wc, real, profiles, executor, drift)
-        lat = accuracy.cells(real, rerun, sims, KEY, accuracy.LATENCY, "latency")
-        lat.insert(1, "workload", name)
-        if drift_on:       # the same replays at the profile's own speed: what the correction earns
-            plain = simulate_points(wc, real, profiles, executor, sides={"sim": 0.0})["sim"]
-            lat = lat.merge(plain.melt(id_vars=KEY, value_vars=list(accuracy.LATENCY), var_name="metric",
-                                       value_name="sim_uncorrected"), on=KEY + ["metric"], how="left")
-        cells = [lat]
         if cfg.validation.saturation:
-            wide = saturation(wc, profiles, where / "saturation.csv", noise, real_backend, drift, say)
-            sat = accuracy.cells(*_sat_sides(wide), ["strategy"], accuracy.SATURATION, "saturation")
-            sat.insert(1, "workload", name)
-            cells.append(sat)
-        return cells, drift
+            where.mkdir(parents=True, exist_ok=True)
+            saturation_real(wc, where / "saturation.csv", noise, real_backend, say)
+        return Measured(real, rerun, drift_factors(ref, profiles, cfg.strategies) if drift_on else {})
     finally:
         real_backend.close()
+
+
+def live_ratios(cfg: RunConfig, measured: dict[str, Measured], profiles: dict[str, Profile],
+                executor: Executor) -> dict[str, dict[str, list[float]]]:
+    """workload -> level -> log(real / replayed) p50 TPOT of every real run (first and rerun), the
+    replay corrected for drift alone: what calibrate/live.py turns into the live factor."""
+    out: dict[str, dict[str, list[float]]] = {}
+    for name, m in measured.items():
+        sim = simulate_points(cfg.workload(name), m.real, profiles, executor, m.drift, sides={"sim": 0.0})["sim"]
+        per = out.setdefault(name, {})
+        for run in [m.real] + ([m.rerun] if m.rerun is not None else []):
+            both = run[KEY + [live.METRIC]].merge(sim[KEY + [live.METRIC]], on=KEY, suffixes=("_real", "_sim"))
+            for _, row in both.iterrows():
+                x = live.log_ratio(float(row[f"{live.METRIC}_real"]), float(row[f"{live.METRIC}_sim"]))
+                per.setdefault(level_of(row["strategy"]), []).append(x)
+    return out
+
+
+def with_live(drift: dict[str, Drift], lives: dict[str, Live]) -> dict[str, Drift]:
+    """The workload's drift per level with its live factor folded in (levels without drift get one)."""
+    out = dict(drift)
+    for level, lv in lives.items():
+        out[level] = replace(out.get(level, NO_DRIFT), live=lv)
+    return out
+
+
+def judge_workload(cfg: RunConfig, name: str, m: Measured, drift: dict[str, Drift], profiles: dict[str, Profile],
+                   where: Path, executor: Executor) -> list[pd.DataFrame]:
+    """One workload's cells: every real point replayed with the step costs scaled by `drift`
+    (latency), then the saturation bursts."""
+    wc = cfg.workload(name)
+    sims = simulate_points(wc, m.real, profiles, executor, drift)
+    lat = accuracy.cells(m.real, m.rerun, sims, KEY, accuracy.LATENCY, "latency")
+    lat.insert(1, "workload", name)
+    if cfg.validation.drift:       # the same replays at the profile's own speed: what the corrections earn
+        plain = simulate_points(wc, m.real, profiles, executor, sides={"sim": 0.0})["sim"]
+        lat = lat.merge(plain.melt(id_vars=KEY, value_vars=list(accuracy.LATENCY), var_name="metric",
+                                   value_name="sim_uncorrected"), on=KEY + ["metric"], how="left")
+    cells = [lat]
+    if cfg.validation.saturation:
+        wide = saturation(wc, profiles, where / "saturation.csv", drift)
+        sat = accuracy.cells(*_sat_sides(wide), ["strategy"], accuracy.SATURATION, "saturation")
+        sat.insert(1, "workload", name)
+        cells.append(sat)
+    return cells
+
+
+def live_record(profiles: dict[str, Profile], ratios: dict[str, dict[str, list[float]]], out: Path) -> dict:
+    """accuracy.json's live section: each workload's leave-one-out factor, the pooled one, and the
+    profiles (`profiles`: level -> the one its strategies replay on) rewritten with the pooled
+    factor (OUT/live_<profile>) for later runs."""
+    if not ratios:
+        return {}
+    per_workload = live.leave_one_out(ratios)
+    written = {}
+    for level, lv in live.pooled(ratios).items():
+        if lv.cells and level in profiles:
+            dst = out / f"live_{Path(profiles[level].path).name}"
+            live.write_live_profile(profiles[level].path, dst, lv, TIME_TERMS)
+            written[level] = {"factor": lv.factor, "se": lv.se, "cells": lv.cells, "profile": str(dst)}
+    return {"metric": live.METRIC, "method": "leave one workload out",
+            "per_workload": {w: {lvl: asdict(lv) for lvl, lv in per.items()} for w, per in per_workload.items()},
+            "pooled": written}
 
 
 def _sweep(wc: RunConfig, path: Path, real: LentBackend, say) -> pd.DataFrame:
@@ -484,7 +564,24 @@ def validate_cmd(config, profiles, overrides, out, executor, twin):
             click.echo(f"drift ({name}): the machine ran the reference burst at " + ", ".join(
                 f"{v['factor']:.2f}x the {lvl}-level profile's time ({_against(v)}; spread {100 * v['spread']:.0f}%)"
                 for lvl, v in f.items()) + "; the replays were scaled by it")
+    for line in live_lines(acc.get("live") or {}, cfg.validation.live):
+        click.echo(line)
     if acc["uncorrected"]:
-        click.echo("without the drift correction, median |error|: " + ", ".join(
+        click.echo("without the drift and live corrections, median |error|: " + ", ".join(
             f"{m} {100 * v['error_median']:.1f}%" for m, v in acc["uncorrected"].items()))
     click.echo(f"wrote {out_dir / 'validation.csv'}, {out_dir / 'accuracy.json'}, {out_dir / 'validation.png'}")
+
+
+def live_lines(rec: dict, on: bool) -> list[str]:
+    """What the live factor did: each workload's (from the others), and the rewritten profiles."""
+    if not on:
+        return []
+    measured = {w: {lvl: v for lvl, v in per.items() if v["cells"]} for w, per in rec.get("per_workload", {}).items()}
+    if not any(measured.values()):
+        return ["live factor: not measured (it needs a second workload: add one under validation.workloads)"]
+    lines = [f"live factor ({w}, from the other workloads' p50 TPOT): " + ", ".join(
+        f"{lvl} {v['factor']:.2f}x (+-{100 * v['se']:.0f}%, {v['cells']} cells)" for lvl, v in per.items())
+        + "; its replays were scaled by it" for w, per in measured.items() if per]
+    for lvl, v in rec.get("pooled", {}).items():
+        lines.append(f"live factor ({lvl}, every workload): {v['factor']:.2f}x; profile with it: {v['profile']}")
+    return lines

@@ -202,3 +202,51 @@ def test_a_server_profile_that_timed_the_drift_probe_is_the_drift_baseline_not_t
     prof = Profile("p.json", load_cost("toy"), 0.1, twin=None, reference_s=1.0)
     d = drift_factors(ref, {SERVER: prof}, ["server"])[SERVER]
     assert d.factor == pytest.approx(1.2) and d.against == "profile time"
+
+
+def test_the_live_factor_from_the_other_workloads_absorbs_a_bias_the_drift_probe_misses(tmp_path):
+    import json
+    # Drift off: nothing tells the replays that the profile reads every step 1.3x slow but the cells
+    # of the other workloads, whose real p50 TPOT sits at 1/1.3 of the replays'
+    three = BASE + ["strategies=[continuous]", "validation.drift=false",
+                    "validation.workloads={bursty: {arrival: gamma, burstiness: 0.25}, long: {prompt_len: 200}}"]
+    v = validate(load_config(None, three), [toy_profile(tmp_path, scale=1.3)], tmp_path / "v")
+    acc = json.loads((tmp_path / "v" / "accuracy.json").read_text())
+    per = acc["live"]["per_workload"]
+    assert set(per) == {"base", "bursty", "long"}
+    for w in per:        # each from the two others' 2 rates x 2 runs (bursty's batches, and so its TPOT, move a little)
+        assert per[w]["iteration"]["factor"] == pytest.approx(1 / 1.3, rel=0.06) and per[w]["iteration"]["cells"] == 8
+    tpot = v.cells[v.cells["metric"] == "tpot_p50"]["error"].abs()
+    assert tpot.max() < 0.06 and tpot.median() < 0.01      # from +30 % (above) everywhere
+    assert v.cells[v.cells["kind"] == "saturation"]["error"].abs().max() < 0.06
+    # the profile again, with the factor pooled over every workload: simulating it reproduces the machine
+    pooled = acc["live"]["pooled"]["iteration"]
+    written = json.loads(open(pooled["profile"]).read())
+    assert written["decode_s_per_row"] == pytest.approx(load_cost("toy").decode_s_per_row, rel=0.02)
+    assert written["live_factor"]["cells"] == 12
+    # off, or with nothing to measure it on (one workload), the bias stays
+    off = validate(load_config(None, three + ["validation.live=false"]), [toy_profile(tmp_path, scale=1.3)], tmp_path / "off")
+    off_tpot = off.cells[off.cells["metric"] == "tpot_p50"]["error"]
+    assert off_tpot.median() == pytest.approx(0.30, abs=0.01) and off_tpot.min() > 0.29
+    one = validate(load_config(None, BASE + ["strategies=[continuous]", "validation.drift=false"]),
+                   [toy_profile(tmp_path, scale=1.3)], tmp_path / "one")
+    assert one.cells[one.cells["metric"] == "tpot_p50"]["error"].to_numpy() == pytest.approx(0.30, abs=0.01)
+    # ...though its own cells still measure a factor for later runs (they are not judged with it)
+    one_live = json.loads((tmp_path / "one" / "accuracy.json").read_text())["live"]
+    assert one_live["per_workload"]["base"]["iteration"]["cells"] == 0
+    assert one_live["pooled"]["iteration"]["factor"] == pytest.approx(1 / 1.3, rel=0.02)
+
+
+def test_the_cli_says_what_the_live_factor_did_or_why_it_could_not():
+    from batchlab.calibrate.validate import live_lines
+    none = {"per_workload": {"base": {"iteration": {"factor": 1.0, "se": 0.0, "cells": 0}}}, "pooled": {}}
+    assert live_lines(none, True) == ["live factor: not measured (it needs a second workload: add one under "
+                                      "validation.workloads)"]
+    assert live_lines(none, False) == []
+    rec = {"per_workload": {"base": {"iteration": {"factor": 1.12, "se": 0.03, "cells": 8}},
+                            "long": {"iteration": {"factor": 1.08, "se": 0.02, "cells": 8}}},
+           "pooled": {"iteration": {"factor": 1.1, "se": 0.02, "cells": 16, "profile": "out/live_p.json"}}}
+    lines = live_lines(rec, True)
+    assert lines[0] == ("live factor (base, from the other workloads' p50 TPOT): iteration 1.12x (+-3%, 8 cells); "
+                        "its replays were scaled by it")
+    assert lines[-1] == "live factor (iteration, every workload): 1.10x; profile with it: out/live_p.json"

@@ -56,6 +56,9 @@ class ValidateConfig(Model):
     """A burst per strategy: throughput where the backend, not the trace, sets it."""
     drift: bool = True
     """Time a reference burst around the runs; scale the profile by the machine's speed now."""
+    live: bool = True
+    """Scale each workload's replays by the live factor: real over replayed p50 TPOT on the *other*
+    workloads (closed-burst profiles read below live traffic); needs two workloads or more."""
 
     @field_validator("workloads")
     @classmethod

@@ -1,0 +1,87 @@
+"""The live factor: how much slower a backend's steps run under live traffic than in the closed
+bursts its profile was fitted on, measured on held-out workloads without judging any of them on
+itself.
+
+A profile times bursts of identical requests arriving at once; live traffic interleaves
+arrivals, mixed lengths, admissions and departures with the steps. On a shared CPU the replays
+of a closed-burst profile read below the real runs in most cells, quiet or busy, and the
+reference-burst drift correction (a closed burst too) does not see it. So `validate` measures it:
+
+    ratio(cell)  = real p50 TPOT / replayed p50 TPOT      per real run (first and rerun), per level
+    live(W, L)   = exp(median log ratio over the cells of every workload but W at level L)
+    se(W, L)     = 1.2533 x sd(log ratios) / sqrt(n)      the median's standard error, relative
+
+Workload W is then replayed with every step cost times drift x live(W, L), and the intervals
+carry se beside the fit's error and the drift's spread. W's own cells never set its factor, so
+every judged cell stays held out (leave one workload out). p50 TPOT is the ratio's metric
+because it is step time alone (TTFT and E2E add queueing, which bends with the step cost).
+The factor pooled over every workload is what a later run should use: `validate` writes each
+profile again with its step costs times that factor.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from batchlab.core.files import write_atomic
+
+METRIC = "tpot_p50"
+SE_OF_MEDIAN = 1.2533141373155   # sqrt(pi / 2): the median's standard error over the mean's, for a normal
+
+
+@dataclass(frozen=True)
+class Live:
+    factor: float = 1.0    # live step time over the profile's (> 1: live traffic runs slower)
+    se: float = 0.0        # relative standard error of the factor
+    cells: int = 0         # the ratios it was measured from (0: none, factor 1)
+
+
+NONE = Live()
+
+
+def estimate(log_ratios: list[float]) -> Live:
+    """The factor from log(real / replayed) ratios: their median, and its standard error."""
+    v = np.asarray([x for x in log_ratios if math.isfinite(x)], dtype=float)
+    if not v.size:
+        return NONE
+    se = SE_OF_MEDIAN * float(np.std(v, ddof=1)) / math.sqrt(v.size) if v.size > 1 else 0.0
+    return Live(float(math.exp(np.median(v))), se, int(v.size))
+
+
+def leave_one_out(ratios: dict[str, dict[str, list[float]]]) -> dict[str, dict[str, Live]]:
+    """workload -> level -> the factor measured on every *other* workload's ratios at that level
+    (`ratios`: workload -> level -> log ratios). A workload with no other at its level gets NONE."""
+    levels = {lvl for per in ratios.values() for lvl in per}
+    return {w: {lvl: estimate([x for o, per in ratios.items() if o != w for x in per.get(lvl, [])])
+                for lvl in levels} for w in ratios}
+
+
+def pooled(ratios: dict[str, dict[str, list[float]]]) -> dict[str, Live]:
+    """level -> the factor over every workload's ratios: what a later run of the profile should use."""
+    levels = {lvl for per in ratios.values() for lvl in per}
+    return {lvl: estimate([x for per in ratios.values() for x in per.get(lvl, [])]) for lvl in levels}
+
+
+def log_ratio(real: float, replayed: float) -> float:
+    """log(real / replayed), NaN where either is missing or not positive (a point with no TPOT)."""
+    if not (real > 0 and replayed > 0 and math.isfinite(real) and math.isfinite(replayed)):
+        return float("nan")
+    return math.log(real / replayed)
+
+
+def write_live_profile(src: str, dst: Path, live: Live, time_terms: tuple[str, ...]) -> None:
+    """The profile `src` with every step-time term (and the shape correction's seconds) times the
+    live factor, and the factor recorded, so `backend.profile: dst` simulates live traffic."""
+    record = json.loads(Path(src).read_text())
+    for k in time_terms:
+        if isinstance(record.get(k), (int, float)):
+            record[k] = record[k] * live.factor
+    if record.get("shape_s"):
+        record["shape_s"] = [[x, y * live.factor] for x, y in record["shape_s"]]
+    record["live_factor"] = {"factor": live.factor, "se": live.se, "cells": live.cells, "metric": METRIC,
+                             "from": str(src)}
+    write_atomic(dst, json.dumps(record, indent=2) + "\n")
