@@ -151,8 +151,9 @@ def validate_sim(d: dict) -> str:
     if d.get("ablation"):
         full = {m["metric"]: m for m in d["metrics"]}
         keys = [k for k in METRIC_NAMES if k in full]
-        lines += ["", "What each term of the step model earns (same real runs; profiles refitted with the term "
-                  "held at zero; median absolute error" + (", and the share of cells where the simulator read below the "
+        lines += ["", "What each term of the step model and each correction earns (same real runs; profiles refitted "
+                  "with the term held at zero, or the correction switched off; median absolute error"
+                  + (", and the share of cells where the simulator read below the "
                   "real run" if d.get("signs") else "") + "):", "",
                   "| model | " + " | ".join(METRIC_NAMES[k] for k in keys) + " |", "|---" * (len(keys) + 1) + "|",
                   "| the whole model | " + " | ".join(pct(full[k]["error_median"]) + _below(d.get("signs", {}).get(k, {}))
@@ -184,6 +185,23 @@ def _live(rec: dict | None) -> list[str]:
                 for w, f in per.items() if f)
             + ("; over every workload " + ", ".join(f"{v['factor']:.2f}× ({lvl})" for lvl, v in pooled.items())
                + ", the factor written into the live profiles." if pooled else ".")]
+
+
+def same_point(d: dict) -> str:
+    """One trace run again and again in one process: its spread, its trend, and where the replay falls."""
+    lines = [f"`{d['command']}` ({d['runs']} runs per strategy of one {d['rate']:g} req/s trace, {d['duration_s']:g} s "
+             f"measured each, strategies alternating, one process and one model load; {_load(d)}):", "",
+             "| strategy | metric | median | min / max over the median | CV | later half / earlier half "
+             "| replayed at the profile's speed | real runs above the replay |", "|---|---|---|---|---|---|---|---|"]
+    for strategy, per in d["per_strategy"].items():
+        for m, v in per.items():
+            replay = f"{1e3 * v['replayed']:.1f} ms" if "replayed" in v else "–"
+            above = f"{v['real_runs_above_replay']:.0%}" if "replayed" in v else "–"
+            lines.append(f"| {strategy} | {METRIC_NAMES.get(m, m)} | {1e3 * v['median']:.1f} ms | "
+                         f"{v['min_over_median']:.2f} / {v['max_over_median']:.2f} | {100 * v['cv']:.0f} % | "
+                         f"{v['later_over_earlier']:.2f} | {replay} | {above} |")
+    lines += ["", f"Python objects alive grew by {d['objects_growth_per_run']:,.0f} per run."]
+    return "\n".join(lines)
 
 
 def _memory(res: dict) -> str:
@@ -552,8 +570,9 @@ def _twin_validate(cond: str, v: dict) -> list[str]:
               f"burst timed around each workload's runs, against the profile): {drift}."]
     if v.get("uncorrected"):
         plain = "; ".join(f"{METRIC_NAMES.get(k, k)} {_pct(e['error_median'])}" for k, e in v["uncorrected"].items())
-        lines += [f"Without the drift correction, the median errors are {plain}."]
-    return lines
+        corrections = "drift and live corrections" if v.get("live") else "drift correction"
+        lines += [f"Without the {corrections}, the median errors are {plain}."]
+    return lines + _live(v.get("live"))
 
 
 def _twin_earlier(cond: dict) -> list[str]:
@@ -564,7 +583,7 @@ def _twin_earlier(cond: dict) -> list[str]:
                         + (f" (below the server in {e['signs'][m['metric']]['below']:.0%})" if m["metric"] in e["signs"] else "")
                         for m in e["metrics"])
         lines += ["", f"The same runs replayed on `{e.get('twin', 'twin.yaml')}` (`{e['command']}`): median error {per}; "
-                  f"intervals held {_pct(e['coverage'])}."]
+                  f"intervals held {_pct(e['coverage'])}" + (" (with the live factor)." if e.get("live") else ".")]
     return lines
 
 
@@ -885,7 +904,7 @@ RENDER = {"sim_speed": sim_speed, "hf_dynamic_vs_naive": hf_dynamic_vs_naive, "e
           "prefix_cache": prefix_cache, "policies": policies, "ray_sweep": ray_sweep,
           "roofline_check": roofline_check, "size_search": size_search, "length_grouping": length_grouping,
           "four_modes": four_modes, "closed_loop": closed_loop, "loadgen": loadgen,
-          "plan_cpu": plan_cpu}
+          "plan_cpu": plan_cpu, "same_point": same_point}
 # Result files written by a benchmark with other settings (serving-max-num-seqs-128.json, ...) use its renderer.
 FAMILIES = {"serving-": serving, "validate_sim_": validate_sim, "twin_": twin, "four_modes_": four_modes,
             "length_grouping_": length_grouping}

@@ -233,10 +233,10 @@ class Campaign:
         if "validate" in self.cond:          # the same real runs replayed on an earlier twin: kept beside
             earlier = self.cond["validate"]
             self.cond.setdefault("earlier_validations", []).append(
-                {k: earlier[k] for k in ("metrics", "signs", "coverage", "drift", "uncorrected", "command", "twin")
+                {k: earlier[k] for k in ("metrics", "signs", "coverage", "drift", "live", "uncorrected", "command", "twin")
                  if k in earlier})
         self.save("validate", {"rates": rates, "metrics": acc["metrics"], "drift": acc["drift"], "load_1min": acc["load_1min"],
-                               "uncorrected": acc["uncorrected"], "signs": sides(v.cells),
+                               "live": acc.get("live", {}), "uncorrected": acc["uncorrected"], "signs": sides(v.cells),
                                "coverage": float(v.cells["inside"].mean()), "cells": len(v.cells)})
 
     def rates(self, cfg, backend) -> dict[str, list[float]]:

@@ -62,8 +62,12 @@ def sh(cmd: list[str], env: dict[str, str]) -> None:
 # What each later term of the step model earns: the same real runs, the profiles refitted with the
 # term held at zero; "five-term model" is the model without any of the three.
 VARIANTS = {"without attention": "attn_s_per_pair", "without admission": "admit_s", "without warm-up": "warmup_s",
-            "without the shape correction": "shape_s", "five-term model": "attn_s_per_pair,admit_s,warmup_s,shape_s",
-            "without the live factor": ""}   # "": the same profiles, validated with validation.live=false
+            "without the shape correction": "shape_s", "five-term model": "attn_s_per_pair,admit_s,warmup_s,shape_s"}
+# The corrections the replays get, switched off one at a time: the same profiles, validated with
+# these config keys (the drift probe alone; the live factor alone, measured against replays at
+# the profiles' own speed)
+SWITCHES = {"without the live factor": "no-live", "without the drift probe": "no-drift"}
+SETTINGS = {"no-live": ["validation.live=false"], "no-drift": ["validation.drift=false"]}
 
 
 def ablate(bl: list[str], config: Path, out: Path, strategies: list[str], env: dict[str, str]) -> dict:
@@ -71,8 +75,8 @@ def ablate(bl: list[str], config: Path, out: Path, strategies: list[str], env: d
     are copied, so `validate` resumes them (nothing real runs again) and only the replays change."""
     import shutil
     result = {}
-    for name, without in VARIANTS.items():
-        tag = without.replace(",", "+") or "no-live"
+    for name, without in list(VARIANTS.items()) + list(SWITCHES.items()):
+        tag = without.replace(",", "+")
         vdir = out / "ablation" / tag
         if vdir.exists():
             shutil.rmtree(vdir)
@@ -87,12 +91,13 @@ def ablate(bl: list[str], config: Path, out: Path, strategies: list[str], env: d
         profiles = []
         for strategy in dict.fromkeys("continuous" if s == "continuous" else "dynamic" for s in strategies):
             dst = vdir / f"profile_{strategy}.json"
-            if without:
+            if without not in SETTINGS:
                 sh(bl + ["profile", "--refit", str(out / f"profile_{strategy}.json"), "--without", without, "--out", str(dst)], env)
             else:
                 shutil.copy(out / f"profile_{strategy}.json", dst)
             profiles += ["--profile", str(dst)]
-        sh(bl + ["validate", str(config), *profiles, "--out", str(vdir)] + ([] if without else ["--set", "validation.live=false"]), env)
+        sets = [a for kv in SETTINGS.get(without, []) for a in ("--set", kv)]
+        sh(bl + ["validate", str(config), *profiles, "--out", str(vdir)] + sets, env)
         metrics = json.loads((vdir / "accuracy.json").read_text())["metrics"]
         below = sides(pd.read_csv(vdir / "validation.csv"))
         result[name] = {m["metric"]: {"error_median": m["error_median"], "error_p90": m["error_p90"],
