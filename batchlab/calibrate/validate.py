@@ -7,7 +7,9 @@ For each workload (the config's own traffic, `base`, and any held-out ones in `v
    the profile of the path the strategy uses (request-level for naive/dynamic, iteration-level for
    continuous) or, for a server (backend.kind openai), on its twin (`--twin`: the twin config
    `batchlab profile` wrote, its scheduler and limits); twice more with costs scaled by 1 -+ the
-   fit's RMS error;
+   fit's RMS error; every replay's step costs times the machine's speed around the runs (a
+   reference burst, `validation.drift`) and the live factor measured on the *other* workloads'
+   real runs (calibrate/live.py, `validation.live`), so no workload is judged on itself;
 4. a burst per strategy (a queue that never empties) on both sides: throughput is judged there,
    where the backend sets it; below capacity the trace sets it and hides any error.
 Latency (p50 E2E, p50/p99 TTFT, p50 TPOT) is judged per trace below capacity. The profiles are
