@@ -572,17 +572,31 @@ def _twin_validate(cond: str, v: dict) -> list[str]:
         plain = "; ".join(f"{METRIC_NAMES.get(k, k)} {_pct(e['error_median'])}" for k, e in v["uncorrected"].items())
         corrections = "drift and live corrections" if v.get("live") else "drift correction"
         lines += [f"Without the {corrections}, the median errors are {plain}."]
-    return lines + _live(v.get("live"))
+    return lines + _live(v.get("live")) + _without_live(v.get("without_live"))
+
+
+def _without_live(w: dict | None) -> list[str]:
+    """The same runs replayed with the drift probe alone: what the live factor earns."""
+    if not w:
+        return []
+    per = "; ".join(f"{METRIC_NAMES.get(m['metric'], m['metric'])} {_pct(m['error_median'])}"
+                    + (f" (below the server in {w['signs'][m['metric']]['below']:.0%})" if m["metric"] in w["signs"] else "")
+                    for m in w["metrics"])
+    return ["", f"The same replays without the live factor (the drift probe alone): median error {per}; "
+            f"intervals held {_pct(w['coverage'])}."]
 
 
 def _twin_earlier(cond: dict) -> list[str]:
     """The same real runs replayed on an earlier twin (another placement of the front end, say)."""
     lines = []
+    rates = cond.get("validate", {}).get("rates")
     for e in cond.get("earlier_validations", []):
         per = "; ".join(f"{METRIC_NAMES.get(m['metric'], m['metric'])} {_pct(m['error_median'])}"
                         + (f" (below the server in {e['signs'][m['metric']]['below']:.0%})" if m["metric"] in e["signs"] else "")
                         for m in e["metrics"])
-        lines += ["", f"The same runs replayed on `{e.get('twin', 'twin.yaml')}` (`{e['command']}`): median error {per}; "
+        runs = ("The same runs" if e.get("rates", rates) == rates else
+                "Earlier real runs (req/s " + "; ".join(f"`{w}` {r}" for w, r in e["rates"].items()) + ")")
+        lines += ["", f"{runs} replayed on `{e.get('twin', 'twin.yaml')}` (`{e['command']}`): median error {per}; "
                   f"intervals held {_pct(e['coverage'])}" + (" (with the live factor)." if e.get("live") else ".")]
     return lines
 

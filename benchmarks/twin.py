@@ -230,14 +230,29 @@ class Campaign:
         for line in report_lines(v):
             print(line)
         acc = json.loads((where / "accuracy.json").read_text())
-        if "validate" in self.cond:          # the same real runs replayed on an earlier twin: kept beside
-            earlier = self.cond["validate"]
+        earlier = self.cond.get("validate")
+        if earlier and (earlier.get("profile"), earlier.get("twin")) != (self.profile_id(), os.path.relpath(self.twin_file(), ROOT)):
+            # the same real runs replayed on an earlier twin: kept beside
             self.cond.setdefault("earlier_validations", []).append(
-                {k: earlier[k] for k in ("metrics", "signs", "coverage", "drift", "live", "uncorrected", "command", "twin")
+                {k: earlier[k] for k in ("metrics", "signs", "coverage", "drift", "live", "uncorrected", "command", "twin", "rates")
                  if k in earlier})
         self.save("validate", {"rates": rates, "metrics": acc["metrics"], "drift": acc["drift"], "load_1min": acc["load_1min"],
                                "live": acc.get("live", {}), "uncorrected": acc["uncorrected"], "signs": sides(v.cells),
-                               "coverage": float(v.cells["inside"].mean()), "cells": len(v.cells)})
+                               "coverage": float(v.cells["inside"].mean()), "cells": len(v.cells)}
+                  | ({"without_live": self.without_live(vcfg, where)} if vcfg.validation.live else {}))
+
+    def without_live(self, vcfg, where: Path) -> dict:
+        """The same real runs replayed with the drift probe alone (no live factor), in a copy of the
+        validation's directory: what the live factor earns."""
+        import shutil
+        copy = where.parent / "validate-without-live"
+        if copy.exists():
+            shutil.rmtree(copy)
+        shutil.copytree(where, copy)
+        off = vcfg.model_copy(update={"validation": vcfg.validation.model_copy(update={"live": False})})
+        v = validate(off, [], copy, twin=str(self.twin_path()))
+        acc = json.loads((copy / "accuracy.json").read_text())
+        return {"metrics": acc["metrics"], "signs": sides(v.cells), "coverage": float(v.cells["inside"].mean())}
 
     def rates(self, cfg, backend) -> dict[str, list[float]]:
         """Each workload's validation rates: --fractions of what the server completes saturated on
