@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -37,6 +37,9 @@ COEFFS = ("overhead_s", "kv_s_per_token", "prefill_s_per_token", "decode_s_per_r
 # zero in presets and in profiles fitted before them, so those simulate exactly as they did.
 LATER_TERMS = ("attn_s_per_pair", "admit_s", "warmup_s")
 WARM_STEPS = 32            # request-level decode steps over which a call's warm-up fades out
+# Every timing a step-time model holds, in seconds (besides the shape correction's knots): what a
+# machine running faster or slower scales
+TIME_TERMS = ("overhead_s", "weight_s") + COEFFS[1:] + ("frontend_s",)
 
 
 def features(context_tokens: float, prefill_tokens: float, decode_rows: float, attn_pairs: float = 0.0,
@@ -162,6 +165,12 @@ class StepCost:
             if t >= until:
                 break
         return ends
+
+    def scaled(self, k: float) -> "StepCost":
+        """The same model on a machine `k` times as slow: every timing and the shape correction's
+        seconds times k; sizes and the memory budget unchanged."""
+        return replace(self, **{t: k * getattr(self, t) for t in TIME_TERMS},
+                       shape_s=tuple((x, k * y) for x, y in self.shape_s))
 
     @property
     def fixed_s(self) -> float:

@@ -22,11 +22,12 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 
+from batchlab.backends.cost import StepCost
 from batchlab.core.files import write_atomic
 
 METRIC = "tpot_p50"
@@ -73,15 +74,11 @@ def log_ratio(real: float, replayed: float) -> float:
     return math.log(real / replayed)
 
 
-def write_live_profile(src: str, dst: Path, live: Live, time_terms: tuple[str, ...]) -> None:
-    """The profile `src` with every step-time term (and the shape correction's seconds) times the
-    live factor, and the factor recorded, so `backend.profile: dst` simulates live traffic."""
-    record = json.loads(Path(src).read_text())
-    for k in time_terms:
-        if isinstance(record.get(k), (int, float)):
-            record[k] = record[k] * live.factor
-    if record.get("shape_s"):
-        record["shape_s"] = [[x, y * live.factor] for x, y in record["shape_s"]]
+def write_live_profile(src: str, dst: Path, live: Live) -> None:
+    """The profile `src` with its step-time model scaled by the live factor (`StepCost.scaled`),
+    everything else it holds kept and the factor recorded, so `backend.profile: dst` simulates
+    live traffic."""
+    record = json.loads(Path(src).read_text()) | asdict(StepCost.from_json(src).scaled(live.factor))
     record["live_factor"] = {"factor": live.factor, "se": live.se, "cells": live.cells, "metric": METRIC,
                              "from": str(src)}
     write_atomic(dst, json.dumps(record, indent=2) + "\n")

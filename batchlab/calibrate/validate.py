@@ -32,7 +32,7 @@ import numpy as np
 import pandas as pd
 
 from batchlab.backends import TARGET, make_backend
-from batchlab.backends.cost import COEFFS, StepCost
+from batchlab.backends.cost import StepCost
 from batchlab.backends.simulated import SimOptions, SimulatedBackend
 from batchlab.calibrate import accuracy, live
 from batchlab.calibrate.live import NONE as LIVE_NONE
@@ -52,7 +52,6 @@ from batchlab.run.sweep import points, run_sweep
 from batchlab.schedulers import scheduler_class
 
 KEY = ["strategy", "rate", "repeat"]
-TIME_TERMS = ("overhead_s", "weight_s") + COEFFS[1:] + ("frontend_s",)   # every timing a profile can hold
 SERVER = "server"                # the level of a strategy a load target batches for itself
 
 
@@ -122,8 +121,7 @@ def sim_cost(cfg: RunConfig, cost: StepCost, scale: float = 1.0) -> StepCost:
     """The profile's timings (every step-time term times `scale`) with the real run's memory
     budget, so memory triggers match."""
     if scale != 1.0:
-        cost = replace(cost, **{k: scale * getattr(cost, k) for k in TIME_TERMS},
-                       shape_s=tuple((x, scale * y) for x, y in cost.shape_s))
+        cost = cost.scaled(scale)
     budget = cfg.backend.model_dump().get("memory_budget_bytes")     # the real kind's key, if it has one
     return replace(cost, kv_budget_bytes=budget) if budget else cost
 
@@ -354,7 +352,7 @@ def validate(cfg: RunConfig, profile_paths: list[str], out: Path, progress=None,
     table = accuracy.with_errors(pd.concat(parts, ignore_index=True))
     summ = accuracy.summary(table)
     record = accuracy_record(cfg, profiles, table, summ, {name: m.drift for name, m in measured.items()}, out)
-    record["live"] = live_record({level_of(s): profile_for(s, profiles) for s in cfg.strategies}, ratios, out)
+    record["live"] = live_record({level_of(s): profile_for(s, profiles) for s in cfg.strategies}, ratios, lives, out)
     write_atomic(out / "validation.csv", table.to_csv(index=False))
     write_atomic(out / "accuracy.json", json.dumps(record, indent=2) + "\n")
     from batchlab.calibrate.validate_plot import plot_validation
@@ -443,18 +441,18 @@ def judge_workload(cfg: RunConfig, name: str, m: Measured, drift: dict[str, Drif
     return cells
 
 
-def live_record(profiles: dict[str, Profile], ratios: dict[str, dict[str, list[float]]], out: Path) -> dict:
-    """accuracy.json's live section: each workload's leave-one-out factor, the pooled one, and the
-    profiles (`profiles`: level -> the one its strategies replay on) rewritten with the pooled
-    factor (OUT/live_<profile>) for later runs."""
+def live_record(profiles: dict[str, Profile], ratios: dict[str, dict[str, list[float]]],
+                per_workload: dict[str, dict[str, Live]], out: Path) -> dict:
+    """accuracy.json's live section: each workload's leave-one-out factor (`per_workload`), the
+    one pooled over every workload's `ratios`, and the profiles (`profiles`: level -> the one its
+    strategies replay on) rewritten with the pooled factor (OUT/live_<profile>) for later runs."""
     if not ratios:
         return {}
-    per_workload = live.leave_one_out(ratios)
     written = {}
     for level, lv in live.pooled(ratios).items():
         if lv.cells and level in profiles:
             dst = out / f"live_{Path(profiles[level].path).name}"
-            live.write_live_profile(profiles[level].path, dst, lv, TIME_TERMS)
+            live.write_live_profile(profiles[level].path, dst, lv)
             written[level] = {"factor": lv.factor, "se": lv.se, "cells": lv.cells, "profile": str(dst)}
     return {"metric": live.METRIC, "method": "leave one workload out",
             "per_workload": {w: {lvl: asdict(lv) for lvl, lv in per.items()} for w, per in per_workload.items()},

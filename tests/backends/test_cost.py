@@ -69,3 +69,15 @@ def test_a_front_end_on_the_engine_is_engine_time_not_a_delay():
     assert (beside.arrival_delay_s, beside.frontend_engine_s) == (5e-3, 0.0)
     assert (shared.arrival_delay_s, shared.frontend_engine_s) == (0.0, 5e-3)
     assert shared.step_time(100, 64, 8, admitted=2) == beside.step_time(100, 64, 8, admitted=2)   # steps alike
+
+
+def test_a_scaled_model_times_every_step_by_the_factor_and_keeps_its_sizes():
+    from dataclasses import replace
+
+    from batchlab.backends.presets import load_cost
+    toy = replace(load_cost("toy"), attn_s_per_pair=1e-9, admit_s=1e-4, warmup_s=2e-4, frontend_s=3e-3,
+                  shape_s=((1.0, 0.001), (64.0, -0.002)))
+    slow = toy.scaled(1.5)
+    assert slow.step_time(300, 40, 6, 900.0, 2, 0.5) == pytest.approx(1.5 * toy.step_time(300, 40, 6, 900.0, 2, 0.5))
+    assert slow.frontend_s == pytest.approx(1.5 * toy.frontend_s)
+    assert (slow.kv_bytes_per_token, slow.kv_budget_bytes) == (toy.kv_bytes_per_token, toy.kv_budget_bytes)

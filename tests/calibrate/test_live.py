@@ -35,12 +35,17 @@ def test_a_missing_or_nonpositive_tpot_gives_no_ratio():
 
 
 def test_the_live_profile_scales_every_step_time_and_the_shape_knots(tmp_path):
+    from dataclasses import replace
+
+    from batchlab.backends.presets import load_cost
     src = tmp_path / "p.json"
-    src.write_text(json.dumps({"overhead_s": 0.01, "decode_s_per_row": 0.002, "kv_bytes_per_token": 64,
-                               "shape_s": [[1, 0.001], [32, -0.002]], "fit_rms_rel_error": 0.1}))
-    live.write_live_profile(str(src), tmp_path / "live.json", live.Live(1.25, 0.03, 12), ("overhead_s", "decode_s_per_row"))
+    toy = replace(load_cost("toy"), shape_s=((1.0, 0.001), (32.0, -0.002)))
+    toy.to_json(src, fit_rms_rel_error=0.1, level="iteration")
+    live.write_live_profile(str(src), tmp_path / "live.json", live.Live(1.25, 0.03, 12))
     out = json.loads((tmp_path / "live.json").read_text())
-    assert out["overhead_s"] == pytest.approx(0.0125) and out["decode_s_per_row"] == pytest.approx(0.0025)
-    assert out["kv_bytes_per_token"] == 64 and out["fit_rms_rel_error"] == 0.1     # sizes and the fit's error unchanged
+    assert out["overhead_s"] == pytest.approx(1.25 * toy.overhead_s)
+    assert out["decode_s_per_row"] == pytest.approx(1.25 * toy.decode_s_per_row)
+    assert out["kv_bytes_per_token"] == toy.kv_bytes_per_token and out["kv_budget_bytes"] == toy.kv_budget_bytes
+    assert out["fit_rms_rel_error"] == 0.1 and out["level"] == "iteration"    # what the profile holds besides: kept
     assert out["shape_s"] == [[1, pytest.approx(0.00125)], [32, pytest.approx(-0.0025)]]
     assert out["live_factor"]["factor"] == 1.25 and out["live_factor"]["cells"] == 12
