@@ -40,6 +40,9 @@ WARM_STEPS = 32            # request-level decode steps over which a call's warm
 # Every timing a step-time model holds, in seconds (besides the shape correction's knots): what a
 # machine running faster or slower scales
 TIME_TERMS = ("overhead_s", "weight_s") + COEFFS[1:] + ("frontend_s",)
+# The timings a request pays before its first token and never after: its prompt's pass (per token,
+# per prefill step, attention over the prompt, admission) and the server's front end
+FIRST_TOKEN_TERMS = ("prefill_s_per_token", "prefill_step_s", "attn_s_per_pair", "admit_s", "frontend_s")
 
 
 def features(context_tokens: float, prefill_tokens: float, decode_rows: float, attn_pairs: float = 0.0,
@@ -166,10 +169,11 @@ class StepCost:
                 break
         return ends
 
-    def scaled(self, k: float) -> "StepCost":
+    def scaled(self, k: float, first: float = 1.0) -> "StepCost":
         """The same model on a machine `k` times as slow: every timing and the shape correction's
-        seconds times k; sizes and the memory budget unchanged."""
-        return replace(self, **{t: k * getattr(self, t) for t in TIME_TERMS},
+        seconds times k, and the first-token terms (FIRST_TOKEN_TERMS) times `first` besides; sizes
+        and the memory budget unchanged."""
+        return replace(self, **{t: k * (first if t in FIRST_TOKEN_TERMS else 1.0) * getattr(self, t) for t in TIME_TERMS},
                        shape_s=tuple((x, k * y) for x, y in self.shape_s))
 
     @property

@@ -17,6 +17,21 @@ every judged cell stays held out (leave one workload out). p50 TPOT is the ratio
 because it is step time alone (TTFT and E2E add queueing, which bends with the step cost).
 The factor pooled over every workload is what a later run should use: `validate` writes each
 profile again with its step costs times that factor.
+
+The first-token factor: what is left of the first token's error once the steps run at live speed.
+A server's first token can cost more (or less) under live traffic than its steps say: tokenizing,
+admission, a front end sharing the processor. After the live factor, `validate` replays each real
+point twice more, with the first-token terms (StepCost.FIRST_TOKEN_TERMS: the prompt's pass and
+the front end) at 1x and at PROBE x, and per cell
+
+    x = log(real p50 TTFT / replayed at 1x),  s = log(replayed at PROBE / replayed at 1x) / log PROBE
+    u = x / s        the log factor on those terms that would put this cell's TTFT on the real one
+
+(s: how much of the cell's TTFT those terms carry; cells below MIN_SHARE, where queueing behind
+other requests' steps sets the TTFT, are left out). u goes through the same leave-one-out median
+and standard error as the live factor's log ratios. TTFT is not linear in the log of the factor
+(a fixed part stays), so a second pass measures x and s again around the first pass's factor
+(the probe at that factor and PROBE x it) and adds its log: one Newton step.
 """
 from __future__ import annotations
 
@@ -31,6 +46,10 @@ from batchlab.backends.cost import StepCost
 from batchlab.core.files import write_atomic
 
 METRIC = "tpot_p50"
+FIRST_METRIC = "ttft_p50"
+PROBE = 1.5              # the first-token terms' trial factor, for each cell's sensitivity s
+MIN_SHARE = 0.1          # the least d log TTFT / d log (first-token terms) a cell must have to be used
+FIRST_PASSES = 2         # the second pass measures around the first's factor (TTFT is not linear in log factor)
 SE_OF_MEDIAN = 1.2533141373155   # sqrt(pi / 2): the median's standard error over the mean's, for a normal
 
 
@@ -74,11 +93,23 @@ def log_ratio(real: float, replayed: float) -> float:
     return math.log(real / replayed)
 
 
-def write_live_profile(src: str, dst: Path, live: Live) -> None:
-    """The profile `src` with its step-time model scaled by the live factor (`StepCost.scaled`),
-    everything else it holds kept and the factor recorded, so `backend.profile: dst` simulates
-    live traffic."""
-    record = json.loads(Path(src).read_text()) | asdict(StepCost.from_json(src).scaled(live.factor))
+def first_token_log(real: float, at_one: float, at_probe: float) -> float:
+    """u = x / s for one cell (see the module's doc): NaN where a value is missing or the
+    first-token terms carry less than MIN_SHARE of the cell's TTFT."""
+    x, dx = log_ratio(real, at_one), log_ratio(at_probe, at_one)
+    if not (math.isfinite(x) and math.isfinite(dx)) or dx / math.log(PROBE) < MIN_SHARE:
+        return float("nan")
+    return x * math.log(PROBE) / dx
+
+
+def write_live_profile(src: str, dst: Path, live: Live, first: Live = NONE) -> None:
+    """The profile `src` with its step-time model scaled by the live factor and its first-token
+    terms by the first-token factor (`StepCost.scaled`), everything else it holds kept and the
+    factors recorded, so `backend.profile: dst` simulates live traffic."""
+    record = json.loads(Path(src).read_text()) | asdict(StepCost.from_json(src).scaled(live.factor, first.factor))
     record["live_factor"] = {"factor": live.factor, "se": live.se, "cells": live.cells, "metric": METRIC,
                              "from": str(src)}
+    if first.cells:
+        record["first_token_factor"] = {"factor": first.factor, "se": first.se, "cells": first.cells,
+                                        "metric": FIRST_METRIC}
     write_atomic(dst, json.dumps(record, indent=2) + "\n")

@@ -30,6 +30,7 @@ from pathlib import Path
 import click
 import numpy as np
 import pandas as pd
+import yaml
 
 from batchlab.backends import TARGET, make_backend
 from batchlab.backends.cost import StepCost
@@ -117,11 +118,11 @@ def profile_for(strategy: str, profiles: dict[str, Profile]) -> Profile:
                       f"`batchlab profile --strategy {strategy} ...` and pass it with --profile")
 
 
-def sim_cost(cfg: RunConfig, cost: StepCost, scale: float = 1.0) -> StepCost:
-    """The profile's timings (every step-time term times `scale`) with the real run's memory
-    budget, so memory triggers match."""
-    if scale != 1.0:
-        cost = cost.scaled(scale)
+def sim_cost(cfg: RunConfig, cost: StepCost, scale: float = 1.0, first: float = 1.0) -> StepCost:
+    """The profile's timings (every step-time term times `scale`, the first-token terms times
+    `first` besides) with the real run's memory budget, so memory triggers match."""
+    if (scale, first) != (1.0, 1.0):
+        cost = cost.scaled(scale, first)
     budget = cfg.backend.model_dump().get("memory_budget_bytes")     # the real kind's key, if it has one
     return replace(cost, kv_budget_bytes=budget) if budget else cost
 
@@ -142,7 +143,7 @@ def simulate_points(cfg: RunConfig, real: pd.DataFrame, profiles: dict[str, Prof
             prof = profile_for(point["strategy"], profiles)
             d = (drift or {}).get(level_of(point["strategy"]), NO_DRIFT)
             calls.append((cfg, point["strategy"], float(point["rate"]), int(point["repeat"]), prof,
-                          sim_cost(cfg, prof.cost, d.scale * (1 + k * d.sigma(prof)))))
+                          sim_cost(cfg, prof.cost, *d.side(prof, k))))
     rows: list[dict | None] = [None] * len(calls)
     for fin in (executor or LocalExecutor()).map(sim_point, calls):
         if fin.error is not None:
@@ -212,7 +213,7 @@ def saturation(cfg: RunConfig, profiles: dict[str, Profile], path: Path, drift: 
         d = drift.get(level_of(strategy), NO_DRIFT)
         run_cfg, runs_as = prof.replay_as(cfg, strategy)
         for side, k in SIDES.items():
-            b = SimulatedBackend(sim_cost(cfg, prof.cost, d.scale * (1 + k * d.sigma(prof))))
+            b = SimulatedBackend(sim_cost(cfg, prof.cost, *d.side(prof, k)))
             res = run_point(run_cfg, runs_as, rate, 0, b, trace)
             rows.append(pd.DataFrame([{"strategy": strategy, "side": side,
                                        "throughput_tok_s": saturated_tokens(res.requests)}]))
@@ -301,6 +302,7 @@ class Drift:
     against: str = "prediction"   # what the factor divides by: the profile's prediction of the probe, or the probe
                                   # as timed when the server was profiled ("profile time": free of the fit's error)
     live: Live = LIVE_NONE        # live traffic's step time over closed bursts', from the other workloads (calibrate/live.py)
+    first: Live = LIVE_NONE       # the first-token terms' factor left after that, from the other workloads' p50 TTFT
 
     @property
     def scale(self) -> float:
@@ -309,6 +311,11 @@ class Drift:
 
     def sigma(self, prof: Profile) -> float:
         return math.hypot(prof.sigma, self.spread, self.live.se)
+
+    def side(self, prof: Profile, k: float) -> tuple[float, float]:
+        """(every step cost's factor, the first-token terms' factor besides) for an interval side
+        k (0: the replay, -1 / +1: its bounds): each factor moved by k times its own uncertainty."""
+        return self.scale * (1 + k * self.sigma(prof)), self.first.factor * (1 + k * self.first.se)
 
 
 NO_DRIFT = Drift()
@@ -345,6 +352,11 @@ def validate(cfg: RunConfig, profile_paths: list[str], out: Path, progress=None,
         ratios = live_ratios(cfg, measured, profiles, executor) if cfg.validation.live else {}
         lives = live.leave_one_out(ratios)
         drifts = {name: with_live(m.drift, lives.get(name, {})) for name, m in measured.items()}
+        firsts: dict[str, dict[str, list[float]]] = {}
+        for _ in range(live.FIRST_PASSES if cfg.validation.first_token else 0):
+            firsts = first_token_logs(cfg, measured, drifts, profiles, executor)
+            drifts = {name: with_live(d, live.leave_one_out(firsts).get(name, {}), "first") for name, d in drifts.items()}
+        first = live.leave_one_out(firsts)
         parts = [c for name in names for c in judge_workload(cfg, name, measured[name], drifts[name], profiles,
                                                              out / name, executor)]
     finally:
@@ -352,9 +364,12 @@ def validate(cfg: RunConfig, profile_paths: list[str], out: Path, progress=None,
     table = accuracy.with_errors(pd.concat(parts, ignore_index=True))
     summ = accuracy.summary(table)
     record = accuracy_record(cfg, profiles, table, summ, {name: m.drift for name, m in measured.items()}, out)
-    record["live"] = live_record({level_of(s): profile_for(s, profiles) for s in cfg.strategies}, ratios, lives, out)
+    record["live"] = live_record({level_of(s): profile_for(s, profiles) for s in cfg.strategies}, ratios, lives, out,
+                                 (firsts, first))
+    record["twin"] = twin
     write_atomic(out / "validation.csv", table.to_csv(index=False))
     write_atomic(out / "accuracy.json", json.dumps(record, indent=2) + "\n")
+    write_atomic(out / "validate.yaml", config_text(cfg))
     from batchlab.calibrate.validate_plot import plot_validation
     plot_validation(table, summ, out / "validation.png")
     return Validation(table, summ)
@@ -412,11 +427,34 @@ def live_ratios(cfg: RunConfig, measured: dict[str, Measured], profiles: dict[st
     return out
 
 
-def with_live(drift: dict[str, Drift], lives: dict[str, Live]) -> dict[str, Drift]:
-    """The workload's drift per level with its live factor folded in (levels without drift get one)."""
+def first_token_logs(cfg: RunConfig, measured: dict[str, Measured], drifts: dict[str, dict[str, Drift]],
+                     profiles: dict[str, Profile], executor: Executor) -> dict[str, dict[str, list[float]]]:
+    """workload -> level -> each real run's cell's log first-token factor (live.first_token_log):
+    its p50 TTFT against replays at the workload's drift and live factor, with the first-token
+    terms at their factor so far (`drifts`' first: 1x on the first pass) and at live.PROBE x that."""
+    out: dict[str, dict[str, list[float]]] = {}
+    for name, m in measured.items():
+        wc, d = cfg.workload(name), {lvl: drifts[name].get(lvl, NO_DRIFT) for lvl in map(level_of, cfg.strategies)}
+        probe = {lvl: replace(x, first=Live(x.first.factor * live.PROBE)) for lvl, x in d.items()}
+        at = {k: simulate_points(wc, m.real, profiles, executor, dd, sides={"sim": 0.0})["sim"][KEY + [live.FIRST_METRIC]]
+              for k, dd in (("one", d), ("probe", probe))}
+        sims = at["one"].merge(at["probe"], on=KEY, suffixes=("_one", "_probe"))
+        per = out.setdefault(name, {})
+        for run in [m.real] + ([m.rerun] if m.rerun is not None else []):
+            for _, row in run[KEY + [live.FIRST_METRIC]].merge(sims, on=KEY).iterrows():
+                f = live.FIRST_METRIC
+                lvl = level_of(row["strategy"])
+                per.setdefault(lvl, []).append(math.log(d[lvl].first.factor) + live.first_token_log(
+                    float(row[f]), float(row[f"{f}_one"]), float(row[f"{f}_probe"])))
+    return out
+
+
+def with_live(drift: dict[str, Drift], lives: dict[str, Live], which: str = "live") -> dict[str, Drift]:
+    """The workload's drift per level with its live (or, `which="first"`, first-token) factor folded
+    in (levels without drift get one)."""
     out = dict(drift)
     for level, lv in lives.items():
-        out[level] = replace(out.get(level, NO_DRIFT), live=lv)
+        out[level] = replace(out.get(level, NO_DRIFT), **{which: lv})
     return out
 
 
@@ -442,21 +480,34 @@ def judge_workload(cfg: RunConfig, name: str, m: Measured, drift: dict[str, Drif
 
 
 def live_record(profiles: dict[str, Profile], ratios: dict[str, dict[str, list[float]]],
-                per_workload: dict[str, dict[str, Live]], out: Path) -> dict:
+                per_workload: dict[str, dict[str, Live]], out: Path, first=({}, {})) -> dict:
     """accuracy.json's live section: each workload's leave-one-out factor (`per_workload`), the
-    one pooled over every workload's `ratios`, and the profiles (`profiles`: level -> the one its
-    strategies replay on) rewritten with the pooled factor (OUT/live_<profile>) for later runs."""
-    if not ratios:
+    one pooled over every workload's `ratios`, the same two for the first-token factor (`first`:
+    its log values and its per-workload factors), and the profiles (`profiles`: level -> the one
+    its strategies replay on) rewritten with the pooled factors (OUT/live_<profile>) for later runs."""
+    if not ratios and not first[0]:
         return {}
-    written = {}
-    for level, lv in live.pooled(ratios).items():
-        if lv.cells and level in profiles:
+    lives, firsts, written = live.pooled(ratios), live.pooled(first[0]), {}
+    for level in profiles:
+        lv, ft = lives.get(level, LIVE_NONE), firsts.get(level, LIVE_NONE)
+        if lv.cells or ft.cells:
             dst = out / f"live_{Path(profiles[level].path).name}"
-            live.write_live_profile(profiles[level].path, dst, lv)
-            written[level] = {"factor": lv.factor, "se": lv.se, "cells": lv.cells, "profile": str(dst)}
-    return {"metric": live.METRIC, "method": "leave one workload out",
-            "per_workload": {w: {lvl: asdict(lv) for lvl, lv in per.items()} for w, per in per_workload.items()},
-            "pooled": written}
+            live.write_live_profile(profiles[level].path, dst, lv, ft)
+            written[level] = {"factor": lv.factor, "se": lv.se, "cells": lv.cells, "profile": str(dst),
+                              "first_token": asdict(ft)}
+    as_dict = lambda per_w: {w: {lvl: asdict(lv) for lvl, lv in per.items()} for w, per in per_w.items()}  # noqa: E731
+    return {"metric": live.METRIC, "method": "leave one workload out", "per_workload": as_dict(per_workload),
+            "first_token": {"metric": live.FIRST_METRIC, "per_workload": as_dict(first[1])}, "pooled": written}
+
+
+def config_text(cfg: RunConfig) -> str:
+    """The config a validation ran with (no secret): `batchlab validate` with it, the same
+    profiles and the same OUT re-judges the kept real runs without running them again."""
+    tree = cfg.model_dump(mode="json")
+    tree.get("backend", {}).pop("api_key", None)
+    tree.pop("out", None)
+    return ("# The config this validation ran with: the same `batchlab validate` with it re-judges the kept runs\n"
+            + yaml.safe_dump(tree, sort_keys=False))
 
 
 def _sweep(wc: RunConfig, path: Path, real: LentBackend, say) -> pd.DataFrame:
@@ -564,7 +615,7 @@ def validate_cmd(config, profiles, overrides, out, executor, twin):
             click.echo(f"drift ({name}): the machine ran the reference burst at " + ", ".join(
                 f"{v['factor']:.2f}x the {lvl}-level profile's time ({_against(v)}; spread {100 * v['spread']:.0f}%)"
                 for lvl, v in f.items()) + "; the replays were scaled by it")
-    for line in live_lines(acc.get("live") or {}, cfg.validation.live):
+    for line in live_lines(acc.get("live") or {}, cfg.validation.live, cfg.validation.first_token):
         click.echo(line)
     if acc["uncorrected"]:
         click.echo("without the drift and live corrections, median |error|: " + ", ".join(
@@ -572,16 +623,25 @@ def validate_cmd(config, profiles, overrides, out, executor, twin):
     click.echo(f"wrote {out_dir / 'validation.csv'}, {out_dir / 'accuracy.json'}, {out_dir / 'validation.png'}")
 
 
-def live_lines(rec: dict, on: bool) -> list[str]:
-    """What the live factor did: each workload's (from the others), and the rewritten profiles."""
-    if not on:
-        return []
-    measured = {w: {lvl: v for lvl, v in per.items() if v["cells"]} for w, per in rec.get("per_workload", {}).items()}
-    if not any(measured.values()):
-        return ["live factor: not measured (it needs a second workload: add one under validation.workloads)"]
-    lines = [f"live factor ({w}, from the other workloads' p50 TPOT): " + ", ".join(
-        f"{lvl} {v['factor']:.2f}x (+-{100 * v['se']:.0f}%, {v['cells']} cells)" for lvl, v in per.items())
-        + "; its replays were scaled by it" for w, per in measured.items() if per]
+def live_lines(rec: dict, on: bool, first_on: bool = False) -> list[str]:
+    """What the live and first-token factors did: each workload's (from the others), and the
+    rewritten profiles."""
+    lines = []
+    for name, per_w, metric, what, switched in [
+            ("live factor", rec.get("per_workload", {}), "p50 TPOT", "its replays were", on),
+            ("first-token factor", rec.get("first_token", {}).get("per_workload", {}), "p50 TTFT",
+             "its prompt passes and front end were", first_on)]:
+        measured = {w: {lvl: v for lvl, v in per.items() if v["cells"]} for w, per in per_w.items()}
+        if not switched:
+            continue
+        if not any(measured.values()):
+            lines.append(f"{name}: not measured (it needs a second workload: add one under validation.workloads)")
+            continue
+        lines += [f"{name} ({w}, from the other workloads' {metric}): " + ", ".join(
+            f"{lvl} {v['factor']:.2f}x (+-{100 * v['se']:.0f}%, {v['cells']} cells)" for lvl, v in per.items())
+            + f"; {what} scaled by it" for w, per in measured.items() if per]
     for lvl, v in rec.get("pooled", {}).items():
-        lines.append(f"live factor ({lvl}, every workload): {v['factor']:.2f}x; profile with it: {v['profile']}")
+        ft = v.get("first_token", {})
+        also = f", first-token terms {ft['factor']:.2f}x" if ft.get("cells") else ""
+        lines.append(f"live factor ({lvl}, every workload): {v['factor']:.2f}x{also}; profile with it: {v['profile']}")
     return lines

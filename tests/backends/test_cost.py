@@ -81,3 +81,20 @@ def test_a_scaled_model_times_every_step_by_the_factor_and_keeps_its_sizes():
     assert slow.step_time(300, 40, 6, 900.0, 2, 0.5) == pytest.approx(1.5 * toy.step_time(300, 40, 6, 900.0, 2, 0.5))
     assert slow.frontend_s == pytest.approx(1.5 * toy.frontend_s)
     assert (slow.kv_bytes_per_token, slow.kv_budget_bytes) == (toy.kv_bytes_per_token, toy.kv_budget_bytes)
+
+
+def test_the_first_token_factor_scales_only_what_a_request_pays_before_its_first_token():
+    from dataclasses import replace
+
+    from batchlab.backends.cost import FIRST_TOKEN_TERMS, TIME_TERMS
+    from batchlab.backends.presets import load_cost
+    toy = replace(load_cost("toy"), prefill_step_s=1e-3, attn_s_per_pair=1e-9, admit_s=1e-4, frontend_s=3e-3,
+                  shape_s=((1.0, 0.001), (64.0, -0.002)))
+    both = toy.scaled(1.5, first=2.0)
+    for term in TIME_TERMS:
+        k = 3.0 if term in FIRST_TOKEN_TERMS else 1.5
+        assert getattr(both, term) == pytest.approx(k * getattr(toy, term)), term
+    assert both.shape_s == toy.scaled(1.5).shape_s
+    # a decode step (no prompt tokens, no admission) costs what the live factor alone says
+    assert both.step_time(300, 0, 6) == pytest.approx(1.5 * toy.step_time(300, 0, 6))
+    assert both.step_time(300, 40, 6, 900.0, 2) > toy.scaled(1.5).step_time(300, 40, 6, 900.0, 2)

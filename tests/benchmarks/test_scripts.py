@@ -51,6 +51,7 @@ def test_the_serving_script_answers_help():
     ("twin.py", ["--parts", "profile,nap"], "--parts: unknown nap"),
     ("twin.py", ["--bracket", "fast"], "--bracket: want LO,HI"),
     ("twin.py", ["--predict-only", "--out", "/nonexistent/twin"], "no twin at /nonexistent/twin/twin.yaml"),
+    ("corrections.py", ["old=/nonexistent/validate"], "old: /nonexistent/validate is not a finished validation"),
 ])
 def test_bad_input_is_one_line_exit_2_and_nothing_written(tmp_path, script, args, says):
     out = tmp_path / "result.json"

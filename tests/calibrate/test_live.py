@@ -41,7 +41,7 @@ def test_the_live_profile_scales_every_step_time_and_the_shape_knots(tmp_path):
     src = tmp_path / "p.json"
     toy = replace(load_cost("toy"), shape_s=((1.0, 0.001), (32.0, -0.002)))
     toy.to_json(src, fit_rms_rel_error=0.1, level="iteration")
-    live.write_live_profile(str(src), tmp_path / "live.json", live.Live(1.25, 0.03, 12))
+    live.write_live_profile(str(src), tmp_path / "live.json", live.Live(1.25, 0.03, 12), live.Live(0.8, 0.05, 10))
     out = json.loads((tmp_path / "live.json").read_text())
     assert out["overhead_s"] == pytest.approx(1.25 * toy.overhead_s)
     assert out["decode_s_per_row"] == pytest.approx(1.25 * toy.decode_s_per_row)
@@ -49,3 +49,18 @@ def test_the_live_profile_scales_every_step_time_and_the_shape_knots(tmp_path):
     assert out["fit_rms_rel_error"] == 0.1 and out["level"] == "iteration"    # what the profile holds besides: kept
     assert out["shape_s"] == [[1, pytest.approx(0.00125)], [32, pytest.approx(-0.0025)]]
     assert out["live_factor"]["factor"] == 1.25 and out["live_factor"]["cells"] == 12
+    assert out["prefill_s_per_token"] == pytest.approx(1.25 * 0.8 * toy.prefill_s_per_token)   # first-token terms: both
+    assert out["first_token_factor"]["factor"] == 0.8 and out["first_token_factor"]["cells"] == 10
+
+
+def test_a_cells_first_token_factor_is_its_ttft_error_over_the_share_those_terms_carry():
+    import math
+    # replayed TTFT 100 ms at 1x, 130 ms at PROBE x: ds = log(1.3) / log(PROBE) of it moves with them;
+    # the real 120 ms is then log(1.2) / ds in log factor away
+    u = live.first_token_log(0.120, 0.100, 0.130)
+    assert u == pytest.approx(math.log(1.2) * math.log(live.PROBE) / math.log(1.3))
+    assert live.first_token_log(0.080, 0.100, 0.130) < 0                     # real faster: a factor below 1
+    # a cell whose TTFT those terms barely move (queueing sets it) cannot say anything
+    tiny = math.exp(0.5 * live.MIN_SHARE * math.log(live.PROBE))
+    assert math.isnan(live.first_token_log(0.120, 0.100, 0.100 * tiny))
+    assert math.isnan(live.first_token_log(float("nan"), 0.100, 0.130))

@@ -237,6 +237,44 @@ def test_the_live_factor_from_the_other_workloads_absorbs_a_bias_the_drift_probe
     assert one_live["pooled"]["iteration"]["factor"] == pytest.approx(1 / 1.3, rel=0.02)
 
 
+def test_the_first_token_factor_from_the_other_workloads_absorbs_a_prompt_pass_the_profile_misreads(tmp_path):
+    import json
+    # The profile reads every prompt token twice as slow as the machine and every decode step right:
+    # TPOT is right (the live factor stays near 1), TTFT is far above the real run, and only the
+    # other workloads' TTFT cells can say by how much
+    slow_prefill = tmp_path / "prefill.json"
+    toy = load_cost("toy")
+    replace(toy, prefill_s_per_token=2 * toy.prefill_s_per_token).to_json(slow_prefill, level="any")
+    three = BASE + ["strategies=[continuous]", "validation.drift=false",
+                    "validation.workloads={bursty: {arrival: gamma, burstiness: 0.25}, long: {prompt_len: 200}}"]
+    v = validate(load_config(None, three), [str(slow_prefill)], tmp_path / "v")
+    acc = json.loads((tmp_path / "v" / "accuracy.json").read_text())
+    for w, per in acc["live"]["first_token"]["per_workload"].items():    # two others' 2 rates x 2 runs each
+        assert per["iteration"]["factor"] == pytest.approx(0.5, rel=0.06) and per["iteration"]["cells"] == 8, w
+    ttft = v.cells[v.cells["metric"] == "ttft_p50"]["error"]
+    assert ttft.abs().median() < 0.05 and ttft.abs().max() < 0.1
+    pooled = acc["live"]["pooled"]["iteration"]["first_token"]
+    assert pooled["factor"] == pytest.approx(0.5, rel=0.02) and pooled["cells"] == 12
+    written = json.loads(open(acc["live"]["pooled"]["iteration"]["profile"]).read())
+    assert written["prefill_s_per_token"] == pytest.approx(toy.prefill_s_per_token, rel=0.02)
+    # off, the prompt pass stays twice as slow: TTFT far above in every cell
+    off = validate(load_config(None, three + ["validation.first_token=false"]), [str(slow_prefill)], tmp_path / "off")
+    assert off.cells[off.cells["metric"] == "ttft_p50"]["error"].min() > 0.5
+
+
+def test_a_finished_validation_keeps_its_config_and_rejudges_to_the_same_cells(tmp_path):
+    cfg = load_config(None, BASE + ["strategies=[continuous]", "validation.workloads={long: {prompt_len: 200}}"])
+    profile = toy_profile(tmp_path, scale=1.2)
+    first = validate(cfg, [profile], tmp_path / "v")
+    kept = load_config(str(tmp_path / "v" / "validate.yaml"))
+    assert kept.validation == cfg.validation and kept.traffic == cfg.traffic
+    kept_runs = sorted((tmp_path / "v").glob("*/*/*.csv")) + sorted((tmp_path / "v").glob("*/*.csv"))
+    stamps = {p: p.stat().st_mtime_ns for p in kept_runs}
+    again = validate(kept, [profile], tmp_path / "v")
+    pd.testing.assert_frame_equal(again.cells, first.cells)
+    assert len(stamps) >= 8 and {p: p.stat().st_mtime_ns for p in kept_runs} == stamps   # nothing measured again
+
+
 def test_the_cli_says_what_the_live_factor_did_or_why_it_could_not():
     from batchlab.calibrate.validate import live_lines
     none = {"per_workload": {"base": {"iteration": {"factor": 1.0, "se": 0.0, "cells": 0}}}, "pooled": {}}
@@ -250,3 +288,12 @@ def test_the_cli_says_what_the_live_factor_did_or_why_it_could_not():
     assert lines[0] == ("live factor (base, from the other workloads' p50 TPOT): iteration 1.12x (+-3%, 8 cells); "
                         "its replays were scaled by it")
     assert lines[-1] == "live factor (iteration, every workload): 1.10x; profile with it: out/live_p.json"
+    rec["first_token"] = {"per_workload": {"base": {"iteration": {"factor": 0.9, "se": 0.04, "cells": 6}}}}
+    rec["pooled"]["iteration"]["first_token"] = {"factor": 0.92, "se": 0.03, "cells": 12}
+    lines = live_lines(rec, True, True)
+    assert ("first-token factor (base, from the other workloads' p50 TTFT): iteration 0.90x (+-4%, 6 cells); "
+            "its prompt passes and front end were scaled by it") in lines
+    assert lines[-1] == ("live factor (iteration, every workload): 1.10x, first-token terms 0.92x; "
+                         "profile with it: out/live_p.json")
+    assert live_lines({"per_workload": rec["per_workload"]}, True, True)[-1] == (
+        "first-token factor: not measured (it needs a second workload: add one under validation.workloads)")

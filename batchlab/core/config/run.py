@@ -59,6 +59,9 @@ class ValidateConfig(Model):
     live: bool = True
     """Scale each workload's replays by the live factor: real over replayed p50 TPOT on the *other*
     workloads (closed-burst profiles read below live traffic); needs two workloads or more."""
+    first_token: bool = True
+    """Scale the first-token terms (the prompt's pass, the front end) of each workload's replays by
+    what p50 TTFT still misses on the *other* workloads after the live factor; needs two workloads."""
 
     @field_validator("workloads")
     @classmethod
