@@ -80,6 +80,8 @@ def condition(name: str, spec: str, scratch: Path) -> dict:
 def summary(conditions: dict[str, dict]) -> list[dict]:
     """Per combination: in how many directories no metric is one-sided, and its mean median error."""
     out = []
+    if not conditions:
+        return out
     for i, first in enumerate(next(iter(conditions.values()))["variants"]):
         rows = [c["variants"][i] for c in conditions.values()]
         balanced = sum(all(max(m["below"], m["above"]) <= ONE_SIDED for m in r["metrics"].values()) for r in rows)
@@ -93,16 +95,25 @@ def summary(conditions: dict[str, dict]) -> list[dict]:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("dirs", nargs="+", metavar="NAME=DIR[@TWIN]")
+    ap.add_argument("--held-out", default="", metavar="NAME,...",
+                    help="directories summed apart: kept out of the choice of a default, to confirm it on")
     ap.add_argument("--json", default=None, help="write the figures here (e.g. docs/results/corrections.json)")
     args = ap.parse_args(argv)
     specs = dict(d.split("=", 1) if "=" in d else (Path(d).name, d) for d in args.dirs)
+    held = [h for h in args.held_out.split(",") if h]
+    if set(held) - set(specs):
+        raise ConfigError(f"--held-out: no directory named {', '.join(sorted(set(held) - set(specs)))}")
     with tempfile.TemporaryDirectory(prefix="corrections-") as tmp:
         conditions = {name: condition(name, spec, Path(tmp)) for name, spec in specs.items()}
     record = {"command": "python benchmarks/corrections.py " + " ".join(args.dirs) + (
-        f" --json {args.json}" if args.json else ""), "one_sided_above": ONE_SIDED,
-        "conditions": conditions, "summary": summary(conditions)}
-    for s in record["summary"]:
-        print(f"{s['label']:<55} balanced in {s['balanced']} of {s['of']}, mean median error {100 * s['mean_error']:.1f}%")
+        f" --held-out {args.held_out}" if held else "") + (f" --json {args.json}" if args.json else ""),
+        "one_sided_above": ONE_SIDED, "conditions": conditions, "held_out": held,
+        "summary": summary({n: c for n, c in conditions.items() if n not in held}),
+        "summary_held_out": summary({n: c for n, c in conditions.items() if n in held})}
+    for part in ("summary", "summary_held_out"):
+        for s in record[part]:
+            print(f"{part}: {s['label']:<50} balanced in {s['balanced']} of {s['of']}, "
+                  f"mean median error {100 * s['mean_error']:.1f}%")
     if args.json:
         write_atomic(Path(args.json), json.dumps(record, indent=2) + "\n")
 

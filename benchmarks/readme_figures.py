@@ -184,7 +184,58 @@ def _live(rec: dict | None) -> list[str]:
                 f"`{w}` " + ", ".join(f"{v['factor']:.2f}× ({lvl}, ± {100 * v['se']:.0f} %)" for lvl, v in f.items())
                 for w, f in per.items() if f)
             + ("; over every workload " + ", ".join(f"{v['factor']:.2f}× ({lvl})" for lvl, v in pooled.items())
-               + ", the factor written into the live profiles." if pooled else ".")]
+               + ", the factor written into the live profiles." if pooled else ".")] + _first_token(rec)
+
+
+def _first_token(rec: dict) -> list[str]:
+    """The first-token factor each workload was replayed with, where one was measured."""
+    per = {w: {lvl: v for lvl, v in levels.items() if v["cells"]}
+           for w, levels in rec.get("first_token", {}).get("per_workload", {}).items()}
+    if not any(per.values()):
+        return []
+    pooled = {lvl: v["first_token"] for lvl, v in rec.get("pooled", {}).items() if v.get("first_token", {}).get("cells")}
+    return ["", "First-token factor (on the prompt-pass and front-end terms: what p50 TTFT still missed on the "
+            "*other* workloads after the live factor): " + "; ".join(
+                f"`{w}` " + ", ".join(f"{v['factor']:.2f}× ({lvl}, ± {100 * v['se']:.0f} %)" for lvl, v in f.items())
+                for w, f in per.items() if f)
+            + ("; over every workload " + ", ".join(f"{v['factor']:.2f}× ({lvl})" for lvl, v in pooled.items())
+               + "." if pooled else ".")]
+
+
+CORRECTION_METRICS = ("e2e_p50", "ttft_p50", "tpot_p50")
+
+
+def corrections(d: dict) -> str:
+    """Every combination of validate's three corrections on the same kept real runs: per kept
+    validation the median |error| of p50 E2E / TTFT / TPOT and its most one-sided metric; per
+    combination, how many validations have no metric one-sided and the mean of the errors."""
+    conds, held = d["conditions"], set(d.get("held_out", []))
+    names = [n for n in conds if n not in held] + [n for n in conds if n in held]
+    cut = 100 * d["one_sided_above"]
+    lines = [f"`{d['command']}`: the real runs of each kept validation replayed under every combination, no "
+             f"real run repeated; per validation, median |error| of p50 E2E / TTFT / TPOT and its most one-sided "
+             f"metric (in bold where one sign holds in more than {cut:.0f} % of cells):", "",
+             "| corrections | " + " | ".join(f"`{n}`" + (" (held out)" if n in held else "") for n in names)
+             + " | no metric one-sided | mean error |" + (" held out: no metric one-sided | held out: mean error |" if held else ""),
+             "|---|" + "---|" * (len(names) + 2 + 2 * bool(held))]
+    floor = [" / ".join(f"{100 * conds[n]['floor'][m]:.1f}" for m in CORRECTION_METRICS) + " %" for n in names]
+    lines.append("| rerun floor (real vs real) | " + " | ".join(floor) + " | – | – |" + (" – | – |" if held else ""))
+    held_rows = {s["label"]: s for s in d.get("summary_held_out", [])}
+    for s in d["summary"]:
+        cells = [_correction_cell(next(v for v in conds[n]["variants"] if v["label"] == s["label"]), cut) for n in names]
+        h = held_rows.get(s["label"])
+        lines.append(f"| {s['label']} | " + " | ".join(cells) + f" | {s['balanced']} of {s['of']} | {100 * s['mean_error']:.1f} % |"
+                     + (f" {h['balanced']} of {h['of']} | {100 * h['mean_error']:.1f} % |" if h else ""))
+    lines += ["", "Validations: " + "; ".join(f"`{n}` {conds[n]['dir']} ({conds[n]['cells']} cells per metric)" for n in names) + "."]
+    return "\n".join(lines)
+
+
+def _correction_cell(v: dict, cut: float) -> str:
+    errors = " / ".join(f"{100 * v['metrics'][m]['error_median']:.1f}" for m in CORRECTION_METRICS)
+    metric, side, share = max(((m, side, v["metrics"][m][side]) for m in CORRECTION_METRICS for side in ("below", "above")),
+                              key=lambda x: x[2])
+    said = f"{METRIC_NAMES.get(metric, metric)} {100 * share:.0f} % {side}"
+    return f"{errors} % ({'**' + said + '**' if 100 * share > cut else said})"
 
 
 def same_point(d: dict) -> str:
@@ -583,10 +634,10 @@ def _errors(v: dict) -> str:
 
 
 def _without_live(w: dict | None) -> list[str]:
-    """The same runs replayed with the drift probe alone: what the live factor earns."""
+    """The same runs replayed with the drift probe alone: what the live (and first-token) factor earns."""
     if not w:
         return []
-    return ["", f"The same replays without the live factor (the drift probe alone): median error {_errors(w)}; "
+    return ["", f"The same replays with the drift probe alone: median error {_errors(w)}; "
             f"intervals held {_pct(w['coverage'])}."]
 
 
@@ -919,7 +970,7 @@ RENDER = {"sim_speed": sim_speed, "hf_dynamic_vs_naive": hf_dynamic_vs_naive, "e
           "prefix_cache": prefix_cache, "policies": policies, "ray_sweep": ray_sweep,
           "roofline_check": roofline_check, "size_search": size_search, "length_grouping": length_grouping,
           "four_modes": four_modes, "closed_loop": closed_loop, "loadgen": loadgen,
-          "plan_cpu": plan_cpu, "same_point": same_point}
+          "plan_cpu": plan_cpu, "same_point": same_point, "corrections": corrections}
 # Result files written by a benchmark with other settings (serving-max-num-seqs-128.json, ...) use its renderer.
 FAMILIES = {"serving-": serving, "validate_sim_": validate_sim, "twin_": twin, "four_modes_": four_modes,
             "length_grouping_": length_grouping}

@@ -242,14 +242,14 @@ class Campaign:
                   | ({"without_live": self.without_live(vcfg, where)} if vcfg.validation.live else {}))
 
     def without_live(self, vcfg, where: Path) -> dict:
-        """The same real runs replayed with the drift probe alone (no live factor), in a copy of the
-        validation's directory: what the live factor earns."""
+        """The same real runs replayed with the drift probe alone (no live or first-token factor),
+        in a copy of the validation's directory: what those two earn."""
         import shutil
         copy = where.parent / "validate-without-live"
         if copy.exists():
             shutil.rmtree(copy)
         shutil.copytree(where, copy)
-        off = vcfg.model_copy(update={"validation": vcfg.validation.model_copy(update={"live": False})})
+        off = vcfg.model_copy(update={"validation": vcfg.validation.model_copy(update={"live": False, "first_token": False})})
         v = validate(off, [], copy, twin=str(self.twin_path()))
         acc = json.loads((copy / "accuracy.json").read_text())
         return {"metrics": acc["metrics"], "signs": sides(v.cells), "coverage": float(v.cells["inside"].mean())}

@@ -12,7 +12,7 @@ Targets: median |E2E error| <= 6 %, P90 <= 10 %; p50 TTFT and TPOT median <= 10 
 within 1.5x the measured noise floor; 90 % intervals covering 85-95 % of cells.
 Each step runs the CLI exactly as printed, so the figures can be reproduced by hand.
 Usage: python benchmarks/validate_sim.py [--out results/validate_sim] [--rates 3,6,10] [--duration 10]
-       [--json docs/results/validate_sim.json] [--skip-profile]
+       [--json docs/results/validate_sim.json] [--skip-profile] [--seed 7]
 """
 from __future__ import annotations
 
@@ -64,10 +64,11 @@ def sh(cmd: list[str], env: dict[str, str]) -> None:
 VARIANTS = {"without attention": "attn_s_per_pair", "without admission": "admit_s", "without warm-up": "warmup_s",
             "without the shape correction": "shape_s", "five-term model": "attn_s_per_pair,admit_s,warmup_s,shape_s"}
 # The corrections the replays get, switched off one at a time: the same profiles, validated with
-# these config keys (the drift probe alone; the live factor alone, measured against replays at
-# the profiles' own speed)
-SWITCHES = {"without the live factor": "no-live", "without the drift probe": "no-drift"}
-SETTINGS = {"no-live": ["validation.live=false"], "no-drift": ["validation.drift=false"]}
+# these config keys (every combination of the three: benchmarks/corrections.py)
+SWITCHES = {"without the first-token factor": "no-first-token", "without the live factor": "no-live",
+            "without the drift probe": "no-drift"}
+SETTINGS = {"no-first-token": ["validation.first_token=false"], "no-live": ["validation.live=false"],
+            "no-drift": ["validation.drift=false"]}
 
 
 def ablate(bl: list[str], config: Path, out: Path, strategies: list[str], env: dict[str, str]) -> dict:
@@ -112,6 +113,8 @@ def main() -> int:
     ap.add_argument("--duration", type=float, default=10.0, help="seconds of traffic per point after warm-up")
     ap.add_argument("--strategies", default="dynamic,continuous")
     ap.add_argument("--repeats", type=int, default=5, help="profile passes over the grid (medians)")
+    ap.add_argument("--seed", type=int, default=CONFIG["traffic"]["seed"],
+                    help="traffic seed: another gives every workload new traces (a validation on fresh cells)")
     ap.add_argument("--traffic-repeats", type=int, default=1, help="traces per rate (each run twice for the noise floor)")
     ap.add_argument("--threads", type=int, default=1,
                     help="torch threads (OMP_NUM_THREADS); 1 keeps a shared machine's interference proportional")
@@ -148,7 +151,8 @@ def write_config(args, out: Path, strategies: list[str]) -> Path:
     """The run config every step reads: CONFIG with the flags' rates, duration and strategies."""
     cfg = CONFIG | {"strategies": strategies, "out": str(out / "run")}
     cfg["traffic"] = CONFIG["traffic"] | {"rates": [float(r) for r in args.rates.split(",")],
-                                          "duration_s": args.duration, "repeats": args.traffic_repeats}
+                                          "duration_s": args.duration, "repeats": args.traffic_repeats,
+                                          "seed": args.seed}
     config = out / "validate.yaml"
     config.write_text(yaml.safe_dump(cfg, sort_keys=False))
     return config
