@@ -162,7 +162,9 @@ def validate_sim(d: dict) -> str:
             lines.append(f"| {name} | " + " | ".join(pct(per[k]["error_median"]) + _below(per[k]) for k in keys) + " |")
         if d.get("uncorrected"):
             u = d["uncorrected"]
-            lines.append(f"| the whole model, no drift{' or live' if d.get('live') else ''} correction | "
+            none = (", no correction" if (d.get("live") or {}).get("first_token")
+                    else f", no drift{' or live' if d.get('live') else ''} correction")
+            lines.append(f"| the whole model{none} | "
                          + " | ".join(pct(u[k]["error_median"]) if k in u else "–" for k in keys) + " |")
     if d.get("drift"):
         lines += ["", "Drift: the reference burst (8 requests, 48 + 24 tokens) ran at " + "; ".join(
@@ -621,7 +623,8 @@ def _twin_validate(cond: str, v: dict) -> list[str]:
               f"burst timed around each workload's runs, against the profile): {drift}."]
     if v.get("uncorrected"):
         plain = "; ".join(f"{METRIC_NAMES.get(k, k)} {_pct(e['error_median'])}" for k, e in v["uncorrected"].items())
-        corrections = "drift and live corrections" if v.get("live") else "drift correction"
+        corrections = ("drift, live and first-token corrections" if (v.get("live") or {}).get("first_token")
+                       else "drift and live corrections" if v.get("live") else "drift correction")
         lines += [f"Without the {corrections}, the median errors are {plain}."]
     return lines + _live(v.get("live")) + _without_live(v.get("without_live"))
 

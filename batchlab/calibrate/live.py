@@ -75,14 +75,14 @@ def estimate(log_ratios: list[float]) -> Live:
 def leave_one_out(ratios: dict[str, dict[str, list[float]]]) -> dict[str, dict[str, Live]]:
     """workload -> level -> the factor measured on every *other* workload's ratios at that level
     (`ratios`: workload -> level -> log ratios). A workload with no other at its level gets NONE."""
-    levels = {lvl for per in ratios.values() for lvl in per}
+    levels = sorted({lvl for per in ratios.values() for lvl in per})   # sorted: the same order in every run
     return {w: {lvl: estimate([x for o, per in ratios.items() if o != w for x in per.get(lvl, [])])
                 for lvl in levels} for w in ratios}
 
 
 def pooled(ratios: dict[str, dict[str, list[float]]]) -> dict[str, Live]:
     """level -> the factor over every workload's ratios: what a later run of the profile should use."""
-    levels = {lvl for per in ratios.values() for lvl in per}
+    levels = sorted({lvl for per in ratios.values() for lvl in per})   # sorted: the same order in every run
     return {lvl: estimate([x for per in ratios.values() for x in per.get(lvl, [])]) for lvl in levels}
 
 

@@ -618,7 +618,7 @@ def validate_cmd(config, profiles, overrides, out, executor, twin):
     for line in live_lines(acc.get("live") or {}, cfg.validation.live, cfg.validation.first_token):
         click.echo(line)
     if acc["uncorrected"]:
-        click.echo("without the drift and live corrections, median |error|: " + ", ".join(
+        click.echo("without any correction (drift, live, first-token), median |error|: " + ", ".join(
             f"{m} {100 * v['error_median']:.1f}%" for m, v in acc["uncorrected"].items()))
     click.echo(f"wrote {out_dir / 'validation.csv'}, {out_dir / 'accuracy.json'}, {out_dir / 'validation.png'}")
 
