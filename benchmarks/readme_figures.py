@@ -649,8 +649,12 @@ def _twin_earlier(cond: dict) -> list[str]:
     lines = []
     rates = cond.get("validate", {}).get("rates")
     for e in cond.get("earlier_validations", []):
-        runs = ("The same runs" if e.get("rates", rates) == rates else
-                "Earlier real runs (req/s " + "; ".join(f"`{w}` {r}" for w, r in e["rates"].items()) + ")")
+        if "rates" not in e:      # recorded before the rates were: which runs cannot be told from the file
+            runs = "Earlier real runs (their rates not recorded)"
+        elif e["rates"] == rates:
+            runs = "The same runs"
+        else:
+            runs = "Earlier real runs (req/s " + "; ".join(f"`{w}` {r}" for w, r in e["rates"].items()) + ")"
         lines += ["", f"{runs} replayed on `{e.get('twin', 'twin.yaml')}` (`{e['command']}`): median error {_errors(e)}; "
                   f"intervals held {_pct(e['coverage'])}" + (" (with the live factor)." if e.get("live") else ".")]
     return lines
