@@ -59,11 +59,14 @@ class EarliestDeadlineFirst(ContinuousScheduler):
 
 @pytest.fixture(scope="module")
 def fixed_files():
-    """The input files the recorded configs name, at the absolute paths they were recorded with."""
+    """The input files the recorded configs name, at the absolute paths they were recorded with.
+    NOTE: every test worker runs this fixture on the same paths; each file is replaced whole (a
+    plain write truncates first, and another worker hashing it then reads an empty file)."""
+    from batchlab.core.files import write_atomic
     d = Path(GOLDEN["fixed_dir"])
     d.mkdir(parents=True, exist_ok=True)
     for name, text in GOLDEN["files"].items():
-        (d / name).write_text(text)
+        write_atomic(d / name, text)        # left alone when it already holds the text
     return d
 
 
