@@ -663,8 +663,9 @@ def _twin_earlier(cond: dict) -> list[str]:
 def _twin_knee(conds: dict) -> list[str]:
     lines = ["| machine | server sustains (each search: held / failed) | twin predicts (held / failed) | "
              "twin / server | within 10 % | twin scaled by the drift (held / failed; twin / server) | "
-             "twin scaled by the contention (held / failed; twin / server) |",
-             "|---|---|---|---|---|---|---|"]
+             "twin scaled by the contention (held / failed; twin / server) | "
+             "twin on the validation's live profile (held / failed; twin / server) |",
+             "|---|---|---|---|---|---|---|---|"]
     made: list[str] = []
     for cond, c in conds.items():
         if "knee" not in c:
@@ -679,7 +680,8 @@ def _twin_knee(conds: dict) -> list[str]:
         lines.append(f"| {cond} | {searches} | {pred} / {k['predicted']['failed_rate']} | "
                      f"{'–' if ratio is None else f'{ratio:.2f}'} | "
                      f"{'–' if ratio is None else ('**yes**' if abs(ratio - 1) <= 0.10 else 'no')} | "
-                     f"{_scaled(k.get('predicted_at_drift'), held)} | {_scaled(k.get('predicted_at_contention'), held)} |")
+                     f"{_scaled(k.get('predicted_at_drift'), held)} | {_scaled(k.get('predicted_at_contention'), held)} | "
+                     f"{_scaled(k.get('predicted_at_live'), held)} |")
     return lines + ["", "Made by " + "; ".join(made) + "."] if made else lines
 
 

@@ -201,7 +201,19 @@ class Campaign:
             measured.append(res | {"contention": taken})
             bracket = compare.next_bracket(res, bracket)
         predicted = predicted_knee(self.twin(), cfg.traffic, cfg.slo, self.bracket(), a.tolerance, a.max_points)
-        self.save("knee", {"measured": measured, "predicted": predicted} | self.at_contention(measured))
+        self.save("knee", {"measured": measured, "predicted": predicted} | self.at_contention(measured) | self.at_live())
+
+    def at_live(self) -> dict:
+        """The knee the twin predicts on the profile its last validation wrote (the live and
+        first-token factors pooled over every workload): the machine as its live runs found it."""
+        pooled = self.cond.get("validate", {}).get("live", {}).get("pooled", {}).get("server")
+        if not pooled or not Path(pooled["profile"]).is_file():
+            return {}
+        tc, a = load_config(self.twin_path()), self.args
+        twin = Twin(tc.model_copy(update={"backend": tc.backend.model_copy(update={"profile": pooled["profile"]})}))
+        return {"predicted_at_live": predicted_knee(twin, self.cfg.traffic, self.cfg.slo, self.bracket(), a.tolerance,
+                                                    a.max_points)
+                | {"factor": pooled["factor"], "first_token": pooled.get("first_token", {}).get("factor", 1.0)}}
 
     def contention(self):
         """Others' share of the server's cores while it is searched (nothing where it is not pinned:
@@ -302,7 +314,7 @@ def predict_again(c: Campaign, parts: list[str]) -> None:
         if other["knee"] and before["probes"] != kept["knee"]["predicted"]["probes"]:
             # an earlier twin's prediction that differs stays beside (a rerun of the same one replaces)
             kept["knee"].setdefault("earlier_predictions", []).append(before | {"by": kept["knee"]["command"]})
-        kept["knee"] |= c.at_contention(kept["knee"]["measured"])   # the contention the searches measured, on this twin
+        kept["knee"] |= c.at_contention(kept["knee"]["measured"]) | c.at_live()   # the contention the searches measured, on this twin
         drift = kept.get("validate", {}).get("drift", {}).get("base", {}).get("server")
         if drift:           # the machine as the validation's reference bursts found it (its base workload)
             kept["knee"]["predicted_at_drift"] = predicted_knee(replace(twin, scale=drift["factor"]), cfg.traffic, cfg.slo,
