@@ -65,7 +65,10 @@ def condition(name: str, spec: str, scratch: Path) -> dict:
     src = Path(path)
     if not (src / "validate.yaml").is_file() or not (src / "accuracy.json").is_file():
         raise ConfigError(f"{name}: {src} is not a finished validation (validate.yaml and accuracy.json)")
-    twin = twin or json.loads((src / "accuracy.json").read_text()).get("twin")
+    acc = json.loads((src / "accuracy.json").read_text())
+    twin = twin or acc.get("twin")
+    if twin is None and "server" in acc.get("profiles", {}):
+        raise ConfigError(f"{name}: {src} validated a server: give its twin config as {name}={path}@TWIN")
     runs = []
     for bits in itertools.product([False, True], repeat=len(SWITCHES)):
         on = dict(zip(SWITCHES, bits))

@@ -175,33 +175,32 @@ def validate_sim(d: dict) -> str:
     return "\n".join(lines + _live(d.get("live")))
 
 
+def _per_workload(per_w: dict) -> str:
+    """'`w` 1.23× (level, ± 5 %); ...' over the workloads with a measured factor; '' where none has one."""
+    per = {w: {lvl: v for lvl, v in levels.items() if v["cells"]} for w, levels in per_w.items()}
+    return "; ".join(f"`{w}` " + ", ".join(f"{v['factor']:.2f}× ({lvl}, ± {100 * v['se']:.0f} %)" for lvl, v in f.items())
+                     for w, f in per.items() if f)
+
+
 def _live(rec: dict | None) -> list[str]:
-    """The live factor each workload was replayed with (measured on the others), and the pooled one."""
-    per = {w: {lvl: v for lvl, v in levels.items() if v["cells"]} for w, levels in (rec or {}).get("per_workload", {}).items()}
-    if not any(per.values()):
-        return []
-    pooled = rec.get("pooled", {})
-    return ["", "Live factor (real over replayed p50 TPOT on the *other* workloads' cells, both real runs; "
-            "each workload's replays scaled by its own, so no cell is judged on itself): " + "; ".join(
-                f"`{w}` " + ", ".join(f"{v['factor']:.2f}× ({lvl}, ± {100 * v['se']:.0f} %)" for lvl, v in f.items())
-                for w, f in per.items() if f)
-            + ("; over every workload " + ", ".join(f"{v['factor']:.2f}× ({lvl})" for lvl, v in pooled.items())
-               + ", the factor written into the live profiles." if pooled else ".")] + _first_token(rec)
-
-
-def _first_token(rec: dict) -> list[str]:
-    """The first-token factor each workload was replayed with, where one was measured."""
-    per = {w: {lvl: v for lvl, v in levels.items() if v["cells"]}
-           for w, levels in rec.get("first_token", {}).get("per_workload", {}).items()}
-    if not any(per.values()):
-        return []
-    pooled = {lvl: v["first_token"] for lvl, v in rec.get("pooled", {}).items() if v.get("first_token", {}).get("cells")}
-    return ["", "First-token factor (on the prompt-pass and front-end terms: what p50 TTFT still missed on the "
-            "*other* workloads after the live factor): " + "; ".join(
-                f"`{w}` " + ", ".join(f"{v['factor']:.2f}× ({lvl}, ± {100 * v['se']:.0f} %)" for lvl, v in f.items())
-                for w, f in per.items() if f)
-            + ("; over every workload " + ", ".join(f"{v['factor']:.2f}× ({lvl})" for lvl, v in pooled.items())
-               + "." if pooled else ".")]
+    """The live and first-token factors each workload was replayed with (measured on the others),
+    and the pooled ones."""
+    rec = rec or {}
+    lines, measured = [], _per_workload(rec.get("per_workload", {}))
+    if measured:
+        pooled = rec.get("pooled", {})
+        lines += ["", "Live factor (real over replayed p50 TPOT on the *other* workloads' cells, both real runs; "
+                  "each workload's replays scaled by its own, so no cell is judged on itself): " + measured
+                  + ("; over every workload " + ", ".join(f"{v['factor']:.2f}× ({lvl})" for lvl, v in pooled.items())
+                     + ", the factor written into the live profiles." if pooled else ".")]
+    first = _per_workload(rec.get("first_token", {}).get("per_workload", {}))
+    if first:
+        pooled = {lvl: v["first_token"] for lvl, v in rec.get("pooled", {}).items() if v.get("first_token", {}).get("cells")}
+        lines += ["", "First-token factor (on the prompt-pass and front-end terms: what p50 TTFT still missed on the "
+                  "*other* workloads after the live factor): " + first
+                  + ("; over every workload " + ", ".join(f"{v['factor']:.2f}× ({lvl})" for lvl, v in pooled.items())
+                     + "." if pooled else ".")]
+    return lines
 
 
 CORRECTION_METRICS = ("e2e_p50", "ttft_p50", "tpot_p50")

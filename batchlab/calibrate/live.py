@@ -72,18 +72,21 @@ def estimate(log_ratios: list[float]) -> Live:
     return Live(float(math.exp(np.median(v))), se, int(v.size))
 
 
+def _levels(ratios: dict[str, dict[str, list[float]]]) -> list[str]:
+    """Every level some workload has ratios at, sorted: the same order in every run."""
+    return sorted({lvl for per in ratios.values() for lvl in per})
+
+
 def leave_one_out(ratios: dict[str, dict[str, list[float]]]) -> dict[str, dict[str, Live]]:
     """workload -> level -> the factor measured on every *other* workload's ratios at that level
     (`ratios`: workload -> level -> log ratios). A workload with no other at its level gets NONE."""
-    levels = sorted({lvl for per in ratios.values() for lvl in per})   # sorted: the same order in every run
     return {w: {lvl: estimate([x for o, per in ratios.items() if o != w for x in per.get(lvl, [])])
-                for lvl in levels} for w in ratios}
+                for lvl in _levels(ratios)} for w in ratios}
 
 
 def pooled(ratios: dict[str, dict[str, list[float]]]) -> dict[str, Live]:
     """level -> the factor over every workload's ratios: what a later run of the profile should use."""
-    levels = sorted({lvl for per in ratios.values() for lvl in per})   # sorted: the same order in every run
-    return {lvl: estimate([x for per in ratios.values() for x in per.get(lvl, [])]) for lvl in levels}
+    return {lvl: estimate([x for per in ratios.values() for x in per.get(lvl, [])]) for lvl in _levels(ratios)}
 
 
 def log_ratio(real: float, replayed: float) -> float:

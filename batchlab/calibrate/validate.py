@@ -353,10 +353,11 @@ def validate(cfg: RunConfig, profile_paths: list[str], out: Path, progress=None,
         lives = live.leave_one_out(ratios)
         drifts = {name: with_live(m.drift, lives.get(name, {})) for name, m in measured.items()}
         firsts: dict[str, dict[str, list[float]]] = {}
+        first: dict[str, dict[str, Live]] = {}
         for _ in range(live.FIRST_PASSES if cfg.validation.first_token else 0):
             firsts = first_token_logs(cfg, measured, drifts, profiles, executor)
-            drifts = {name: with_live(d, live.leave_one_out(firsts).get(name, {}), "first") for name, d in drifts.items()}
-        first = live.leave_one_out(firsts)
+            first = live.leave_one_out(firsts)
+            drifts = {name: with_live(d, first.get(name, {}), "first") for name, d in drifts.items()}
         parts = [c for name in names for c in judge_workload(cfg, name, measured[name], drifts[name], profiles,
                                                              out / name, executor)]
     finally:
@@ -439,10 +440,9 @@ def first_token_logs(cfg: RunConfig, measured: dict[str, Measured], drifts: dict
         at = {k: simulate_points(wc, m.real, profiles, executor, dd, sides={"sim": 0.0})["sim"][KEY + [live.FIRST_METRIC]]
               for k, dd in (("one", d), ("probe", probe))}
         sims = at["one"].merge(at["probe"], on=KEY, suffixes=("_one", "_probe"))
-        per = out.setdefault(name, {})
+        per, f = out.setdefault(name, {}), live.FIRST_METRIC
         for run in [m.real] + ([m.rerun] if m.rerun is not None else []):
-            for _, row in run[KEY + [live.FIRST_METRIC]].merge(sims, on=KEY).iterrows():
-                f = live.FIRST_METRIC
+            for _, row in run[KEY + [f]].merge(sims, on=KEY).iterrows():
                 lvl = level_of(row["strategy"])
                 per.setdefault(lvl, []).append(math.log(d[lvl].first.factor) + live.first_token_log(
                     float(row[f]), float(row[f"{f}_one"]), float(row[f"{f}_probe"])))
@@ -631,9 +631,9 @@ def live_lines(rec: dict, on: bool, first_on: bool = False) -> list[str]:
             ("live factor", rec.get("per_workload", {}), "p50 TPOT", "its replays were", on),
             ("first-token factor", rec.get("first_token", {}).get("per_workload", {}), "p50 TTFT",
              "its prompt passes and front end were", first_on)]:
-        measured = {w: {lvl: v for lvl, v in per.items() if v["cells"]} for w, per in per_w.items()}
         if not switched:
             continue
+        measured = {w: {lvl: v for lvl, v in per.items() if v["cells"]} for w, per in per_w.items()}
         if not any(measured.values()):
             lines.append(f"{name}: not measured (it needs a second workload: add one under validation.workloads)")
             continue
