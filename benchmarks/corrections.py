@@ -11,7 +11,8 @@ repeated, so every combination is judged on the very same cells.
 
 Per directory and combination: the median |error| of p50 E2E, TTFT and TPOT, the share of cells
 where the replay read below the real run (a one-sided error shows there), and the 90 % intervals'
-coverage; the rerun floor beside them. The summary counts, per combination, the directories where
+coverage; the rerun floor beside them. Where --json already holds a record whose intervals were
+built by another rule (accuracy.json's `interval`), its coverage stays beside the new one. The summary counts, per combination, the directories where
 no latency metric is one-sided (no sign in more than 75 % of cells) and the mean of its errors.
 Usage: python benchmarks/corrections.py NAME=DIR[@TWIN] ... [--json docs/results/corrections.json]
   DIR holds validate.yaml (the config the validation ran with); TWIN is the server's twin config
@@ -55,7 +56,8 @@ def judge(src: Path, twin: str | None, on: dict[str, bool], scratch: Path) -> di
     v = validate(cfg, profiles, where, twin=twin)
     summ = v.summary.set_index("metric")
     signs = sides(v.cells)
-    return {"on": on, "coverage": float(v.cells["inside"].mean()),
+    rule = json.loads((where / "accuracy.json").read_text())["interval"]
+    return {"on": on, "coverage": float(v.cells["inside"].mean()), "interval": rule,
             "metrics": {m: {"error_median": float(summ.loc[m, "error_median"]), **signs[m]} for m in METRICS},
             "floor": {m: float(summ.loc[m, "noise_median"]) for m in METRICS}}
 
@@ -76,8 +78,33 @@ def condition(name: str, spec: str, scratch: Path) -> dict:
         print(f"{name}: {runs[-1]['label']}: " + ", ".join(
             f"{m} {100 * r['error_median']:.1f}% (below {100 * r['below']:.0f}%)" for m, r in runs[-1]["metrics"].items()),
             flush=True)
-    return {"dir": path, "twin": twin, "cells": runs[0]["metrics"]["e2e_p50"]["cells"],
-            "floor": runs[0].pop("floor"), "variants": [{k: v for k, v in r.items() if k != "floor"} for r in runs]}
+    return {"dir": path, "twin": twin, "cells": runs[0]["metrics"]["e2e_p50"]["cells"], "interval": runs[0]["interval"],
+            "floor": runs[0].pop("floor"),
+            "variants": [{k: v for k, v in r.items() if k not in ("floor", "interval")} for r in runs]}
+
+
+# what built the intervals of a record whose rule does not name the model term's parts
+FIRST_RULE = ("90 %: sim +- 1.645 sqrt(model^2 + run^2); model: step costs moved by the fit's error, the live factor's "
+              "standard error and the reference bursts' spread")
+
+
+def rule_of(text: str | None) -> str:
+    return text if text and "model:" in text else FIRST_RULE
+
+
+def earlier_intervals(path: Path, rule: str) -> list[dict]:
+    """The coverage an earlier record at `path` measured under another interval rule (per directory,
+    with every correction on), kept beside the new one: the same cells, judged by two rules."""
+    if not path.is_file():
+        return []
+    old = json.loads(path.read_text())
+    kept = old.get("earlier_intervals", [])
+    old_rule = rule_of(next((c.get("interval") for c in old["conditions"].values()), None))
+    if old_rule == rule:
+        return kept
+    coverage = {n: next(v["coverage"] for v in c["variants"] if all(v["on"].values())) for n, c in old["conditions"].items()}
+    return [{"interval": old_rule, "command": old["command"], "coverage": coverage},
+            *[e for e in kept if e["interval"] not in (old_rule, rule)]]   # one entry per rule: the latest
 
 
 def summary(conditions: dict[str, dict]) -> list[dict]:
@@ -113,6 +140,8 @@ def main(argv: list[str] | None = None) -> None:
         "one_sided_above": ONE_SIDED, "conditions": conditions, "held_out": held,
         "summary": summary({n: c for n, c in conditions.items() if n not in held}),
         "summary_held_out": summary({n: c for n, c in conditions.items() if n in held})}
+    if args.json:
+        record["earlier_intervals"] = earlier_intervals(Path(args.json), rule_of(next(iter(conditions.values()))["interval"]))
     for part in ("summary", "summary_held_out"):
         for s in record[part]:
             print(f"{part}: {s['label']:<50} balanced in {s['balanced']} of {s['of']}, "

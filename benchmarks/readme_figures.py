@@ -167,11 +167,13 @@ def validate_sim(d: dict) -> str:
             lines.append(f"| the whole model{none} | "
                          + " | ".join(pct(u[k]["error_median"]) if k in u else "–" for k in keys) + " |")
     if d.get("drift"):
+        median_se = any("timings" in v for f in d["drift"].values() for v in f.values())
         lines += ["", "Drift: the reference burst (8 requests, 48 + 24 tokens) ran at " + "; ".join(
             f"`{w}` " + ", ".join(f"{v['factor']:.2f}× ({lvl}, spread {100 * v['spread']:.0f} %)" for lvl, v in f.items())
             for w, f in d["drift"].items())
-            + " the time the profiles predict for it; each workload's replays are scaled by its factor, and the "
-            "spread of the three timings joins the fit's error in the intervals."]
+            + " the time the profiles predict for it; each workload's replays are scaled by its factor, and "
+            + ("the standard error of the timings' median (their spread × √(π/2) / √n) joins the fit's error in the "
+               "intervals." if median_se else "the spread of the three timings joins the fit's error in the intervals.")]
     return "\n".join(lines + _live(d.get("live")))
 
 
@@ -228,7 +230,23 @@ def corrections(d: dict) -> str:
         lines.append(f"| {s['label']} | " + " | ".join(cells) + f" | {s['balanced']} of {s['of']} | {100 * s['mean_error']:.1f} % |"
                      + (f" {h['balanced']} of {h['of']} | {100 * h['mean_error']:.1f} % |" if h else ""))
     lines += ["", "Validations: " + "; ".join(f"`{n}` {conds[n]['dir']} ({conds[n]['cells']} cells per metric)" for n in names) + "."]
-    return "\n".join(lines)
+    return "\n".join(lines + _correction_coverage(d, names))
+
+
+def _correction_coverage(d: dict, names: list[str]) -> list[str]:
+    """How often the 90 % intervals held the real value with every correction on, per validation,
+    and the same under an earlier rule for building them where one was recorded."""
+    conds = d["conditions"]
+    if "interval" not in next(iter(conds.values()), {}):
+        return []
+    def held(cov: dict) -> str:
+        return ", ".join(f"`{n}` " + (_pct(cov[n]) if n in cov else "–") for n in names)
+    now = {n: next(v["coverage"] for v in c["variants"] if all(v["on"].values())) for n, c in conds.items()}
+    lines = ["", f"90 % intervals with the three corrections (target 85–95 %) held {held(now)}; built as "
+             f"{next(iter(conds.values()))['interval']}."]
+    for e in d.get("earlier_intervals", []):
+        lines += ["", f"The same cells with the intervals built as {e['interval']} (`{e['command']}`): held {held(e['coverage'])}."]
+    return lines
 
 
 def _correction_cell(v: dict, cut: float) -> str:

@@ -114,3 +114,17 @@ def test_a_burst_only_run_says_nothing_was_searched():
     out = figures().serving(d)
     assert "| vllm | not searched |" in out and "saturated throughput: **0.90×**" in out
     assert "sustained rate:" not in out and "repeat 1 (" not in out
+
+
+def test_the_corrections_block_gives_the_intervals_coverage_now_and_under_an_earlier_rule():
+    mod = figures()
+    on = {"drift": True, "live": True, "first_token": True}
+    metrics = {m: {"error_median": 0.1, "below": 0.5, "above": 0.5, "cells": 4} for m in ("e2e_p50", "ttft_p50", "tpot_p50")}
+    variant = {"on": on, "label": "all", "coverage": 0.9, "metrics": metrics}
+    cond = {"dir": "d", "cells": 4, "interval": "rule B", "floor": {m: 0.1 for m in metrics}, "variants": [variant]}
+    d = {"command": "c", "one_sided_above": 0.75, "conditions": {"a": cond, "b": cond | {"variants": [variant | {"coverage": 1.0}]}},
+         "summary": [{"label": "all", "balanced": 2, "of": 2, "mean_error": 0.1}],
+         "earlier_intervals": [{"interval": "rule A", "command": "old", "coverage": {"a": 0.97}}]}
+    text = mod.corrections(d)
+    assert "held `a` 90.0 %, `b` 100.0 %; built as rule B." in text
+    assert "built as rule A (`old`): held `a` 97.0 %, `b` –." in text

@@ -129,6 +129,9 @@ def sim_cost(cfg: RunConfig, cost: StepCost, scale: float = 1.0, first: float = 
 
 # the simulated sides: the calibrated replay, and the same with every step cost 1 -+ sigma
 SIDES = {"sim": 0.0, "sim_lo": -1.0, "sim_hi": 1.0}
+MEDIAN_SE = math.sqrt(math.pi / 2)   # a median of n values strays sqrt(pi / 2) / sqrt(n) of their spread (normal)
+INTERVAL = ("90 %: sim +- 1.645 sqrt(model^2 + run^2), see batchlab/calibrate/accuracy.py; model: step costs moved by "
+            "the fit's error, the live factor's standard error and the drift factor's (its median's standard error)")
 
 
 def simulate_points(cfg: RunConfig, real: pd.DataFrame, profiles: dict[str, Profile],
@@ -303,6 +306,7 @@ class Drift:
                                   # as timed when the server was profiled ("profile time": free of the fit's error)
     live: Live = LIVE_NONE        # live traffic's step time over closed bursts', from the other workloads (calibrate/live.py)
     first: Live = LIVE_NONE       # the first-token terms' factor left after that, from the other workloads' p50 TTFT
+    timings: int = 1              # how many reference bursts the factor is the median of
 
     @property
     def scale(self) -> float:
@@ -310,7 +314,12 @@ class Drift:
         return self.factor * self.live.factor
 
     def sigma(self, prof: Profile) -> float:
-        return math.hypot(prof.sigma, self.spread, self.live.se)
+        """The step costs' relative uncertainty: the fit's error, the drift factor's and the live
+        factor's. The drift factor is a median of `timings` bursts, so its uncertainty is that
+        median's standard error, not one burst's spread: how far one run strays from the machine's
+        speed is already the interval's run term (the rerun noise), and counting it here too made
+        the intervals hold more than 90 % of the cells."""
+        return math.hypot(prof.sigma, self.spread * MEDIAN_SE / math.sqrt(self.timings), self.live.se)
 
     def side(self, prof: Profile, k: float) -> tuple[float, float]:
         """(every step cost's factor, the first-token terms' factor besides) for an interval side
@@ -332,9 +341,10 @@ def drift_factors(path: Path, profiles: dict[str, Profile], strategies: list[str
         spread = float(np.std(real, ddof=1) / med) if len(real) > 1 else 0.0
         prof = profile_for(s, profiles)
         if prof.reference_s:     # NOTE: against a prediction, the fit's error at this one shape would read as drift
-            out[level] = Drift(med / prof.reference_s, spread, "profile time")
+            out[level] = Drift(med / prof.reference_s, spread, "profile time", timings=len(real))
         else:
-            out[level] = Drift(med / burst_seconds(SimulatedBackend(prof.cost), level, prof=prof), spread)
+            out[level] = Drift(med / burst_seconds(SimulatedBackend(prof.cost), level, prof=prof), spread,
+                               timings=len(real))
     return out
 
 
@@ -532,11 +542,11 @@ def accuracy_record(cfg: RunConfig, profiles: dict[str, Profile], table: pd.Data
                        for m, e in err.groupby(lat["metric"], sort=False)}
     return {"profiles": {lvl: {"path": p.path, "fit_rms_rel_error": p.sigma} for lvl, p in profiles.items()},
             "workloads": {"base": {}} | cfg.validation.workloads, "noise_runs": 2 if cfg.validation.noise else 1,
-            "drift": {w: {lvl: {"factor": d.factor, "spread": d.spread, "against": d.against} for lvl, d in ds.items()}
-                      for w, ds in drifts.items()},
+            "drift": {w: {lvl: {"factor": d.factor, "spread": d.spread, "timings": d.timings, "against": d.against}
+                          for lvl, d in ds.items()} for w, ds in drifts.items()},
             "load_1min": _loads(out, ["base", *cfg.validation.workloads]),
             "reference_burst": {"rows": REFERENCE[0], "prompt": REFERENCE[1], "new_tokens": REFERENCE[2]},
-            "interval": "90 %: sim +- 1.645 sqrt(model^2 + run^2), see batchlab/calibrate/accuracy.py",
+            "interval": INTERVAL,
             "metrics": summ.to_dict(orient="records"), "uncorrected": uncorrected}
 
 

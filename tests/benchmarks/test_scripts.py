@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import importlib
 import importlib.util
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -59,3 +60,28 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(tmp_path, script, args
                          cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert res.returncode == 2 and res.stderr.startswith("error: ") and says in res.stderr, res.stderr
     assert res.stderr.count("\n") == 1 and not out.exists()
+
+
+def test_corrections_keeps_the_coverage_an_earlier_interval_rule_gave_beside_the_new(tmp_path):
+    """A record at --json whose intervals were built by another rule keeps its coverage (every
+    correction on, per directory) beside the new one; run again under the same rule, nothing doubles."""
+    from batchlab.backends.presets import load_cost
+    from batchlab.calibrate.validate import INTERVAL, validate
+    from batchlab.run.config import load_config
+    profile = tmp_path / "toy.json"
+    load_cost("toy").to_json(profile, level="any", fit_rms_rel_error=0.05)
+    cfg = load_config(None, ["backend.preset=toy", "traffic.rates=[5]", "traffic.duration_s=4", "traffic.warmup_s=1",
+                             "traffic.prompt_len=32", "traffic.output_len=8", "strategies=[continuous]",
+                             "validation.workloads={long: {prompt_len: 96}}"])
+    validate(cfg, [str(profile)], tmp_path / "v")
+    out = tmp_path / "corrections.json"
+    on = {"drift": True, "live": True, "first_token": True}
+    out.write_text(json.dumps({"command": "earlier", "conditions": {"toy": {"variants": [{"on": on, "coverage": 0.5}]}}}))
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "corrections.py"), f"toy={tmp_path / 'v'}", "--json", str(out)]
+    for _ in range(2):
+        res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+        assert res.returncode == 0, res.stderr
+        rec = json.loads(out.read_text())
+        assert rec["conditions"]["toy"]["interval"] == INTERVAL
+        assert [(e["command"], e["coverage"]) for e in rec["earlier_intervals"]] == [("earlier", {"toy": 0.5})]
+        assert "spread" in rec["earlier_intervals"][0]["interval"]

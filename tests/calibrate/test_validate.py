@@ -297,3 +297,23 @@ def test_the_cli_says_what_the_live_factor_did_or_why_it_could_not():
                          "profile with it: out/live_p.json")
     assert live_lines({"per_workload": rec["per_workload"]}, True, True)[-1] == (
         "first-token factor: not measured (it needs a second workload: add one under validation.workloads)")
+
+
+def test_the_drift_factors_uncertainty_is_its_medians_standard_error_not_one_bursts_spread(tmp_path):
+    """One run's own departure from the machine's speed is the interval's run term; the step costs
+    carry only how well the median of the n reference bursts knows that speed."""
+    import math
+
+    from batchlab.backends.presets import load_cost
+    from batchlab.calibrate.validate import SERVER, Profile, drift_factors
+    ref = tmp_path / "reference.csv"
+    pd.DataFrame([{"when": w, "level": SERVER, "seconds": s} for w, s in
+                  (("before", 1.0), ("between", 1.2), ("after", 1.4))]).to_csv(ref, index=False)
+    prof = Profile("p.json", load_cost("toy"), 0.05, twin=None, reference_s=1.0)
+    d = drift_factors(ref, {SERVER: prof}, ["server"])[SERVER]
+    assert d.timings == 3 and d.spread == pytest.approx(0.2 / 1.2)
+    drift_se = d.spread * math.sqrt(math.pi / 2) / math.sqrt(3)
+    assert d.sigma(prof) == pytest.approx(math.hypot(0.05, drift_se))
+    assert d.sigma(prof) < math.hypot(0.05, d.spread)                   # narrower than one burst's spread
+    lo, hi = d.side(prof, -1.0)[0], d.side(prof, 1.0)[0]
+    assert (hi - lo) / 2 == pytest.approx(d.scale * d.sigma(prof))
