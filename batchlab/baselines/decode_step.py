@@ -27,15 +27,21 @@ def kv_blocks(trace: list[TraceItem], c: int) -> int:
     return c * -(-longest // BLOCK) + c
 
 
-async def step_times(hf, c: int, clock, p: int = 64, o: int = 64) -> tuple[float, float]:
-    """Median decode step (seconds) at batch C with p-token prompts and o new tokens: the engine's,
-    then generate()'s. `hf` is an HFBackend."""
+async def engine_burst(hf, c: int, clock, p: int = 64, o: int = 64) -> list:
+    """C requests of p prompt and o new tokens at once through continuous batching on the step
+    engine: the step records of its decode-only steps at full occupancy."""
     trace = [TraceItem(0.0, p, o)] * c
     engine = hf._engine()
     mark = len(engine.step_log)
     await drive(ContinuousScheduler(ContinuousConfig(max_num_seqs=c, block_size=BLOCK), kv_blocks(trace, c)),
                 hf, clock, Inbox(make_requests(trace, clock.now(), hf.prepare)))
-    ours = [s.duration for s in engine.step_log[mark:] if s.prefill_tokens == 0 and s.rows == c]
-    reqs = make_requests(trace, clock.now(), hf.prepare)
+    return [s for s in engine.step_log[mark:] if s.prefill_tokens == 0 and s.rows == c]
+
+
+async def step_times(hf, c: int, clock, p: int = 64, o: int = 64) -> tuple[float, float]:
+    """Median decode step (seconds) at batch C with p-token prompts and o new tokens: the engine's,
+    then generate()'s. `hf` is an HFBackend."""
+    ours = [s.duration for s in await engine_burst(hf, c, clock, p, o)]
+    reqs = make_requests([TraceItem(0.0, p, o)] * c, clock.now(), hf.prepare)
     await hf.run_batch(reqs, clock)
     return statistics.median(ours), float(np.median(np.diff(reqs[0].token_times)))

@@ -1,0 +1,103 @@
+"""Where the step engine's eager decode step spends its time: torch's profiler over a burst, ops
+ranked by their own CPU time.
+
+For each concurrency C a burst of C identical requests (64-token prompts, 64 new tokens) runs
+through continuous batching on the step engine (`engine_burst`, as the engine comparison runs
+it), once unprofiled (the median decode step) and once under `torch.profiler`. The profiled
+burst is one prompt pass then 63 decode steps, so its ops are the decode step's but for about
+1/64 of the time. Reported per C: the median decode step unprofiled and profiled, the profiled
+ops' own CPU time as a share of the burst, the top ops by own time with their share and calls
+per decode step, and the share left outside any op (Python: the scheduler, the engine's
+bookkeeping, the model's module calls). The profiler adds its own cost to every op, so shares,
+not absolute times, are the figures to read; and the profiled burst runs the engine's passes on
+the event loop's thread, where the profiler sees them (`Inline`), not on its worker thread.
+Usage: python benchmarks/decode_profile.py [--concurrency 16 64] [--top 12] [--json results/decode_profile.json]
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from batchlab.backends import hf_engine
+from batchlab.backends.hf import HFOptions
+from batchlab.backends.hf_backend import HFBackend
+from batchlab.baselines.decode_step import engine_burst
+from batchlab.core.clock import RealClock
+from batchlab.core.files import write_atomic
+
+
+class Inline:
+    """asyncio as the engine sees it, with `to_thread` calling in this thread: the profiler records
+    the ops of the thread it was started in, and the engine runs its passes on a worker thread. A
+    closed burst has nothing else for the event loop to do while a pass runs, so nothing waits longer."""
+
+    def __getattr__(self, name):
+        return getattr(asyncio, name)
+
+    @staticmethod
+    async def to_thread(fn, *args, **kwargs):
+        return fn(*args, **kwargs)
+
+
+async def level(hf: HFBackend, c: int, top: int, clock) -> dict:
+    """One concurrency: the median decode step unprofiled, then the ops of a profiled burst."""
+    plain = statistics.median(s.duration for s in await engine_burst(hf, c, clock))
+    hf_engine.asyncio = Inline()
+    try:
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            start = time.perf_counter()
+            steps = await engine_burst(hf, c, clock)
+            wall = time.perf_counter() - start
+    finally:
+        hf_engine.asyncio = asyncio
+    ops = [(e.key, e.self_cpu_time_total / 1e6, e.count) for e in prof.key_averages()]
+    in_ops = sum(t for _, t, _ in ops)
+    n = len(steps)
+    return {"concurrency": c, "step_ms_unprofiled": 1e3 * plain,
+            "step_ms_profiled": 1e3 * statistics.median(s.duration for s in steps), "decode_steps": n,
+            "burst_s": wall, "ops_share": in_ops / wall, "outside_ops_share": 1 - in_ops / wall,
+            "top": [{"op": name, "share": t / wall, "calls_per_step": k / (n + 1)}
+                    for name, t, k in sorted(ops, key=lambda x: -x[1])[:top]]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[16, 64])
+    ap.add_argument("--top", type=int, default=12)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    load_before = os.getloadavg()
+    hf = HFBackend(HFOptions(model="tiny", device="cpu", dtype="float32", warmup_batches=1),
+                   warmup_shape=(8, 64, 8), decode_rows=max(args.concurrency))
+    clock = RealClock()
+
+    async def run_all():
+        await hf.start(clock)
+        await engine_burst(hf, 8, clock, 16, 8)                 # warm the engine
+        return [await level(hf, c, args.top, clock) for c in args.concurrency]
+    levels = clock.run(run_all())
+    record = {"command": "python benchmarks/decode_profile.py --concurrency " + " ".join(map(str, args.concurrency))
+              + f" --top {args.top}" + (f" --json {args.json}" if args.json else ""),
+              "torch": torch.__version__, "threads": torch.get_num_threads(), "cpus": os.cpu_count(),
+              "load_avg_1_5_15": {"before": load_before, "after": os.getloadavg()}, "levels": levels}
+    for lv in levels:
+        print(f"C={lv['concurrency']}: decode step {lv['step_ms_unprofiled']:.2f} ms ({lv['step_ms_profiled']:.2f} profiled, "
+              f"{lv['decode_steps']} steps); in torch ops {100 * lv['ops_share']:.0f} %, outside {100 * lv['outside_ops_share']:.0f} %")
+        for o in lv["top"]:
+            print(f"    {o['op']:<40} {100 * o['share']:5.1f} %  {o['calls_per_step']:5.1f} calls per step")
+    if args.json:
+        write_atomic(Path(args.json), json.dumps(record, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
