@@ -11,9 +11,10 @@ repeated, so every combination is judged on the very same cells.
 
 Per directory and combination: the median |error| of p50 E2E, TTFT and TPOT, the share of cells
 where the replay read below the real run (a one-sided error shows there), and the 90 % intervals'
-coverage; the rerun floor beside them. Where --json already holds a record whose intervals were
-built by another rule (accuracy.json's `interval`), its coverage stays beside the new one. The summary counts, per combination, the directories where
+coverage; the rerun floor beside them. The summary counts, per combination, the directories where
 no latency metric is one-sided (no sign in more than 75 % of cells) and the mean of its errors.
+Where --json already holds a record whose intervals were built by another rule (accuracy.json's
+`interval`), its coverage stays beside the new one.
 Usage: python benchmarks/corrections.py NAME=DIR[@TWIN] ... [--json docs/results/corrections.json]
   DIR holds validate.yaml (the config the validation ran with); TWIN is the server's twin config
   where accuracy.json does not name it.

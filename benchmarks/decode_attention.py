@@ -25,10 +25,8 @@ import torch
 import torch.nn.functional as F
 
 from batchlab.backends import hf_slots
-from batchlab.backends.hf import HFOptions
 from batchlab.backends.hf_backend import HFBackend
-from batchlab.baselines.decode_step import step_times
-from batchlab.core.clock import RealClock
+from batchlab.baselines.decode_step import step_times, tiny_engine_levels
 from batchlab.core.files import write_atomic
 
 
@@ -80,15 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     load_before = os.getloadavg()
-    hf = HFBackend(HFOptions(model="tiny", device="cpu", dtype="float32", warmup_batches=1),
-                   warmup_shape=(8, 64, 8), decode_rows=max(args.concurrency))
-    clock = RealClock()
-
-    async def run_all():
-        await hf.start(clock)
-        await step_times(hf, 8, clock, 16, 8)                   # warm the engine
-        return [await rounds(hf, c, args.rounds, clock) for c in args.concurrency]
-    levels = clock.run(run_all())
+    levels = tiny_engine_levels(args.concurrency, lambda hf, c, clock: rounds(hf, c, args.rounds, clock))
     record = {"command": "python benchmarks/decode_attention.py --concurrency " + " ".join(map(str, args.concurrency))
               + f" --rounds {args.rounds}" + (f" --json {args.json}" if args.json else ""),
               "torch": torch.__version__, "threads": torch.get_num_threads(), "cpus": os.cpu_count(),

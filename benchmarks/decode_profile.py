@@ -28,10 +28,8 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from batchlab.backends import hf_engine
-from batchlab.backends.hf import HFOptions
 from batchlab.backends.hf_backend import HFBackend
-from batchlab.baselines.decode_step import engine_burst
-from batchlab.core.clock import RealClock
+from batchlab.baselines.decode_step import engine_burst, tiny_engine_levels
 from batchlab.core.files import write_atomic
 
 
@@ -76,15 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     load_before = os.getloadavg()
-    hf = HFBackend(HFOptions(model="tiny", device="cpu", dtype="float32", warmup_batches=1),
-                   warmup_shape=(8, 64, 8), decode_rows=max(args.concurrency))
-    clock = RealClock()
-
-    async def run_all():
-        await hf.start(clock)
-        await engine_burst(hf, 8, clock, 16, 8)                 # warm the engine
-        return [await level(hf, c, args.top, clock) for c in args.concurrency]
-    levels = clock.run(run_all())
+    levels = tiny_engine_levels(args.concurrency, lambda hf, c, clock: level(hf, c, args.top, clock))
     record = {"command": "python benchmarks/decode_profile.py --concurrency " + " ".join(map(str, args.concurrency))
               + f" --top {args.top}" + (f" --json {args.json}" if args.json else ""),
               "torch": torch.__version__, "threads": torch.get_num_threads(), "cpus": os.cpu_count(),

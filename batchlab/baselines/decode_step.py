@@ -12,6 +12,7 @@ import statistics
 
 import numpy as np
 
+from batchlab.core.clock import RealClock
 from batchlab.core.traffic import TraceItem, make_requests
 from batchlab.run.driver import Inbox, drive
 from batchlab.schedulers import ContinuousConfig
@@ -36,6 +37,23 @@ async def engine_burst(hf, c: int, clock, p: int = 64, o: int = 64) -> list:
     await drive(ContinuousScheduler(ContinuousConfig(max_num_seqs=c, block_size=BLOCK), kv_blocks(trace, c)),
                 hf, clock, Inbox(make_requests(trace, clock.now(), hf.prepare)))
     return [s for s in engine.step_log[mark:] if s.prefill_tokens == 0 and s.rows == c]
+
+
+def tiny_engine_levels(concurrency: list[int], measure) -> list:
+    """The tiny model on the step engine (CPU, fp32, decode passes warmed up to the largest C),
+    started and warmed by a small burst, then `await measure(hf, c, clock)` at each concurrency in
+    turn, on one clock: the set-up the decode-step benchmarks share."""
+    from batchlab.backends.hf import HFOptions  # NOTE: here, so importing this module loads no model stack
+    from batchlab.backends.hf_backend import HFBackend
+    hf = HFBackend(HFOptions(model="tiny", device="cpu", dtype="float32", warmup_batches=1),
+                   warmup_shape=(8, 64, 8), decode_rows=max(concurrency))
+    clock = RealClock()
+
+    async def run_all():
+        await hf.start(clock)
+        await engine_burst(hf, 8, clock, 16, 8)                 # warm the engine
+        return [await measure(hf, c, clock) for c in concurrency]
+    return clock.run(run_all())
 
 
 async def step_times(hf, c: int, clock, p: int = 64, o: int = 64) -> tuple[float, float]:
