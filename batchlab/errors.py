@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import sys
+import warnings
 
 import click
 
@@ -42,5 +43,16 @@ def user_errors(fn):
             sys.exit(1)
         except KeyboardInterrupt:
             click.echo("interrupted: finished points are saved; rerun the same command to resume", err=True)
+            _quiet_teardown()
             sys.exit(130)
     return wrapper
+
+
+def _quiet_teardown() -> None:
+    """Keep the interrupted command's output to its one line.
+
+    Ctrl-C can land inside `asyncio.run` while it builds its event loop; the half-built loop and the
+    coroutine it never started are collected at exit, and Python reports each as 'Exception ignored'
+    and 'never awaited' on stderr. Both are harmless (nothing was running), so they are not shown."""
+    sys.unraisablehook = lambda _unraisable: None
+    warnings.simplefilter("ignore")
