@@ -45,7 +45,7 @@ def engine_for(model, args) -> StepEngine:
     bucketed path with the eager pass, to smoke-test the script."""
     engine = StepEngine(model, None, args.device, compile=args.inductor)
     if args.device == "cuda" and not args.inductor:
-        engine.decode = hcomp.GraphedDecode(model, engine.suppress)
+        engine.decode = hcomp.GraphedDecode(engine.forward, engine.suppress)
     elif args.device != "cuda":
         engine.decode = engine._eager
     return engine

@@ -67,6 +67,10 @@ class HFOptions(ModelOptions):
     compile: bool = False
     """Continuous: decode-only passes padded to row buckets and compiled (torch.compile; CUDA
     graphs on CUDA), built at start-up; mixed steps stay eager."""
+    fused: bool | None = None
+    """Continuous: the step engine's pass written out for Llama, Mistral and Qwen2 models (q/k/v
+    and gate/up each one matrix product, no module calls; tokens identical). Unset: on for those
+    models on a CPU; true: required; false: through transformers' modules."""
 
     hosts_baselines = True
 

@@ -23,6 +23,7 @@ from batchlab.backends.hf_engine import StepEngine, backend_efficiency
 from batchlab.core.clock import Clock
 from batchlab.core.request import Request
 from batchlab.core.work import Step
+from batchlab.errors import ConfigError
 
 OomHook = Callable[[list[Request]], bool]
 
@@ -191,7 +192,11 @@ class HFBackend(Engine):
     def _engine(self) -> StepEngine:
         if self.engine is None:
             lm = self._ensure_loaded()
-            self.engine = StepEngine(lm.model, lm.tokenizer, lm.device, compile=self.cfg.compile)
+            try:
+                self.engine = StepEngine(lm.model, lm.tokenizer, lm.device, compile=self.cfg.compile,
+                                         fused=self.cfg.fused)
+            except ValueError as e:                 # fused: true on a model it does not cover
+                raise ConfigError(str(e)) from None
         return self.engine
 
     async def step(self, step: Step, clock: Clock) -> int:

@@ -49,24 +49,22 @@ def pad_rows(plan: StepPlan, rows: int) -> None:
     plan.pad = extra
 
 
-def greedy(model, plan: StepPlan, suppress: torch.Tensor) -> torch.Tensor:
-    """One pass: the greedy token of every kept row, EOS suppressed (what generate() does)."""
-    out = model(input_ids=plan.input_ids[None], position_ids=plan.positions[None], use_cache=False,
-                logits_to_keep=plan.keep, batchlab_plan=plan)
-    logits = out.logits[0]
-    return logits.index_fill(1, suppress, NEG_INF).argmax(-1)
+def greedy(forward, plan: StepPlan, suppress: torch.Tensor) -> torch.Tensor:
+    """One pass (`forward`: a plan -> its kept rows' logits, backends/hf_fused.py): the greedy
+    token of every kept row, EOS suppressed (what generate() does)."""
+    return forward(plan).index_fill(1, suppress, NEG_INF).argmax(-1)
 
 
 class CompiledDecode:
     """`greedy` through torch.compile for padded dense decode plans; counts its graphs."""
 
-    def __init__(self, model, suppress: torch.Tensor):
-        self.model, self.suppress = model, suppress
+    def __init__(self, forward, suppress: torch.Tensor):
+        self.forward, self.suppress = forward, suppress
         self.compiles = 0                       # graphs inductor built (each bucket, each regrowth)
         self.fn = torch.compile(self._greedy, backend=self._backend)
 
     def _greedy(self, plan: StepPlan) -> torch.Tensor:
-        return greedy(self.model, plan, self.suppress)
+        return greedy(self.forward, plan, self.suppress)
 
     def _backend(self, gm, example_inputs):
         from torch._inductor.compile_fx import compile_fx
@@ -91,9 +89,9 @@ class GraphedDecode:
     """CUDA graphs over padded dense decode plans, one per (rows, context) bucket, captured on
     first use (`captures` counts them) and replayed with the plan's tensors copied in."""
 
-    def __init__(self, model, suppress: torch.Tensor, run=None):
-        self.model, self.suppress = model, suppress
-        self.run = run or (lambda plan: greedy(model, plan, suppress))   # eager or compiled pass
+    def __init__(self, forward, suppress: torch.Tensor, run=None):
+        self.suppress = suppress
+        self.run = run or (lambda plan: greedy(forward, plan, suppress))   # eager or compiled pass
         self.graphs: dict[tuple[int, int, int], tuple[torch.cuda.CUDAGraph, StepPlan, torch.Tensor]] = {}
         self.pool = None
         self.captures = 0

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from transformers import AttentionInterface
 
 from batchlab.backends import hf_compile as hcomp
+from batchlab.backends.hf_fused import forward_for
 from batchlab.backends.hf_prefix import BlockStore
 from batchlab.backends.hf_slots import ATTN_NAME, SlotKV, StepPlan, attention, slot_attention
 from batchlab.core.clock import Clock
@@ -48,7 +49,7 @@ class StepEngine:
     """Runs `Step`s of the continuous scheduler on `model`; `step_log` keeps one record per pass."""
 
 
-    def __init__(self, model, tokenizer=None, device=None, compile: bool = False):
+    def __init__(self, model, tokenizer=None, device=None, compile: bool = False, fused: bool | None = None):
         cfg = model.config.get_text_config()
         # NOTE: we always attend to the full prefix; within a sliding window that is the same thing.
         self.window = getattr(cfg, "sliding_window", None) if getattr(cfg, "use_sliding_window", True) else None
@@ -64,13 +65,14 @@ class StepEngine:
         self._lock = threading.Lock()          # one forward at a time: the attention swap is global
         self._last_end: float | None = None    # when the previous pass ended (for StepRecord.gap)
         AttentionInterface.register(ATTN_NAME, slot_attention)
+        self.forward = forward_for(model, fused, self.device)   # a plan -> its kept rows' logits
         # compile: dense decode-only passes padded to row buckets and run compiled (CPU) or
         # compiled and captured in CUDA graphs (CUDA); everything else eagerly (hf_compile.py)
         self.decode = None
         if compile:
-            self.decode = hcomp.CompiledDecode(model, self.suppress)
+            self.decode = hcomp.CompiledDecode(self.forward, self.suppress)
             if self.device.type == "cuda":
-                self.decode = hcomp.GraphedDecode(model, self.suppress, run=self.decode)
+                self.decode = hcomp.GraphedDecode(self.forward, self.suppress, run=self.decode)
 
     async def step(self, step: Step, clock: Clock) -> int:
         """One forward pass over `step.chunks` (a decode window: up to `step.repeat`); stamps a
@@ -202,7 +204,7 @@ class StepEngine:
         return passes
 
     def _eager(self, plan: StepPlan) -> torch.Tensor:
-        return hcomp.greedy(self.model, plan, self.suppress)
+        return hcomp.greedy(self.forward, plan, self.suppress)
 
     def _advance(self, plan: StepPlan, tokens: list[int]) -> None:
         """Next pass of a decode window: every row feeds its new token at the next position
