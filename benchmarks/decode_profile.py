@@ -11,7 +11,9 @@ per decode step, and the share left outside any op (Python: the scheduler, the e
 bookkeeping, the model's module calls). The profiler adds its own cost to every op, so shares,
 not absolute times, are the figures to read; and the profiled burst runs the engine's passes on
 the event loop's thread, where the profiler sees them (`Inline`), not on its worker thread.
-Usage: python benchmarks/decode_profile.py [--concurrency 16 64] [--top 12] [--json results/decode_profile.json]
+The pass is the engine's default (the fused one for this Llama, backends/hf_fused.py), or with
+--modules the model's own transformers modules.
+Usage: python benchmarks/decode_profile.py [--concurrency 16 64] [--top 12] [--modules] [--json results/decode_profile.json]
 """
 from __future__ import annotations
 
@@ -71,12 +73,15 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--concurrency", type=int, nargs="+", default=[16, 64])
     ap.add_argument("--top", type=int, default=12)
+    ap.add_argument("--modules", action="store_true", help="the pass through transformers' modules (backend.fused false)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     load_before = os.getloadavg()
-    levels = tiny_engine_levels(args.concurrency, lambda hf, c, clock: level(hf, c, args.top, clock))
+    levels = tiny_engine_levels(args.concurrency, lambda hf, c, clock: level(hf, c, args.top, clock),
+                                fused=False if args.modules else None)
     record = {"command": "python benchmarks/decode_profile.py --concurrency " + " ".join(map(str, args.concurrency))
-              + f" --top {args.top}" + (f" --json {args.json}" if args.json else ""),
+              + f" --top {args.top}" + (" --modules" if args.modules else "") + (f" --json {args.json}" if args.json else ""),
+              "pass": "modules" if args.modules else "fused",
               "torch": torch.__version__, "threads": torch.get_num_threads(), "cpus": os.cpu_count(),
               "load_avg_1_5_15": {"before": load_before, "after": os.getloadavg()}, "levels": levels}
     for lv in levels:

@@ -3,7 +3,9 @@
 At each concurrency C (16 and 64): a burst of N = --burst x C requests arrives at once (prompt and
 output lengths drawn uniformly, seeded), and each system keeps at most C of them in flight:
   - batchlab continuous: ContinuousScheduler(max_num_seqs=C) + the step engine (HFBackend.step),
-    eager ("ours") and with backend.compile ("ours-compiled": decode buckets built before timing);
+    eager ("ours") and with backend.compile ("ours-compiled": decode buckets built before timing),
+    both with the fused pass (backends/hf_fused.py); with --modules also eager through
+    transformers' modules ("ours-modules", backend.fused false): the fused pass's gain in one run;
   - hf-cb: transformers' manager (max_requests_per_batch=C, same KV blocks, same token budget);
   - generate(): HFBackend.run_batch on batches of C in arrival order (padded, run to the longest).
 Throughput = output tokens / (last completion - first arrival). Per-step time: a fixed batch of
@@ -12,7 +14,11 @@ gap between generate()'s per-token stamps. Efficiency of the continuous run: ach
 divided by B / t_step(B) at its mean occupancy B (t_step fitted to its own decode-only steps), and
 where its time went (step log: decode passes, prefill passes, our overhead in and between steps).
 Systems alternate order per repeat; figures are medians over repeats, ratios from one process.
+Roofline: this CPU's matrix FLOP/s (a 1024^3 float32 product) and copy bandwidth (256 MiB), measured
+at the start with the benchmark's threads; a decode step's bound is the longer of reading every
+linear weight and the rows' K/V once, and computing its products, at those rates (`roofline`).
 Usage: python benchmarks/engine_vs_hf_cb.py [--concurrency 16 64] [--repeats 3] [--threads N] [--compile both|on|off]
+       [--modules]
 """
 from __future__ import annotations
 
@@ -20,6 +26,7 @@ import argparse
 import json
 import os
 import statistics
+import time
 from pathlib import Path
 
 import numpy as np
@@ -102,12 +109,46 @@ def result(reqs: list[Request], t0: float) -> dict:
             "ttft_p50": s["ttft_p50"], "tpot_p50": s["tpot_p50"]}
 
 
+def machine_roofline(repeats: int = 5) -> dict:
+    """Attainable matrix FLOP/s and memory bandwidth (bytes read + written per second), medians."""
+    a, b = torch.randn(1024, 1024), torch.randn(1024, 1024)
+    src = torch.ones(64 << 20)
+    dst = torch.empty_like(src)
+
+    def median_s(fn) -> float:
+        fn()
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+        return statistics.median(times)
+    return {"matmul_flop_s": 2 * 1024**3 / median_s(lambda: torch.mm(a, b)),
+            "copy_bytes_s": 2 * src.nbytes / median_s(lambda: dst.copy_(src)), "repeats": repeats,
+            "how": "float32 1024x1024 @ 1024x1024; a 256 MiB copy counts its read and its write"}
+
+
+def roofline(model, kv_bytes_per_token: int, rows: int, context: int, roof: dict) -> dict:
+    """A decode step's lower bound at `rows` rows of `context` tokens: every linear weight and the
+    rows' K/V read once (bandwidth) or its products computed (FLOP/s), whichever takes longer."""
+    cfg = model.config
+    linear = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+    read = linear * model.dtype.itemsize + rows * context * kv_bytes_per_token
+    attn = 4 * rows * context * cfg.num_attention_heads * cfg.head_dim * cfg.num_hidden_layers
+    flops = 2 * linear * rows + attn
+    return {"bound_ms": 1e3 * max(read / roof["copy_bytes_s"], flops / roof["matmul_flop_s"]),
+            "read_ms": 1e3 * read / roof["copy_bytes_s"], "compute_ms": 1e3 * flops / roof["matmul_flop_s"]}
+
+
 def agreement(a: dict, b: dict) -> float:
     """Fraction of requests whose tokens are identical in the two runs."""
     return sum(a[k] == b[k] for k in a) / len(a)
 
 
-async def measure(engines: dict[str, HFBackend], c: int, repeats: int, burst_x: int, clock) -> dict:
+STEP_CONTEXT = 96            # step_times' median context: 64-token prompts, 64 new tokens
+
+
+async def measure(engines: dict[str, HFBackend], c: int, repeats: int, burst_x: int, clock, roof: dict) -> dict:
     trace = burst(burst_x * c, seed=c)
     hf = engines["ours"] if "ours" in engines else next(iter(engines.values()))
     systems = {name: (lambda e=e: ours(e, trace, c, clock)) for name, e in engines.items()}
@@ -128,7 +169,8 @@ async def measure(engines: dict[str, HFBackend], c: int, repeats: int, burst_x: 
     out = {"concurrency": c, "requests": len(trace), "output_tokens": sum(t.output_len for t in trace),
            "tok_s": {n: med(n, "tok_s") for n in runs},
            "ttft_p50_s": {n: med(n, "ttft_p50") for n in runs},
-           "tok_s_per_repeat": {n: [r["tok_s"] for r in runs[n]] for n in runs}, "engines": {}}
+           "tok_s_per_repeat": {n: [r["tok_s"] for r in runs[n]] for n in runs}, "engines": {},
+           "roofline": roofline(hf.loaded.model, hf.kv_bytes_per_token, c, STEP_CONTEXT, roof)}
     for name in engines:
         st = steps[name]
         out["engines"][name] = {
@@ -138,13 +180,15 @@ async def measure(engines: dict[str, HFBackend], c: int, repeats: int, burst_x: 
             "step_ms": {"ours": 1e3 * statistics.median(x[0] for x in st),
                         "generate": 1e3 * statistics.median(x[1] for x in st)},
             "step_ratio": statistics.median(a / b for a, b in st),
+            "step_over_bound": 1e3 * statistics.median(x[0] for x in st) / out["roofline"]["bound_ms"],
             "efficiency": med(name, "efficiency"), "efficiency_per_repeat": [r["efficiency"] for r in runs[name]],
             "occupancy": med(name, "occupancy"), "busy_frac": med(name, "busy_frac"),
             "breakdown": {k: statistics.median(r["breakdown"][k] for r in runs[name]) for k in runs[name][0]["breakdown"]},
             "same_tokens_as_generate": agreement(runs[name][0]["tokens"], runs["generate"][0]["tokens"])}
-    if "ours" in engines and "ours-compiled" in engines:
-        out["compiled_over_eager_per_repeat"] = ratio("ours-compiled", "ours")
-        out["compiled_over_eager"] = statistics.median(out["compiled_over_eager_per_repeat"])
+    for a, b, key in (("ours-compiled", "ours", "compiled_over_eager"), ("ours", "ours-modules", "fused_over_modules")):
+        if a in engines and b in engines:
+            out[f"{key}_per_repeat"] = ratio(a, b)
+            out[key] = statistics.median(out[f"{key}_per_repeat"])
     return out
 
 
@@ -156,17 +200,21 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     ap.add_argument("--compile", choices=["both", "on", "off"], default="both",
                     help="our engine eager (off), with backend.compile (on), or both side by side")
+    ap.add_argument("--modules", action="store_true",
+                    help="also our engine eager through transformers' modules (backend.fused false)")
     ap.add_argument("--out", default="results/bench/engine_vs_hf_cb.json")
     args = ap.parse_args()
     load_before = os.getloadavg()
     if args.threads:
         torch.set_num_threads(args.threads)
+    roof = machine_roofline()
     kinds = {"both": [False, True], "on": [True], "off": [False]}[args.compile]
+    kinds = [(k, None) for k in kinds] + ([(False, False)] if args.modules else [])
     engines, lm = {}, None
-    for compile in kinds:
-        hf = HFBackend(HFOptions(model="tiny", device="cpu", dtype="float32", warmup_batches=1, compile=compile),
-                       warmup_shape=(8, 64, 8), decode_rows=max(args.concurrency), loaded=lm)
-        engines["ours-compiled" if compile else "ours"] = hf
+    for compile, fused in kinds:
+        hf = HFBackend(HFOptions(model="tiny", device="cpu", dtype="float32", warmup_batches=1, compile=compile,
+                                 fused=fused), warmup_shape=(8, 64, 8), decode_rows=max(args.concurrency), loaded=lm)
+        engines["ours-modules" if fused is False else "ours-compiled" if compile else "ours"] = hf
         lm = hf._ensure_loaded()
     clock = RealClock()
     warm = {}
@@ -178,16 +226,16 @@ def main() -> None:
             await step_times(hf, 8, clock, 16, 8)               # warm the engine
             warm[name] = {"start_s": clock.now() - t0,
                           "graphs": hf.engine.decode.compiles if hf.engine.decode is not None else 0}
-        levels = [await measure(engines, c, args.repeats, args.burst, clock) for c in args.concurrency]
+        levels = [await measure(engines, c, args.repeats, args.burst, clock, roof) for c in args.concurrency]
         for name, hf in engines.items():
             warm[name]["graphs_after"] = hf.engine.decode.compiles if hf.engine.decode is not None else 0
         return levels
     levels = clock.run(run_all())
     setup = next(iter(engines.values())).describe()
-    report(levels, setup, args, {"before": load_before, "after": os.getloadavg()}, warm)
+    report(levels, setup, args, {"before": load_before, "after": os.getloadavg()}, warm, roof)
 
 
-def report(levels: list[dict], setup: dict, args, load: dict, warm: dict) -> None:
+def report(levels: list[dict], setup: dict, args, load: dict, warm: dict, roof: dict) -> None:
     print(f"\nsetup: {setup['model']} on {setup['device']} ({setup['dtype']}), torch threads {torch.get_num_threads()}, "
           f"repeats {args.repeats}, burst {args.burst} x C requests; start-up {warm}")
     print(f"{'C':>4} {'engine':>13} {'tok/s':>7} {'hf-cb':>7} {'generate':>8} {'/hf-cb':>7} {'/gen':>6} "
@@ -201,9 +249,10 @@ def report(levels: list[dict], setup: dict, args, load: dict, warm: dict) -> Non
                   f"{e['step_ms']['generate']:>6.2f}ms {e['efficiency']:>5.2f} {e['occupancy']:>5.1f} "
                   f"{b['decode_frac']:>6.1%} {b['prefill_frac']:>7.1%} {b['overhead_frac']:>5.1%} {b['gap_frac']:>5.1%} "
                   f"{e['same_tokens_as_generate']:>8.0%}")
-        if "compiled_over_eager" in lv:
-            print(f"{lv['concurrency']:>4} compiled / eager throughput {lv['compiled_over_eager']:.2f}x "
-                  f"(per repeat {', '.join(f'{x:.2f}' for x in lv['compiled_over_eager_per_repeat'])})")
+        for key, what in (("compiled_over_eager", "compiled / eager"), ("fused_over_modules", "fused / modules")):
+            if key in lv:
+                print(f"{lv['concurrency']:>4} {what} throughput {lv[key]:.2f}x "
+                      f"(per repeat {', '.join(f'{x:.2f}' for x in lv[f'{key}_per_repeat'])})")
     for name in levels[0]["engines"]:
         ok = {f"/hf-cb >= {CB_TARGET[c]}x at {c}": lv["engines"][name]["over_hf_cb"] >= CB_TARGET[c]
               for lv in levels for c in [lv["concurrency"]] if c in CB_TARGET}
@@ -214,9 +263,10 @@ def report(levels: list[dict], setup: dict, args, load: dict, warm: dict) -> Non
     out.parent.mkdir(parents=True, exist_ok=True)
     command = "python benchmarks/engine_vs_hf_cb.py " + " ".join(
         [f"--concurrency {' '.join(map(str, args.concurrency))}", f"--repeats {args.repeats}", f"--burst {args.burst}",
-         f"--compile {args.compile}"] + ([f"--threads {args.threads}"] if args.threads else []) + [f"--out {args.out}"])
+         f"--compile {args.compile}"] + (["--modules"] if args.modules else [])
+        + ([f"--threads {args.threads}"] if args.threads else []) + [f"--out {args.out}"])
     out.write_text(json.dumps({"command": command, "setup": setup, "threads": torch.get_num_threads(),
-                               "load_avg_1_5_15": load, "cpus": os.cpu_count(), "start_up": warm,
+                               "load_avg_1_5_15": load, "cpus": os.cpu_count(), "start_up": warm, "machine": roof,
                                "targets": {"ours_over_hf_cb": {str(k): v for k, v in CB_TARGET.items()},
                                            "backend_eff": EFF_TARGET},
                                "levels": levels}, indent=2) + "\n")

@@ -67,7 +67,8 @@ def hf_dynamic_vs_naive(d: dict) -> str:
 
 
 def engine_vs_hf_cb(d: dict) -> str:
-    names = {"ours": "batchlab continuous (eager)", "ours-compiled": "batchlab continuous (`backend.compile`)"}
+    names = {"ours": "batchlab continuous (eager)", "ours-compiled": "batchlab continuous (`backend.compile`)",
+             "ours-modules": "batchlab continuous (eager, `backend.fused: false`)"}
     lines = [f"`{d['command']}` (tiny model, CPU, fp32, {d['threads']} torch thread(s); {_load(d)}; medians over "
              "repeats, the paired ratio's min–max beside it):", "",
              "| concurrency | engine | tok/s | transformers CB | plain `generate()` | ours / transformers CB "
@@ -92,15 +93,39 @@ def engine_vs_hf_cb(d: dict) -> str:
             lines.append(f"| {lv['concurrency']} | {names.get(name, name)} | {pct(b['decode_frac'])} | "
                          f"{pct(b['prefill_frac'])} | {pct(b['overhead_frac'])} | {pct(b['gap_frac'])} | "
                          f"{b['overhead_ms']:.2f} / {b['gap_ms']:.2f} ms |")
-    compiled = [lv for lv in d["levels"] if "compiled_over_eager" in lv]
-    if compiled:
-        start = d.get("start_up", {}).get("ours-compiled", {})
-        lines += ["", "Compiled over eager throughput: " + "; ".join(
-            f"{lv['concurrency']}: {lv['compiled_over_eager']:.2f}× ({min(lv['compiled_over_eager_per_repeat']):.2f}–"
-            f"{max(lv['compiled_over_eager_per_repeat']):.2f})" for lv in compiled)
-            + (f"; start-up with compile {start['start_s']:.0f} s, {start['graphs']} graph(s) built, "
-               f"{start['graphs_after'] - start['graphs']} more during the measured runs." if start else ".")]
-    return "\n".join(lines)
+    start = d.get("start_up", {}).get("ours-compiled", {})
+    lines += _paired_line(d, "compiled_over_eager", "Compiled over eager throughput", (
+        f"; start-up with compile {start['start_s']:.0f} s, {start['graphs']} graph(s) built, "
+        f"{start['graphs_after'] - start['graphs']} more during the measured runs." if start else "."))
+    lines += _paired_line(d, "fused_over_modules", "Fused pass over transformers' modules (both eager) throughput", ".")
+    return "\n".join(lines + _roofline_lines(d, names))
+
+
+def _roofline_lines(d: dict, names: dict) -> list[str]:
+    """The decode step against this CPU's roofline, if the file measured the machine."""
+    roof = d.get("machine")
+    if not roof:
+        return []
+    out = ["", f"This CPU measured {roof['matmul_flop_s'] / 1e9:.0f} GFLOP/s on a 1024³ float32 product and "
+               f"{roof['copy_bytes_s'] / 1e9:.0f} GB/s copying 256 MiB (read + write; medians of {roof['repeats']}). "
+               "A decode step's bound at those rates (every linear weight and the rows' K/V read once, or its "
+               "products computed, whichever is longer; 96 tokens of context a row) against the measured step:"]
+    for lv in d["levels"]:
+        r = lv["roofline"]
+        steps = ", ".join(f"{names.get(n, n)} {e['step_ms']['ours']:.1f} ms ({e['step_over_bound']:.1f}× the bound)"
+                          for n, e in lv["engines"].items())
+        out.append(f"- {lv['concurrency']} rows: bound {r['bound_ms']:.2f} ms (reading {r['read_ms']:.2f}, computing "
+                   f"{r['compute_ms']:.2f}); {steps}.")
+    return out
+
+
+def _paired_line(d: dict, key: str, what: str, tail: str) -> list[str]:
+    """A paragraph of one paired ratio per level (median, min-max over repeats), if the file has it."""
+    levels = [lv for lv in d["levels"] if key in lv]
+    if not levels:
+        return []
+    return ["", f"{what}: " + "; ".join(f"{lv['concurrency']}: {lv[key]:.2f}× ({min(lv[key + '_per_repeat']):.2f}–"
+                                         f"{max(lv[key + '_per_repeat']):.2f})" for lv in levels) + tail]
 
 
 METRIC_NAMES = {"e2e_p50": "p50 E2E", "ttft_p50": "p50 TTFT", "tpot_p50": "p50 TPOT", "ttft_p99": "p99 TTFT",

@@ -39,13 +39,13 @@ async def engine_burst(hf, c: int, clock, p: int = 64, o: int = 64) -> list:
     return [s for s in engine.step_log[mark:] if s.prefill_tokens == 0 and s.rows == c]
 
 
-def tiny_engine_levels(concurrency: list[int], measure) -> list:
-    """The tiny model on the step engine (CPU, fp32, decode passes warmed up to the largest C),
-    started and warmed by a small burst, then `await measure(hf, c, clock)` at each concurrency in
-    turn, on one clock: the set-up the decode-step benchmarks share."""
+def tiny_engine_levels(concurrency: list[int], measure, fused: bool | None = None) -> list:
+    """The tiny model on the step engine (CPU, fp32, decode passes warmed up to the largest C;
+    `fused`: backend.fused), started and warmed by a small burst, then `await measure(hf, c, clock)`
+    at each concurrency in turn, on one clock: the set-up the decode-step benchmarks share."""
     from batchlab.backends.hf import HFOptions  # NOTE: here, so importing this module loads no model stack
     from batchlab.backends.hf_backend import HFBackend
-    hf = HFBackend(HFOptions(model="tiny", device="cpu", dtype="float32", warmup_batches=1),
+    hf = HFBackend(HFOptions(model="tiny", device="cpu", dtype="float32", warmup_batches=1, fused=fused),
                    warmup_shape=(8, 64, 8), decode_rows=max(concurrency))
     clock = RealClock()
 
