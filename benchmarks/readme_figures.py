@@ -703,11 +703,13 @@ def _twin_earlier(cond: dict) -> list[str]:
 
 
 def _twin_knee(conds: dict) -> list[str]:
+    probed = any("predicted_at_probe" in c.get("knee", {}) for c in conds.values())
     lines = ["| machine | server sustains (each search: held / failed) | twin predicts (held / failed) | "
              "twin / server | within 10 % | twin scaled by the drift (held / failed; twin / server) | "
              "twin scaled by the contention (held / failed; twin / server) | "
-             "twin on the validation's live profile (held / failed; twin / server) |",
-             "|---|---|---|---|---|---|---|---|"]
+             "twin on the validation's live profile (held / failed; twin / server) |"
+             + (" twin scaled to the server's burst before the searches (held / failed; twin / server) |" if probed else ""),
+             "|---|---|---|---|---|---|---|---|" + ("---|" if probed else "")]
     made: list[str] = []
     for cond, c in conds.items():
         if "knee" not in c:
@@ -723,7 +725,8 @@ def _twin_knee(conds: dict) -> list[str]:
                      f"{'–' if ratio is None else f'{ratio:.2f}'} | "
                      f"{'–' if ratio is None else ('**yes**' if abs(ratio - 1) <= 0.10 else 'no')} | "
                      f"{_scaled(k.get('predicted_at_drift'), held)} | {_scaled(k.get('predicted_at_contention'), held)} | "
-                     f"{_scaled(k.get('predicted_at_live'), held)} |")
+                     f"{_scaled(k.get('predicted_at_live'), held)} |"
+                     + (f" {_scaled(k.get('predicted_at_probe'), held)} |" if probed else ""))
     return lines + ["", "Made by " + "; ".join(made) + "."] if made else lines
 
 
@@ -798,6 +801,30 @@ def twin(d: dict) -> str:
     if "whatif" in conds.get("quiet", {}):
         lines += _twin_whatif(conds["quiet"]["whatif"], d.get("server", "vllm")) + [""]
     return "\n".join(lines + [PUBLISHED])
+
+
+def twin_contention(d: dict) -> str:
+    """Paired saturated bursts quiet and beside a background job: the slowdown against what the
+    core time the job took explains."""
+    c = d["conditions"]["quiet"]["contention"]
+    b, rounds = c["burst"], c["rounds"]
+    sides = ("server core", "every core")
+    lines = [f"`{c['command']}` ({d['server']} pinned to core 1, this client on core 0; {b['requests']} requests of "
+             f"{b['prompt']} + {b['output']} tokens at once; the job burns {c['duty']:.0%} of each chosen core in "
+             f"0.1-s periods; 1-minute load {c['load_1min_after']:.1f} after):", "",
+             "| round | quiet | job on the server's core: tok/s, others' share, slowdown (share alone) "
+             "| job on every core: the same |", "|---|---|---|---|"]
+    for k, r in enumerate(rounds, 1):
+        cells = [f"{r[n]['tok_s']:,.0f}, {r[n]['others_share']:.1%}, {r[n]['slowdown']:.2f}× ({r[n]['explained']:.2f}×)"
+                 for n in sides]
+        lines.append(f"| {k} | {r['quiet']['tok_s']:,.0f} tok/s | " + " | ".join(cells) + " |")
+    med = lambda n, key: statistics.median(r[n][key] for r in rounds)  # noqa: E731
+    label = {"server core": "the job on the server's core", "every core": "the job on every core"}
+    lines += ["", "Median over rounds: " + "; ".join(
+        f"{label[n]}: slowdown **{med(n, 'slowdown'):.2f}×** "
+        f"({min(r[n]['slowdown'] for r in rounds):.2f}–{max(r[n]['slowdown'] for r in rounds):.2f}), the share alone "
+        f"explains {med(n, 'explained'):.2f}×" for n in sides) + "."]
+    return "\n".join(lines)
 
 
 def roofline_check(d: dict) -> str:
@@ -1021,7 +1048,8 @@ RENDER = {"sim_speed": sim_speed, "hf_dynamic_vs_naive": hf_dynamic_vs_naive, "e
           "prefix_cache": prefix_cache, "policies": policies, "ray_sweep": ray_sweep,
           "roofline_check": roofline_check, "size_search": size_search, "length_grouping": length_grouping,
           "four_modes": four_modes, "closed_loop": closed_loop, "loadgen": loadgen,
-          "plan_cpu": plan_cpu, "same_point": same_point, "corrections": corrections}
+          "plan_cpu": plan_cpu, "same_point": same_point, "corrections": corrections,
+          "twin_contention_vllm": twin_contention, "twin_contention_batchlab": twin_contention}
 # Result files written by a benchmark with other settings (serving-max-num-seqs-128.json, ...) use its renderer.
 FAMILIES = {"serving-": serving, "validate_sim_": validate_sim, "twin_": twin, "four_modes_": four_modes,
             "length_grouping_": length_grouping}

@@ -11,7 +11,9 @@ every what-if cap.
    machine predicts.
 2. knee: the rate the server sustains under the config's SLO, searched --sustain-repeats times as
    benchmarks/serving.py searches it, and the rate the twin predicts by the same search and verdict
-   on the same seeded traces (calibrate/twin_check.py).
+   on the same seeded traces (calibrate/twin_check.py). With --speed-probe, a saturated burst on
+   the server just before each search, and the twin's knee again with its steps scaled until its
+   burst matches theirs: the machine's speed at the time of the question, read off the server.
 3. validate: `batchlab validate --twin` on the base traffic and the config's held-out workloads, each
    at three rates below capacity (--fractions of the rate the server completes saturated on that
    workload's requests): every point on the server twice (the noise floor), on the twin, and on the
@@ -19,6 +21,10 @@ every what-if cap.
 4. whatif: the server restarted at other sequence caps (--caps), a saturated burst at each
    (twice), against the twin's prediction from the one profile; the profile's own cap is measured
    on the first server as the control.
+5. contention: where a busy machine's slowdown comes from. --contention-rounds rounds of three
+   saturated bursts in rotating order: quiet, the background load on the server's core only, and
+   on every core (the client's too); beside each the share of the server's core others took
+   (baselines/contention.py). A server that loses only that core time runs 1 / (1 - share) as long.
 --condition busy runs 2 and 3 with a background load on both cores (baselines/background.py).
 --predict-only recomputes the twin's side of 2 and 4 (after a new profile) beside the server's
 figures already measured, and starts no server.
@@ -60,7 +66,7 @@ from batchlab.run.config import load_config
 from batchlab.schedulers import ContinuousConfig
 
 ROOT = Path(__file__).resolve().parents[1]
-PARTS = ("profile", "knee", "validate", "whatif")
+PARTS = ("profile", "knee", "validate", "whatif", "contention")
 GRID = ProbeGrid(batch_sizes=(1, 2, 4, 8, 16, 32), contexts=(16, 64, 128, 256), prompts=(16, 64, 256, 512),
                  new_tokens=24, repeats=3, warmup=1)
 BURST = (384, 64, 32)              # the what-if burst: requests, prompt and output tokens
@@ -85,6 +91,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--fractions", default="0.25,0.45,0.65",
                     help="validate: rates as fractions of each workload's saturated rate on the server")
     ap.add_argument("--caps", default="8,128", help="whatif: sequence caps the server is restarted with")
+    ap.add_argument("--speed-probe", action="store_true",
+                    help="knee: a saturated burst before each search, and the twin scaled to match it")
+    ap.add_argument("--contention-rounds", type=int, default=3, help="contention: rounds of quiet / server core / every core")
     ap.add_argument("--predict-only", action="store_true",
                     help="knee, whatif: recompute the twin's predictions (a new profile) beside the measured figures kept")
     ap.add_argument("--front-end-on-engine", action="store_true",
@@ -196,12 +205,14 @@ class Campaign:
         measured = []
         for rep in range(a.sustain_repeats):
             print(f"knee: search {rep + 1} of {a.sustain_repeats} from {bracket}", flush=True)
+            probe = {"probe": compare.saturated(backend, *BURST)} if a.speed_probe else {}
             with self.contention() as taken:
                 res = compare.search_server(a.server, backend, cfg, bracket, settings)
-            measured.append(res | {"contention": taken})
+            measured.append(res | {"contention": taken} | probe)
             bracket = compare.next_bracket(res, bracket)
         predicted = predicted_knee(self.twin(), cfg.traffic, cfg.slo, self.bracket(), a.tolerance, a.max_points)
-        self.save("knee", {"measured": measured, "predicted": predicted} | self.at_contention(measured) | self.at_live())
+        self.save("knee", {"measured": measured, "predicted": predicted} | self.at_contention(measured)
+                  | self.at_probe(measured) | self.at_live())
 
     def at_live(self) -> dict:
         """The knee the twin predicts on the profile its last validation wrote (the live and
@@ -230,6 +241,21 @@ class Campaign:
         a, factor = self.args, statistics.median(factors)
         return {"predicted_at_contention": predicted_knee(replace(self.twin(), scale=factor), self.cfg.traffic, self.cfg.slo,
                                                           self.bracket(), a.tolerance, a.max_points) | {"factor": factor}}
+
+    def at_probe(self, measured: list[dict]) -> dict:
+        """The twin's knee with its steps scaled so its saturated burst matches the server's bursts
+        measured before the searches (their median tok/s). NOTE: throughput is not exactly inverse
+        to the step scale (the front end, the burst's ends), so the factor is corrected once by
+        replaying the burst at it."""
+        probes = [m["probe"]["tok_s"] for m in measured if m.get("probe")]
+        if not probes:
+            return {}
+        a, twin, server = self.args, self.twin(), statistics.median(probes)
+        factor = predicted_burst(twin, *BURST)["tok_s"] / server
+        factor *= predicted_burst(replace(twin, scale=factor), *BURST)["tok_s"] / server
+        return {"predicted_at_probe": predicted_knee(replace(twin, scale=factor), self.cfg.traffic, self.cfg.slo,
+                                                     self.bracket(), a.tolerance, a.max_points)
+                | {"factor": factor, "server_burst_tok_s": server}}
 
     def validate(self, cfg, backend) -> None:
         rates = self.rates(cfg, backend)
@@ -292,6 +318,35 @@ class Campaign:
               f"TPOT p50 {[round(1e3 * r['tpot_p50'], 1) for r in runs]} ms", flush=True)
         return {"cap": cap, "measured": runs, "predicted": predicted_burst(self.twin(), n, p, o, max_num_seqs=cap)}
 
+    def contention_check(self, backend) -> None:
+        """Saturated bursts quiet and beside the background load (the server's core, every core), in
+        rotating order, each with the share of the server's core others took; per round the slowdown
+        against that round's quiet burst, beside what the share alone explains."""
+        if not self.cpus:
+            raise ConfigError("--parts contention needs the server pinned to its own core (two cores and taskset)")
+        n, p, o = BURST
+        server = process.cpu_list(self.cpus)
+        where = {"quiet": [], "server core": server, "every core": list(range(os.cpu_count() or 1))}
+        rounds = []
+        for k in range(self.args.contention_rounds):
+            names = list(where)[k % 3:] + list(where)[:k % 3]
+            got = {}
+            for name in names:
+                with ExitStack() as stack:
+                    if where[name]:
+                        stack.enter_context(background_load(where[name], self.args.busy_duty))
+                    taken = stack.enter_context(self.contention())
+                    got[name] = compare.saturated(backend, n, p, o)
+                got[name]["others_share"] = taken.get("others_share")
+            for name in ("server core", "every core"):
+                got[name] |= {"slowdown": got["quiet"]["tok_s"] / got[name]["tok_s"],
+                              "explained": 1 / (1 - got[name]["others_share"])}
+            print("contention: " + "; ".join(f"{k} {v['tok_s']:.0f} tok/s, others {100 * v['others_share']:.1f} %"
+                                             for k, v in got.items()), flush=True)
+            rounds.append(got)
+        self.save("contention", {"burst": dict(zip(("requests", "prompt", "output"), BURST)),
+                                 "duty": self.args.busy_duty, "rounds": rounds})
+
     # --- helpers ----------------------------------------------------------------------------
     def bracket(self) -> tuple[float, float]:
         lo, hi = (float(x) for x in self.args.bracket.split(","))
@@ -314,7 +369,8 @@ def predict_again(c: Campaign, parts: list[str]) -> None:
         if other["knee"] and before["probes"] != kept["knee"]["predicted"]["probes"]:
             # an earlier twin's prediction that differs stays beside (a rerun of the same one replaces)
             kept["knee"].setdefault("earlier_predictions", []).append(before | {"by": kept["knee"]["command"]})
-        kept["knee"] |= c.at_contention(kept["knee"]["measured"]) | c.at_live()   # the contention the searches measured, on this twin
+        # the contention and the bursts the searches measured, on this twin
+        kept["knee"] |= c.at_contention(kept["knee"]["measured"]) | c.at_probe(kept["knee"]["measured"]) | c.at_live()
         drift = kept.get("validate", {}).get("drift", {}).get("base", {}).get("server")
         if drift:           # the machine as the validation's reference bursts found it (its base workload)
             kept["knee"]["predicted_at_drift"] = predicted_knee(replace(twin, scale=drift["factor"]), cfg.traffic, cfg.slo,
@@ -339,7 +395,7 @@ def run(c: Campaign, parts: list[str]) -> None:
         if a.condition == "busy":
             load = stack.enter_context(background_load(list(range(os.cpu_count() or 1)), a.busy_duty))
             c.record["conditions"]["busy"]["background"] = {k: v for k, v in load.items() if k != "pids"}
-        if {"profile", "knee", "validate"} & set(parts) or "whatif" in parts:
+        if {"profile", "knee", "validate", "whatif", "contention"} & set(parts):
             cfg, backend = stack.enter_context(c.server())
             if "profile" in parts:
                 c.profile(cfg)
@@ -348,6 +404,8 @@ def run(c: Campaign, parts: list[str]) -> None:
             if "validate" in parts:
                 c.validate(cfg, backend)
             whatif = [c.whatif_here(backend, c.cfg.continuous.max_num_seqs)] if "whatif" in parts else []
+            if "contention" in parts:
+                c.contention_check(backend)
     for cap in ([int(x) for x in a.caps.split(",")] if "whatif" in parts else []):
         with c.server(max_num_seqs=cap) as (_, backend):
             whatif.append(c.whatif_here(backend, cap))

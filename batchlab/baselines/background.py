@@ -3,7 +3,8 @@
 One process per core busy-loops for `duty` of every `period_s` and sleeps the rest, pinned to
 its core, at normal priority: the contention another job brings (a test suite, a build), at a
 level that is set and recorded rather than whatever the machine happens to be doing. The
-processes stop when the `with` block ends, however it ends.
+processes stop when the `with` block ends, however it ends, and on their own within a period
+when the process that started them is gone (killed with no chance to end the block).
 """
 from __future__ import annotations
 
@@ -16,9 +17,9 @@ from contextlib import contextmanager
 from batchlab.errors import ConfigError
 
 BURN = """
-import sys, time
-duty, period = float(sys.argv[1]), float(sys.argv[2])
-while True:
+import os, sys, time
+duty, period, parent = float(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3])
+while os.getppid() == parent:
     start = time.perf_counter()
     while time.perf_counter() - start < duty * period:
         pass
@@ -34,7 +35,9 @@ def background_load(cores: list[int], duty: float, period_s: float = 0.1) -> Ite
     procs = []
     try:
         for core in cores:
-            p = subprocess.Popen([sys.executable, "-c", BURN, str(duty), str(period_s)], start_new_session=True)
+            # NOTE: the starter's pid is passed, not read by the burner: it may be gone before the burner's interpreter is up
+            p = subprocess.Popen([sys.executable, "-c", BURN, str(duty), str(period_s), str(os.getpid())],
+                                 start_new_session=True)
             procs.append(p)
             try:       # NOTE: any core of the machine, not only this process's (a client pins itself to one)
                 os.sched_setaffinity(p.pid, {core})

@@ -28,3 +28,23 @@ def test_a_load_that_cannot_be_made_is_refused(cores, duty):
     with pytest.raises(ConfigError, match="background load"):
         with background_load(cores, duty):
             pass
+
+
+def test_the_burners_stop_when_the_process_that_started_them_is_killed():
+    """SIGKILL leaves no `finally` to run: the burners notice their parent is gone and end."""
+    import signal
+    import subprocess
+    import sys
+    core = min(os.sched_getaffinity(0))
+    script = ("import sys, time\nfrom batchlab.baselines.background import background_load\n"
+              f"with background_load([{core}], duty=0.2, period_s=0.05) as r:\n"
+              "    print(r['pids'][0], flush=True)\n    time.sleep(60)\n")
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    burner = int(parent.stdout.readline())
+    assert process.alive(burner)
+    parent.send_signal(signal.SIGKILL)
+    parent.wait()
+    deadline = time.monotonic() + 10
+    while process.alive(burner) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not process.alive(burner)
