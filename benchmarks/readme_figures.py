@@ -827,6 +827,21 @@ def twin_contention(d: dict) -> str:
     return "\n".join(lines)
 
 
+def twin_probe(d: dict) -> str:
+    """The knee again, with a saturated burst on the server before each search and the twin scaled
+    to it: the machine's speed read at the time of the question."""
+    lines = _twin_knee(d["conditions"]) + [""]
+    for cond, c in d["conditions"].items():
+        k = c.get("knee", {})
+        probe = k.get("predicted_at_probe")
+        if not probe:
+            continue
+        bursts = ", ".join(f"{m['probe']['tok_s']:,.0f}" for m in k["measured"] if m.get("probe"))
+        lines.append(f"- {cond}: the server's bursts before the searches ran {bursts} tok/s; the twin's steps "
+                     f"scaled by {probe['factor']:.2f}× to match their median (profile `{k['profile']}`).")
+    return "\n".join(lines)
+
+
 def roofline_check(d: dict) -> str:
     e = d["efficiency"]
     lines = [f"`{d['command']}` (arithmetic on the catalog's datasheet figures at the stated efficiencies: "
@@ -1049,7 +1064,8 @@ RENDER = {"sim_speed": sim_speed, "hf_dynamic_vs_naive": hf_dynamic_vs_naive, "e
           "roofline_check": roofline_check, "size_search": size_search, "length_grouping": length_grouping,
           "four_modes": four_modes, "closed_loop": closed_loop, "loadgen": loadgen,
           "plan_cpu": plan_cpu, "same_point": same_point, "corrections": corrections,
-          "twin_contention_vllm": twin_contention, "twin_contention_batchlab": twin_contention}
+          "twin_contention_vllm": twin_contention, "twin_contention_batchlab": twin_contention,
+          "twin_vllm_probe": twin_probe}
 # Result files written by a benchmark with other settings (serving-max-num-seqs-128.json, ...) use its renderer.
 FAMILIES = {"serving-": serving, "validate_sim_": validate_sim, "twin_": twin, "four_modes_": four_modes,
             "length_grouping_": length_grouping}
