@@ -54,7 +54,7 @@ from batchlab.baselines.contention import contention
 from batchlab.calibrate.accuracy import sides
 from batchlab.calibrate.blackbox import ProbeGrid
 from batchlab.calibrate.server import profile_server
-from batchlab.calibrate.twin_check import Twin, predicted_burst, predicted_knee
+from batchlab.calibrate.twin_check import Twin, predicted_burst, predicted_knee, scaled_to_burst
 from batchlab.calibrate.validate import report_lines, validate
 from batchlab.core.clock import RealClock
 from batchlab.core.files import write_atomic
@@ -244,18 +244,14 @@ class Campaign:
 
     def at_probe(self, measured: list[dict]) -> dict:
         """The twin's knee with its steps scaled so its saturated burst matches the server's bursts
-        measured before the searches (their median tok/s). NOTE: throughput is not exactly inverse
-        to the step scale (the front end, the burst's ends), so the factor is corrected once by
-        replaying the burst at it."""
+        measured before the searches (their median tok/s)."""
         probes = [m["probe"]["tok_s"] for m in measured if m.get("probe")]
         if not probes:
             return {}
-        a, twin, server = self.args, self.twin(), statistics.median(probes)
-        factor = predicted_burst(twin, *BURST)["tok_s"] / server
-        factor *= predicted_burst(replace(twin, scale=factor), *BURST)["tok_s"] / server
-        return {"predicted_at_probe": predicted_knee(replace(twin, scale=factor), self.cfg.traffic, self.cfg.slo,
-                                                     self.bracket(), a.tolerance, a.max_points)
-                | {"factor": factor, "server_burst_tok_s": server}}
+        a, server = self.args, statistics.median(probes)
+        twin = scaled_to_burst(self.twin(), server, *BURST)
+        return {"predicted_at_probe": predicted_knee(twin, self.cfg.traffic, self.cfg.slo, self.bracket(), a.tolerance,
+                                                     a.max_points) | {"factor": twin.scale, "server_burst_tok_s": server}}
 
     def validate(self, cfg, backend) -> None:
         rates = self.rates(cfg, backend)

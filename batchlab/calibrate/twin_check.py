@@ -5,11 +5,13 @@
   virtual time and judged by the same verdict (core/sustain.py `judge`).
 - A saturated burst: n requests at once, its steady-middle throughput and median TPOT, with any of
   the twin's limits changed (a what-if: the server at another sequence cap, say).
+- The twin at the machine's speed now: its step costs scaled until its burst matches one measured
+  on the server (`scaled_to_burst`).
 Both run in milliseconds, so a campaign asks them before it spends minutes measuring.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from batchlab.backends.simulated import SimulatedBackend
@@ -66,3 +68,13 @@ def predicted_knee(twin: Twin, traffic: TrafficConfig, slo: SLOConfig, bracket: 
 def predicted_burst(twin: Twin, n: int, prompt_len: int, output_len: int, **limits: Any) -> dict[str, float]:
     """The burst on the twin, with `limits` replacing its own (the what-if)."""
     return burst_figures((twin.with_limits(**limits) if limits else twin).replay(fixed_burst(n, prompt_len, output_len)))
+
+
+def scaled_to_burst(twin: Twin, server_tok_s: float, n: int, prompt_len: int, output_len: int) -> Twin:
+    """The twin with its step costs scaled so that its burst of n requests runs at `server_tok_s`
+    (measured on the server just now). NOTE: throughput is not exactly inverse to the step scale
+    (a front end's fixed time, the burst's ends), so the first guess is corrected once by
+    replaying the burst at it."""
+    factor = twin.scale * predicted_burst(twin, n, prompt_len, output_len)["tok_s"] / server_tok_s
+    first = replace(twin, scale=factor)
+    return replace(twin, scale=factor * predicted_burst(first, n, prompt_len, output_len)["tok_s"] / server_tok_s)
