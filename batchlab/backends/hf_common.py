@@ -112,13 +112,30 @@ def _from_pretrained(name: str | None, device: torch.device, dtype: torch.dtype)
 
 
 def preflight(cfg) -> list[str]:
-    """Before anything is written (both HF kinds): the device and `backend.model`. Raises
-    ConfigError with one line; returns warning lines."""
+    """Before anything is written (both HF kinds): the device, `backend.model` and, where
+    `backend.fused` requires the fused pass, the model's config. Raises ConfigError with one
+    line; returns warning lines."""
     try:
         pick_device(cfg.backend.device)
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    return check_model(cfg.backend.model)
+    warnings = check_model(cfg.backend.model)
+    if getattr(cfg.backend, "fused", None):
+        from batchlab.backends import hf_fused
+        why = hf_fused.supported_config(model_config(cfg.backend.model))
+        if why is not None:
+            raise ConfigError(hf_fused.refusal(why))
+    return warnings
+
+
+def model_config(name: str | None):
+    """The model's config alone (no weights), from wherever `load` would take the model."""
+    from transformers import AutoConfig
+    if random_model.is_random(name):
+        return random_model.config_of(name)
+    path = resolve_model(name)
+    hub = {} if Path(path).is_dir() else {"cache_dir": hub_cache_dir(), "local_files_only": not hub_reachable()}
+    return AutoConfig.from_pretrained(path, **hub)
 
 
 def context_length(model) -> int:

@@ -28,15 +28,28 @@ from batchlab.backends.hf_slots import StepPlan, slot_attention
 ARCHITECTURES = ("llama", "mistral", "qwen2")
 
 
-def supported(model) -> str | None:
-    """None if `model` can run as a FusedPass, else why not (one phrase)."""
-    kind = getattr(model.config, "model_type", None)
+def supported_config(config) -> str | None:
+    """What a model's config alone says (light: no weights): None if a FusedPass can run it, else
+    why not (one phrase)."""
+    kind = getattr(config, "model_type", None)
     if kind not in ARCHITECTURES:
         return f"model type {kind!r} (fused pass: {', '.join(ARCHITECTURES)})"
+    if getattr(config, "hidden_act", None) != "silu" or getattr(config, "mlp_bias", False):
+        return "an MLP other than a bias-free gated SiLU"
+    if kind != "qwen2" and getattr(config, "attention_bias", False):
+        return "an attention output bias"
+    return None
+
+
+def supported(model) -> str | None:
+    """None if `model` can run as a FusedPass, else why not (one phrase): its config, then its
+    modules (what a config may not say)."""
+    why = supported_config(model.config)
+    if why is not None:
+        return why
     layer = model.model.layers[0]
     a, m = layer.self_attn, layer.mlp
-    if getattr(model.config, "hidden_act", None) != "silu" or any(
-            getattr(m, n).bias is not None for n in ("gate_proj", "up_proj", "down_proj")):
+    if any(getattr(m, n).bias is not None for n in ("gate_proj", "up_proj", "down_proj")):
         return "an MLP other than a bias-free gated SiLU"
     if a.o_proj.bias is not None or getattr(a, "q_norm", None) is not None:
         return "an attention output bias or query/key norms"
@@ -131,13 +144,17 @@ def module_pass(model):
     return logits
 
 
+def refusal(why: str) -> str:
+    return f"backend.fused: no fused pass for {why}; set it to false or leave it unset"
+
+
 def forward_for(model, fused: bool | None, device: torch.device):
     """The engine's pass. fused None: the fused one where the model supports it on a CPU (its
     tokens are checked identical there; a GPU's matrix kernels may pick another reduction order
     for the wider fused product); True: the fused one or ValueError; False: the modules."""
     why = supported(model)
     if fused and why is not None:
-        raise ValueError(f"backend.fused: no fused pass for {why}; set it to false or leave it unset")
+        raise ValueError(refusal(why))
     if fused or (fused is None and why is None and device.type == "cpu"):
         return FusedPass(model)
     return module_pass(model)

@@ -89,3 +89,25 @@ def test_backend_fused_validates_and_stays_out_of_identities_at_its_default():
     assert "fused" not in identity(unset)["backend"] and identity(off)["backend"]["fused"] is False
     with pytest.raises(ConfigError):
         load_config(None, ["backend.kind=hf", "backend.fused=sometimes"])
+
+
+def test_fused_true_on_a_model_it_does_not_cover_is_refused_before_anything_is_written(tmp_path, tiny_model_dir):
+    """The refusal comes from the model's config at preflight: one line, exit 2, no directory,
+    not a sweep whose every request fails."""
+    import subprocess
+    import sys
+
+    from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel
+    model_dir = tmp_path / "tiny-gpt2"
+    GPT2LMHeadModel(GPT2Config(vocab_size=300, n_positions=128, n_embd=32, n_layer=1, n_head=2, bos_token_id=1,
+                               eos_token_id=2)).save_pretrained(model_dir)
+    AutoTokenizer.from_pretrained(tiny_model_dir).save_pretrained(model_dir)
+    out = tmp_path / "r"
+    res = subprocess.run([sys.executable, "-m", "batchlab.cli", "run", "--quiet", "--out", str(out),
+                          "--set", "backend.kind=hf", "--set", f"backend.model={model_dir}", "--set", "backend.fused=true",
+                          "--set", "strategies=[continuous]", "--set", "traffic.rates=[2]", "--set", "report=false"],
+                         capture_output=True, text=True, timeout=300)
+    lines = [line for line in res.stderr.splitlines() if line.strip()]
+    assert res.returncode == 2 and lines == ["error: backend.fused: no fused pass for model type 'gpt2' (fused pass: "
+                                             "llama, mistral, qwen2); set it to false or leave it unset"], res.stderr
+    assert not out.exists()
