@@ -1065,7 +1065,7 @@ RENDER = {"sim_speed": sim_speed, "hf_dynamic_vs_naive": hf_dynamic_vs_naive, "e
           "four_modes": four_modes, "closed_loop": closed_loop, "loadgen": loadgen,
           "plan_cpu": plan_cpu, "same_point": same_point, "corrections": corrections,
           "twin_contention_vllm": twin_contention, "twin_contention_batchlab": twin_contention,
-          "twin_vllm_probe": twin_probe}
+          "twin_vllm_probe": twin_probe, "twin_batchlab_probe": twin_probe}
 # Result files written by a benchmark with other settings (serving-max-num-seqs-128.json, ...) use its renderer.
 FAMILIES = {"serving-": serving, "validate_sim_": validate_sim, "twin_": twin, "four_modes_": four_modes,
             "length_grouping_": length_grouping}
