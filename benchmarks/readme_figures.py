@@ -839,6 +839,13 @@ def twin_probe(d: dict) -> str:
         bursts = ", ".join(f"{m['probe']['tok_s']:,.0f}" for m in k["measured"] if m.get("probe"))
         lines.append(f"- {cond}: the server's bursts before the searches ran {bursts} tok/s; the twin's steps "
                      f"scaled by {probe['factor']:.2f}× to match their median (profile `{k['profile']}`).")
+        held = statistics.median(m["sustained_rate"] for m in k["measured"] if m.get("sustained_rate"))
+        for e in k.get("earlier_predictions", []):
+            if "predicted_at_probe" in e:
+                p = e["predicted_at_probe"]
+                lines.append(f"- {cond}, the earlier twin (`{e['by']}`): {e['sustained_rate']} unscaled "
+                             f"({e['sustained_rate'] / held:.2f}), scaled by {p['factor']:.2f}× to the same bursts "
+                             f"{p['sustained_rate']} ({p['sustained_rate'] / held:.2f}).")
     return "\n".join(lines)
 
 

@@ -352,6 +352,11 @@ class Campaign:
         return [float(x) for x in self.args.fractions.split(",")]
 
 
+# what `save` writes anew for a part predicted again: the command, the load, and the twin and the
+# profile the new predictions come from (kept, they would name the earlier ones)
+REMADE = ("command", "load_1min_after", "twin", "profile")
+
+
 def predict_again(c: Campaign, parts: list[str]) -> None:
     """The twin's figures for the knee and the what-if from the current twin, beside the server's
     figures measured earlier (kept as they are): what a new profile predicts for the same runs."""
@@ -364,14 +369,15 @@ def predict_again(c: Campaign, parts: list[str]) -> None:
         kept["knee"]["predicted"] = predicted_knee(twin, cfg.traffic, cfg.slo, c.bracket(), a.tolerance, a.max_points)
         if other["knee"] and before["probes"] != kept["knee"]["predicted"]["probes"]:
             # an earlier twin's prediction that differs stays beside (a rerun of the same one replaces)
-            kept["knee"].setdefault("earlier_predictions", []).append(before | {"by": kept["knee"]["command"]})
+            scaled = {k: kept["knee"][k] for k in ("predicted_at_probe", "predicted_at_contention") if k in kept["knee"]}
+            kept["knee"].setdefault("earlier_predictions", []).append(before | {"by": kept["knee"]["command"]} | scaled)
         # the contention and the bursts the searches measured, on this twin
         kept["knee"] |= c.at_contention(kept["knee"]["measured"]) | c.at_probe(kept["knee"]["measured"]) | c.at_live()
         drift = kept.get("validate", {}).get("drift", {}).get("base", {}).get("server")
         if drift:           # the machine as the validation's reference bursts found it (its base workload)
             kept["knee"]["predicted_at_drift"] = predicted_knee(replace(twin, scale=drift["factor"]), cfg.traffic, cfg.slo,
                                                                 c.bracket(), a.tolerance, a.max_points) | {"factor": drift["factor"]}
-        c.save("knee", {k: v for k, v in kept["knee"].items() if k not in ("command", "load_1min_after")}
+        c.save("knee", {k: v for k, v in kept["knee"].items() if k not in REMADE}
                | {"measured_by": kept["knee"].get("measured_by", kept["knee"]["command"])})
     if "whatif" in parts:
         n, p, o = BURST
@@ -379,7 +385,7 @@ def predict_again(c: Campaign, parts: list[str]) -> None:
             if other["whatif"]:
                 cap.setdefault("earlier_predictions", []).append(cap["predicted"] | {"by": kept["whatif"]["command"]})
             cap["predicted"] = predicted_burst(twin, n, p, o, max_num_seqs=cap["cap"])
-        c.save("whatif", {k: v for k, v in kept["whatif"].items() if k not in ("command", "load_1min_after")}
+        c.save("whatif", {k: v for k, v in kept["whatif"].items() if k not in REMADE}
                | {"measured_by": kept["whatif"].get("measured_by", kept["whatif"]["command"])})
 
 
