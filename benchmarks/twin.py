@@ -1,6 +1,6 @@
 """Check a server's twin: profile the server from the client, then hold the twin to what the server does.
 
-    python benchmarks/twin.py configs/twin-vllm.yaml [--condition quiet|busy] [--parts profile,knee,validate,whatif]
+    python benchmarks/twin.py configs/twin-vllm.yaml [--condition quiet|busy] [--parts profile,knee,validate,whatif,contention]
 
 The server (vLLM by default; --server transformers or batchlab: `transformers serve` or
 `batchlab serve` continuous on --serve-config's model) starts with the config's `continuous`
