@@ -228,6 +228,29 @@ def test_the_step_engine_on_cuda_matches_generate_token_for_token():
     assert all(s.duration > 0 for s in engine.step_log)
 
 
+def test_the_fused_pass_on_cuda_gives_the_module_paths_tokens_and_close_logits():
+    """backend.fused is off by default on CUDA, where a wider product may be summed in another
+    order. Asked for, it gives the module path's tokens (float64) and logits within float32's
+    rounding of the modules' (equality to the bit is asserted on CPU only)."""
+    from tests.backends.test_hf_fused import two_passes
+    dev = torch.device("cuda")
+    model, tok = rm.build(MINI, dev, torch.float64)
+    engine = StepEngine(model, tok, dev, fused=True)
+    g = torch.Generator().manual_seed(1)
+    reqs = [Request(f"r{i}", p, o, 0.0, index=i, prompt_token_ids=torch.randint(10, 1000, (p,), generator=g).tolist())
+            for i, (p, o) in enumerate([(5, 9), (23, 6), (40, 5), (3, 14)])]
+    run_engine(engine, reqs, max_num_seqs=3, max_num_batched_tokens=32)
+    finished(reqs)
+    reference = StepEngine(model, tok, dev, fused=False)
+    again = [Request(r.request_id, r.prompt_len, r.max_new_tokens, 0.0, index=r.index,
+                     prompt_token_ids=r.prompt_token_ids) for r in reqs]
+    run_engine(reference, again, max_num_seqs=3, max_num_batched_tokens=32)
+    assert [r.output_token_ids for r in reqs] == [r.output_token_ids for r in again]
+    model32, _ = rm.build(MINI, dev, torch.float32)
+    for fused, modules in zip(two_passes(model32, True), two_passes(model32, False)):
+        torch.testing.assert_close(fused, modules, rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_the_step_engine_runs_in_half_precision_on_cuda(dtype):
     """The -inf additive masks and the slot cache in fp16/bf16 through CUDA's SDPA kernels."""
