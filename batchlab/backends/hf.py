@@ -74,6 +74,13 @@ class HFOptions(ModelOptions):
 
     hosts_baselines = True
 
+    def preflight(self, cfg) -> list[str]:
+        warnings = super().preflight(cfg)
+        if self.fused:                  # required: refused from the model's config, before anything is written
+            from batchlab.backends.hf_common import require_fused
+            require_fused(self.model)
+        return warnings
+
     def check_baselines(self, cfg, names: list[str]) -> list[str]:
         from batchlab.backends.managed import check_baselines
         return check_baselines(cfg, names)

@@ -23,7 +23,6 @@ from batchlab.backends.hf_engine import StepEngine, backend_efficiency
 from batchlab.core.clock import Clock
 from batchlab.core.request import Request
 from batchlab.core.work import Step
-from batchlab.errors import ConfigError
 
 OomHook = Callable[[list[Request]], bool]
 
@@ -192,11 +191,8 @@ class HFBackend(Engine):
     def _engine(self) -> StepEngine:
         if self.engine is None:
             lm = self._ensure_loaded()
-            try:
-                self.engine = StepEngine(lm.model, lm.tokenizer, lm.device, compile=self.cfg.compile,
-                                         fused=self.cfg.fused)
-            except ValueError as e:                 # fused: true on a model it does not cover
-                raise ConfigError(str(e)) from None
+            self.engine = StepEngine(lm.model, lm.tokenizer, lm.device, compile=self.cfg.compile,
+                                     fused=self.cfg.fused)
         return self.engine
 
     async def step(self, step: Step, clock: Clock) -> int:

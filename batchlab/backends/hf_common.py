@@ -112,20 +112,21 @@ def _from_pretrained(name: str | None, device: torch.device, dtype: torch.dtype)
 
 
 def preflight(cfg) -> list[str]:
-    """Before anything is written (both HF kinds): the device, `backend.model` and, where
-    `backend.fused` requires the fused pass, the model's config. Raises ConfigError with one
-    line; returns warning lines."""
+    """Before anything is written (both HF kinds): the device and `backend.model`. Raises
+    ConfigError with one line; returns warning lines."""
     try:
         pick_device(cfg.backend.device)
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    warnings = check_model(cfg.backend.model)
-    if getattr(cfg.backend, "fused", None):
-        from batchlab.backends import hf_fused
-        why = hf_fused.supported_config(model_config(cfg.backend.model))
-        if why is not None:
-            raise ConfigError(hf_fused.refusal(why))
-    return warnings
+    return check_model(cfg.backend.model)
+
+
+def require_fused(name: str | None) -> None:
+    """ConfigError (one line) unless the model's config says the fused pass can run it."""
+    from batchlab.backends import hf_fused
+    why = hf_fused.supported_config(model_config(name))
+    if why is not None:
+        raise ConfigError(hf_fused.refusal(why))
 
 
 def model_config(name: str | None):

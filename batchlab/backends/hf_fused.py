@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from batchlab.backends.hf_slots import StepPlan, slot_attention
+from batchlab.errors import ConfigError
 
 # Llama's layer: RMSNorm before attention and MLP, q/k/v (a bias allowed, as Qwen2 has), o without
 # a bias, no q/k norms, a gated SiLU MLP without biases.
@@ -88,7 +89,7 @@ class FusedPass:
     def __init__(self, model):
         why = supported(model)
         if why is not None:
-            raise ValueError(f"no fused pass for {why}")
+            raise ConfigError(refusal(why))
         inner = model.model
         self.embed = inner.embed_tokens.weight
         self.rotary = inner.rotary_emb
@@ -151,10 +152,8 @@ def refusal(why: str) -> str:
 def forward_for(model, fused: bool | None, device: torch.device):
     """The engine's pass. fused None: the fused one where the model supports it on a CPU (its
     tokens are checked identical there; a GPU's matrix kernels may pick another reduction order
-    for the wider fused product); True: the fused one or ValueError; False: the modules."""
-    why = supported(model)
-    if fused and why is not None:
-        raise ValueError(refusal(why))
-    if fused or (fused is None and why is None and device.type == "cpu"):
-        return FusedPass(model)
-    return module_pass(model)
+    for the wider fused product); True: the fused one (ConfigError naming what the model lacks);
+    False: the modules."""
+    if fused is None:
+        fused = device.type == "cpu" and supported(model) is None
+    return FusedPass(model) if fused else module_pass(model)
