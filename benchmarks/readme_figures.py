@@ -809,7 +809,7 @@ def twin_contention(d: dict) -> str:
     c = d["conditions"]["quiet"]["contention"]
     b, rounds = c["burst"], c["rounds"]
     sides = ("server core", "every core")
-    lines = [f"`{c['command']}` ({d['server']} pinned to core 1, this client on core 0; {b['requests']} requests of "
+    lines = [f"`{c['command']}` ({SERVER_NAMES.get(d['server'], d['server'])} pinned to core 1, this client on core 0; {b['requests']} requests of "
              f"{b['prompt']} + {b['output']} tokens at once; the job burns {c['duty']:.0%} of each chosen core in "
              f"0.1-s periods; 1-minute load {c['load_1min_after']:.1f} after):", "",
              "| round | quiet | job on the server's core: tok/s, others' share, slowdown (share alone) "

@@ -397,17 +397,16 @@ def run(c: Campaign, parts: list[str]) -> None:
         if a.condition == "busy":
             load = stack.enter_context(background_load(list(range(os.cpu_count() or 1)), a.busy_duty))
             c.record["conditions"]["busy"]["background"] = {k: v for k, v in load.items() if k != "pids"}
-        if {"profile", "knee", "validate", "whatif", "contention"} & set(parts):
-            cfg, backend = stack.enter_context(c.server())
-            if "profile" in parts:
-                c.profile(cfg)
-            if "knee" in parts:
-                c.knee(cfg, backend)
-            if "validate" in parts:
-                c.validate(cfg, backend)
-            whatif = [c.whatif_here(backend, c.cfg.continuous.max_num_seqs)] if "whatif" in parts else []
-            if "contention" in parts:
-                c.contention_check(backend)
+        cfg, backend = stack.enter_context(c.server())      # every part measures on the server
+        if "profile" in parts:
+            c.profile(cfg)
+        if "knee" in parts:
+            c.knee(cfg, backend)
+        if "validate" in parts:
+            c.validate(cfg, backend)
+        whatif = [c.whatif_here(backend, c.cfg.continuous.max_num_seqs)] if "whatif" in parts else []
+        if "contention" in parts:
+            c.contention_check(backend)
     for cap in ([int(x) for x in a.caps.split(",")] if "whatif" in parts else []):
         with c.server(max_num_seqs=cap) as (_, backend):
             whatif.append(c.whatif_here(backend, cap))
