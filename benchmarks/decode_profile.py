@@ -9,8 +9,9 @@ burst is one prompt pass then 63 decode steps, so its ops are the decode step's 
 ops' own CPU time as a share of the burst, the top ops by own time with their share and calls
 per decode step, and the share left outside any op (Python: the scheduler, the engine's
 bookkeeping, the model's module calls). The profiler adds its own cost to every op, so shares,
-not absolute times, are the figures to read; and the profiled burst runs the engine's passes on
-the event loop's thread, where the profiler sees them (`Inline`), not on its worker thread.
+not absolute times, are the figures to read. The whole benchmark, event loop included, runs on
+the torch thread (backends/torch_thread.py), so the engine's passes run inline where the
+profiler sees them: its steps leave out the hand-off between an event loop and that thread.
 The pass is the engine's default (the fused one for this Llama, backends/hf_fused.py), or with
 --modules the model's own transformers modules.
 Usage: python benchmarks/decode_profile.py [--concurrency 16 64] [--top 12] [--modules] [--json results/decode_profile.json]
@@ -18,7 +19,6 @@ Usage: python benchmarks/decode_profile.py [--concurrency 16 64] [--top 12] [--m
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import statistics
@@ -29,36 +29,19 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from batchlab.backends import hf_engine
+from batchlab.backends import torch_thread
 from batchlab.backends.hf_backend import HFBackend
 from batchlab.baselines.decode_step import engine_burst, tiny_engine_levels
 from batchlab.core.files import write_atomic
 
 
-class Inline:
-    """asyncio as the engine sees it, with `to_thread` calling in this thread: the profiler records
-    the ops of the thread it was started in, and the engine runs its passes on a worker thread. A
-    closed burst has nothing else for the event loop to do while a pass runs, so nothing waits longer."""
-
-    def __getattr__(self, name):
-        return getattr(asyncio, name)
-
-    @staticmethod
-    async def to_thread(fn, *args, **kwargs):
-        return fn(*args, **kwargs)
-
-
 async def level(hf: HFBackend, c: int, top: int, clock) -> dict:
     """One concurrency: the median decode step unprofiled, then the ops of a profiled burst."""
     plain = statistics.median(s.duration for s in await engine_burst(hf, c, clock))
-    hf_engine.asyncio = Inline()
-    try:
-        with profile(activities=[ProfilerActivity.CPU]) as prof:
-            start = time.perf_counter()
-            steps = await engine_burst(hf, c, clock)
-            wall = time.perf_counter() - start
-    finally:
-        hf_engine.asyncio = asyncio
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        start = time.perf_counter()
+        steps = await engine_burst(hf, c, clock)
+        wall = time.perf_counter() - start
     ops = [(e.key, e.self_cpu_time_total / 1e6, e.count) for e in prof.key_averages()]
     in_ops = sum(t for _, t, _ in ops)
     n = len(steps)
@@ -77,8 +60,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     load_before = os.getloadavg()
-    levels = tiny_engine_levels(args.concurrency, lambda hf, c, clock: level(hf, c, args.top, clock),
-                                fused=False if args.modules else None)
+    levels = torch_thread.call(tiny_engine_levels, args.concurrency,
+                               lambda hf, c, clock: level(hf, c, args.top, clock), fused=False if args.modules else None)
     record = {"command": "python benchmarks/decode_profile.py --concurrency " + " ".join(map(str, args.concurrency))
               + f" --top {args.top}" + (" --modules" if args.modules else "") + (f" --json {args.json}" if args.json else ""),
               "pass": "modules" if args.modules else "fused",

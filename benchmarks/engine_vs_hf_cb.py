@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from batchlab.backends import hf_common as hc
+from batchlab.backends import torch_thread
 from batchlab.backends.hf import HFOptions
 from batchlab.backends.hf_backend import HFBackend
 from batchlab.backends.hf_cb import HFCBOptions
@@ -207,7 +208,7 @@ def main() -> None:
     load_before = os.getloadavg()
     if args.threads:
         torch.set_num_threads(args.threads)
-    roof = machine_roofline()
+    roof = torch_thread.call(machine_roofline)            # no OpenMP team on the main thread
     kinds = {"both": [False, True], "on": [True], "off": [False]}[args.compile]
     kinds = [(k, None) for k in kinds] + ([(False, False)] if args.modules else [])
     engines, lm = {}, None

@@ -10,7 +10,6 @@ thread and the event loop stays free. Continuous batching delegates to backends/
 """
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 from typing import Any
 
@@ -18,6 +17,7 @@ import torch
 from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaList
 
 from batchlab.backends import hf_common as hc
+from batchlab.backends import torch_thread
 from batchlab.backends.base import Engine, EngineFacts, OutOfMemory
 from batchlab.backends.hf_engine import StepEngine, backend_efficiency
 from batchlab.core.clock import Clock
@@ -68,7 +68,7 @@ class HFBackend(Engine):
     # -- setup ---------------------------------------------------------------------------
     async def start(self, clock: Clock) -> None:
         """Load once; then run the warm-up batches (their requests belong to no trace)."""
-        await asyncio.to_thread(self._ensure_loaded)
+        await torch_thread.run(self._ensure_loaded)
         for i in range(self.cfg.warmup_batches):
             await self._warmup_batch(clock, measure=(i == 0))
         if self.cfg.compile:
@@ -144,7 +144,7 @@ class HFBackend(Engine):
     async def run_batch(self, requests: list[Request], clock: Clock) -> None:
         stamper = StampEveryToken(clock, self._ensure_loaded().device, requests)
         try:
-            out, width = await asyncio.to_thread(self._generate, requests, stamper)
+            out, width = await torch_thread.run(self._generate, requests, stamper)
         except Exception as e:
             if not hc.is_oom(e):
                 raise
@@ -191,8 +191,8 @@ class HFBackend(Engine):
     def _engine(self) -> StepEngine:
         if self.engine is None:
             lm = self._ensure_loaded()
-            self.engine = StepEngine(lm.model, lm.tokenizer, lm.device, compile=self.cfg.compile,
-                                     fused=self.cfg.fused)
+            self.engine = torch_thread.call(StepEngine, lm.model, lm.tokenizer, lm.device, compile=self.cfg.compile,
+                                            fused=self.cfg.fused)
         return self.engine
 
     async def step(self, step: Step, clock: Clock) -> int:

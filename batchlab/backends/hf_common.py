@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from batchlab.backends import random_model
+from batchlab.backends import random_model, torch_thread
 from batchlab.backends.hf_hub import check_model, hub_cache_dir, hub_reachable
 from batchlab.backends.tiny import TINY_ALIAS, resolve_model
 from batchlab.core.config import one_line
@@ -286,10 +286,11 @@ class LoadedModel:
         self.peak: PeakMemory | None = None
 
     def get(self) -> Loaded:
-        """The model, loaded on first use; a model that cannot be loaded is one ConfigError line."""
+        """The model, loaded on first use (on the torch thread: loading initialises weights with
+        parallel ops); a model that cannot be loaded is one ConfigError line."""
         if self.loaded is None:
             try:
-                self.loaded = load(self.cfg)
+                self.loaded = torch_thread.call(load, self.cfg)
             except (OSError, ValueError) as e:     # a bad path, not a model, an absent device
                 raise ConfigError(f"cannot load backend.model {self.cfg.model or TINY_ALIAS!r}: "
                                   f"{one_line(str(e))[:300]}") from None

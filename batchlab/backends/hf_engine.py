@@ -13,7 +13,6 @@ Tokens are greedy with EOS suppressed, exactly like the request-level backend's 
 """
 from __future__ import annotations
 
-import asyncio
 import threading
 from dataclasses import dataclass
 
@@ -22,6 +21,7 @@ import torch.nn.functional as F
 from transformers import AttentionInterface
 
 from batchlab.backends import hf_compile as hcomp
+from batchlab.backends import torch_thread
 from batchlab.backends.hf_fused import forward_for
 from batchlab.backends.hf_prefix import BlockStore
 from batchlab.backends.hf_slots import ATTN_NAME, SlotKV, StepPlan, attention, slot_attention
@@ -85,21 +85,11 @@ class StepEngine:
             repeat = 1                         # only pure decode steps repeat identically
         elif repeat > 1:                       # every row runs every pass: stop at the first finish
             repeat = min(repeat, min(r.max_new_tokens - r.output_len for r, _ in step.chunks))
-        # NOTE: plan and cache tensors are inference tensors like the pass's own (compile guards on it)
-        with torch.inference_mode():
-            plan = self._plan(step.chunks, extra=repeat - 1)
-            if self.decode is not None and hcomp.decodes_densely(plan):
-                hcomp.pad_rows(plan, hcomp.bucket(len(plan.emit)))
-            if step.cache is not None:
-                self.prefix.before(step.cache, self.cache)
-        passes = await asyncio.to_thread(self._forward, plan, clock, repeat, step.until)
-        if step.cache is not None:
-            with torch.inference_mode():
-                self.prefix.after(step.cache, self.cache)
+        emit, passes = await torch_thread.run(self._run, step, clock, repeat)
         for r, n in step.chunks:
             self.cache.lengths[self.cache.slot_of[r]] = r.num_computed_tokens + n * len(passes)
         prefill = sum(n for _, n in step.chunks if n > 1)
-        rows, emit, log = len(step.chunks), plan.emit, self.step_log
+        rows, log = len(step.chunks), self.step_log
         for tokens, end, forward in passes:
             for r, t in zip(emit, tokens):
                 r.stamp_token(end, t)
@@ -131,8 +121,9 @@ class StepEngine:
             n = min(2 * n, hcomp.bucket(rows))
 
     def release(self, request: Request) -> None:
-        """Free the request's slot (finished, failed or preempted: a preempted one recomputes)."""
-        self.cache.release(request)
+        """Free the request's slot (finished, failed or preempted: a preempted one recomputes).
+        On the torch thread: freeing a slot copies another slot's K/V into it."""
+        torch_thread.call(self.cache.release, request)
 
     def _plan(self, chunks: list[tuple[Request, int]], extra: int = 0) -> StepPlan:
         cache = self.cache
@@ -183,6 +174,22 @@ class StepEngine:
     def _additive(self, visible: torch.Tensor) -> torch.Tensor:
         """0 where visible, -inf elsewhere: exactly what SDPA turns a bool mask into (per call)."""
         return torch.zeros(visible.shape, dtype=self.cache.dtype, device=self.device).masked_fill_(~visible, float("-inf"))
+
+    def _run(self, step: Step, clock: Clock, repeat: int) -> tuple[list[Request], list]:
+        """The torch thread: plan the step (growing the cache if it must), bring cached prefix
+        blocks in, run its passes, keep the new blocks; the plan's emitting rows and the passes."""
+        # NOTE: plan and cache tensors are inference tensors like the pass's own (compile guards on it)
+        with torch.inference_mode():
+            plan = self._plan(step.chunks, extra=repeat - 1)
+            if self.decode is not None and hcomp.decodes_densely(plan):
+                hcomp.pad_rows(plan, hcomp.bucket(len(plan.emit)))
+            if step.cache is not None:
+                self.prefix.before(step.cache, self.cache)
+        passes = self._forward(plan, clock, repeat, step.until)
+        if step.cache is not None:
+            with torch.inference_mode():
+                self.prefix.after(step.cache, self.cache)
+        return plan.emit, passes
 
     def _forward(self, plan: StepPlan, clock: Clock, repeat: int = 1,
                  until: float | None = None) -> list[tuple[list[int], float, float]]:

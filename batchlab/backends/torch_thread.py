@@ -1,0 +1,61 @@
+"""One thread for all of a process's torch work on the CPU.
+
+PyTorch's CPU wheels parallelise ops with GNU OpenMP, which gives every thread that starts a
+parallel region a team of worker threads of its own, kept for as long as that thread lives. While
+the teams' threads together outnumber the cores, libgomp parks a worker almost at once after each
+region (about a thousand spins instead of about 300,000) rather than keep it spinning, so every
+op of a pass pays a wake-up. A small model's pass is hundreds of short ops, so this decides its
+speed: on this project's 2-core machines a 16-row decode pass of the tiny model took 5.1 ms with
+every op issued from one thread and 8.1-8.6 ms when the model was loaded on one thread and run on
+another (`asyncio.to_thread` also hands successive calls to whichever of its pool's threads is
+free), the same as with OMP_WAIT_POLICY=PASSIVE; at 64 rows about 10 ms against 13-17 ms.
+
+So loading, the engine's passes and everything that allocates or copies the K/V cache run here,
+on one thread: one team, spinning as it should. The thread is per process (a forked or spawned
+worker gets its own on first use).
+"""
+from __future__ import annotations
+
+import asyncio
+import functools
+import os
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+NAME = "batchlab-torch"
+
+_lock = threading.Lock()
+_executor: ThreadPoolExecutor | None = None
+_pid: int | None = None
+
+
+def _pool() -> ThreadPoolExecutor:
+    """The process's one worker. NOTE: keyed by pid: a forked child inherits the parent's executor
+    object but not its thread, and would wait on it for ever."""
+    global _executor, _pid
+    with _lock:
+        if _executor is None or _pid != os.getpid():
+            _executor, _pid = ThreadPoolExecutor(max_workers=1, thread_name_prefix=NAME), os.getpid()
+        return _executor
+
+
+def on_it() -> bool:
+    """True on the torch thread itself."""
+    return threading.current_thread().name.startswith(NAME) and _pid == os.getpid()
+
+
+async def run(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """`fn(*args, **kwargs)` on the torch thread, awaited (the event loop stays free)."""
+    if on_it():
+        return fn(*args, **kwargs)
+    return await asyncio.get_running_loop().run_in_executor(_pool(), functools.partial(fn, *args, **kwargs))
+
+
+def call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """`fn(*args, **kwargs)` on the torch thread, waited for (for short work between passes:
+    nothing else runs there then)."""
+    if on_it():
+        return fn(*args, **kwargs)
+    return _pool().submit(fn, *args, **kwargs).result()
