@@ -6,14 +6,15 @@ output lengths drawn uniformly, seeded), and each system keeps at most C of them
     eager ("ours") and with backend.compile ("ours-compiled": decode buckets built before timing),
     both with the fused pass (backends/hf_fused.py); with --modules also eager through
     transformers' modules ("ours-modules", backend.fused false): the fused pass's gain in one run;
-  - hf-cb: transformers' manager (max_requests_per_batch=C, same KV blocks, same token budget);
+  - hf-cb: transformers' manager (max_requests_per_batch=C, same KV blocks, same token budget),
+    each run in a fresh process of its own, as a user's process runs it (`hf_cb_alone`);
   - generate(): HFBackend.run_batch on batches of C in arrival order (padded, run to the longest).
 Throughput = output tokens / (last completion - first arrival). Per-step time: a fixed batch of
 C requests (64-token prompts, 64 new tokens): the engine's median decode-only step vs the median
 gap between generate()'s per-token stamps. Efficiency of the continuous run: achieved tok/s
 divided by B / t_step(B) at its mean occupancy B (t_step fitted to its own decode-only steps), and
 where its time went (step log: decode passes, prefill passes, our overhead in and between steps).
-Systems alternate order per repeat; figures are medians over repeats, ratios from one process.
+Systems alternate order per repeat; figures are medians over repeats, ratios from one run.
 Roofline: this CPU's matrix FLOP/s (a 1024^3 float32 product) and copy bandwidth (256 MiB), measured
 at the start with the benchmark's threads; a decode step's bound is the longer of reading every
 linear weight and the rows' K/V once, and computing its products, at those rates (`roofline`).
@@ -23,10 +24,13 @@ Usage: python benchmarks/engine_vs_hf_cb.py [--concurrency 16 64] [--repeats 3] 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
+import multiprocessing
 import os
 import statistics
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -84,6 +88,25 @@ async def hf_cb(lm: hc.Loaded, trace, c: int, clock) -> dict:
     finally:
         await cb.close()
     return result(reqs, t0)
+
+
+def hf_cb_alone(trace, c: int, threads: int | None) -> dict:
+    """In a process of its own: transformers' continuous batching as a user's process runs it (the
+    model loaded on the main thread, passes on its manager's thread), with no OpenMP team of ours
+    alive beside it: a second team throttles every team (backends/torch_thread.py), and in this
+    process our engine's would be one."""
+    if threads:
+        torch.set_num_threads(threads)
+    lm = hc.load(HFOptions(model="tiny", device="cpu", dtype="float32"))
+    clock = RealClock()
+    return clock.run(hf_cb(lm, trace, c, clock))
+
+
+async def hf_cb_process(trace, c: int, threads: int | None) -> dict:
+    """`hf_cb_alone` in a fresh spawned process (start-up and loading are outside its timing)."""
+    spawn = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=1, mp_context=spawn) as pool:
+        return await asyncio.get_running_loop().run_in_executor(pool, hf_cb_alone, trace, c, threads)
 
 
 async def generate(hf: HFBackend, trace, c: int, clock) -> dict:
@@ -149,11 +172,12 @@ def agreement(a: dict, b: dict) -> float:
 STEP_CONTEXT = 96            # step_times' median context: 64-token prompts, 64 new tokens
 
 
-async def measure(engines: dict[str, HFBackend], c: int, repeats: int, burst_x: int, clock, roof: dict) -> dict:
+async def measure(engines: dict[str, HFBackend], c: int, repeats: int, burst_x: int, clock, roof: dict,
+                  threads: int | None) -> dict:
     trace = burst(burst_x * c, seed=c)
     hf = engines["ours"] if "ours" in engines else next(iter(engines.values()))
     systems = {name: (lambda e=e: ours(e, trace, c, clock)) for name, e in engines.items()}
-    systems |= {"hf-cb": lambda: hf_cb(hf.loaded, trace, c, clock), "generate": lambda: generate(hf, trace, c, clock)}
+    systems |= {"hf-cb": lambda: hf_cb_process(trace, c, threads), "generate": lambda: generate(hf, trace, c, clock)}
     runs = {name: [] for name in systems}
     steps = {name: [] for name in engines}
     for k in range(repeats):
@@ -227,7 +251,7 @@ def main() -> None:
             await step_times(hf, 8, clock, 16, 8)               # warm the engine
             warm[name] = {"start_s": clock.now() - t0,
                           "graphs": hf.engine.decode.compiles if hf.engine.decode is not None else 0}
-        levels = [await measure(engines, c, args.repeats, args.burst, clock, roof) for c in args.concurrency]
+        levels = [await measure(engines, c, args.repeats, args.burst, clock, roof, args.threads) for c in args.concurrency]
         for name, hf in engines.items():
             warm[name]["graphs_after"] = hf.engine.decode.compiles if hf.engine.decode is not None else 0
         return levels

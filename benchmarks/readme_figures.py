@@ -1065,6 +1065,18 @@ def plan_cpu(d: dict) -> str:
     return "\n".join(lines).rstrip()
 
 
+def torch_thread_ab(d: dict) -> str:
+    lines = [f"`{d['command']}` (tiny model, CPU, fp32, {d['threads']} torch thread(s); {_load(d)}; each sample a fresh "
+             "process, the median of its passes; medians over samples, the paired ratio's min–max beside it):", "",
+             "| decode rows | all torch work on one thread | set up on one, passes on another | split / one |",
+             "|---|---|---|---|"]
+    for lv in d["levels"]:
+        r = lv["split_over_one_per_repeat"]
+        lines.append(f"| {lv['concurrency']} | {lv['pass_ms']['one']:.2f} ms | {lv['pass_ms']['split']:.2f} ms | "
+                     f"{lv['split_over_one']:.2f}× ({min(r):.2f}–{max(r):.2f}) |")
+    return "\n".join(lines)
+
+
 RENDER = {"sim_speed": sim_speed, "hf_dynamic_vs_naive": hf_dynamic_vs_naive, "engine_vs_hf_cb": engine_vs_hf_cb,
           "validate_sim": validate_sim, "serving": serving, "client_vs_vllm_bench": client_vs_vllm_bench,
           "prefix_cache": prefix_cache, "policies": policies, "ray_sweep": ray_sweep,
@@ -1072,7 +1084,7 @@ RENDER = {"sim_speed": sim_speed, "hf_dynamic_vs_naive": hf_dynamic_vs_naive, "e
           "four_modes": four_modes, "closed_loop": closed_loop, "loadgen": loadgen,
           "plan_cpu": plan_cpu, "same_point": same_point, "corrections": corrections,
           "twin_contention_vllm": twin_contention, "twin_contention_batchlab": twin_contention,
-          "twin_vllm_probe": twin_probe, "twin_batchlab_probe": twin_probe}
+          "twin_vllm_probe": twin_probe, "twin_batchlab_probe": twin_probe, "torch_thread_ab": torch_thread_ab}
 # Result files written by a benchmark with other settings (serving-max-num-seqs-128.json, ...) use its renderer.
 FAMILIES = {"serving-": serving, "validate_sim_": validate_sim, "twin_": twin, "four_modes_": four_modes,
             "length_grouping_": length_grouping}
