@@ -318,8 +318,6 @@ class Campaign:
         """Saturated bursts quiet and beside the background load (the server's core, every core), in
         rotating order, each with the share of the server's core others took; per round the slowdown
         against that round's quiet burst, beside what the share alone explains."""
-        if not self.cpus:
-            raise ConfigError("--parts contention needs the server pinned to its own core (two cores and taskset)")
         n, p, o = BURST
         server = process.cpu_list(self.cpus)
         where = {"quiet": [], "server core": server, "every core": list(range(os.cpu_count() or 1))}
@@ -393,6 +391,8 @@ def run(c: Campaign, parts: list[str]) -> None:
     a = c.args
     if a.predict_only:
         return predict_again(c, parts)
+    if "contention" in parts and not c.cpus:     # NOTE: before the server starts, not after
+        raise ConfigError("--parts contention needs the server pinned to its own core (two cores and taskset)")
     with ExitStack() as stack:
         if a.condition == "busy":
             load = stack.enter_context(background_load(list(range(os.cpu_count() or 1)), a.busy_duty))
@@ -425,6 +425,9 @@ def main(argv: list[str] | None = None) -> None:
         raise ConfigError(f"--bracket: want LO,HI in req/s, got {args.bracket!r}") from None
     if not 0 < lo < hi:
         raise ConfigError(f"--bracket: want 0 < LO < HI, got {args.bracket!r}")
+    if "contention" in parts and args.condition == "busy":
+        raise ConfigError("--parts contention runs its own background load beside quiet bursts; "
+                          "run it with --condition quiet")
     command = " ".join(["python benchmarks/twin.py", *(argv if argv is not None else sys.argv[1:])])
     c = Campaign(args, command.replace(str(ROOT) + "/", ""))
     run(c, parts)

@@ -51,6 +51,7 @@ def test_the_serving_script_answers_help():
     ("policies.py", ["--only-hf"], "--only-hf needs --json"),
     ("twin.py", ["--parts", "profile,nap"], "--parts: unknown nap"),
     ("twin.py", ["--bracket", "fast"], "--bracket: want LO,HI"),
+    ("twin.py", ["--parts", "contention", "--condition", "busy"], "run it with --condition quiet"),
     ("twin.py", ["--predict-only", "--out", "/nonexistent/twin"], "no twin at /nonexistent/twin/twin.yaml"),
     ("corrections.py", ["old=/nonexistent/validate"], "old: /nonexistent/validate is not a finished validation"),
 ])
