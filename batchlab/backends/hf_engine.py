@@ -3,10 +3,11 @@
 Every step's tokens (prefill chunks and one decode token per running request) are packed into
 one row, `[1, total_tokens]`, each at its own position, so nothing is padded; K/V live in a slot
 cache read by our own attention function (backends/hf_slots.py), and only rows that reach their
-end get logits. The pass runs in a worker thread, so the event loop (and arrivals) keep flowing.
+end get logits. The pass runs on the process's torch thread (backends/torch_thread.py: every op
+from one thread, or OpenMP throttles itself), so the event loop (and arrivals) keep flowing.
 The scheduler decides everything (admission, chunks, preemption); this class only executes.
 A decode window (`Step.repeat` > 1: identical decode-only steps the scheduler proved safe) runs
-as that many passes in one worker call, each stamped at its own end.
+as that many passes in one call to that thread, each stamped at its own end.
 With prefix caching, a Step's `cache` work is done around the pass (backends/hf_prefix.py).
 Tokens are greedy with EOS suppressed, exactly like the request-level backend's `generate()`
 (min_new_tokens = max_new_tokens), so every strategy produces the same tokens.
