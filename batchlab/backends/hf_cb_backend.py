@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from batchlab.backends import hf_common as hc
+from batchlab.backends import torch_thread
 from batchlab.backends.base import LoadTarget
 from batchlab.core.breakdown import finish
 from batchlab.core.clock import Clock, RealClock
@@ -59,7 +60,10 @@ class HFCBBackend(LoadTarget):
         if not isinstance(clock, RealClock):
             raise ValueError("hf-cb stamps tokens with the manager's perf_counter: it needs the RealClock")
         if self.manager is None:
-            await asyncio.to_thread(self._start_manager)
+            # NOTE: loading and the manager's cache on our torch thread, then that thread ended: its
+            # OpenMP team alive beside the manager's thread would throttle both (torch_thread.py)
+            await torch_thread.run(self._start_manager)
+            torch_thread.release()
         for i in range(self.cfg.warmup_batches):
             n, p, o = WARMUP
             reqs = [Request(f"warmup{i}-{j}", p, o, clock.now(), index=-1 - j) for j in range(n)]

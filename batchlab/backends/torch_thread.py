@@ -12,7 +12,9 @@ thread (benchmarks/torch_thread_ab.py, a fresh process per sample, 2 cores).
 
 So loading, the engine's passes and everything that allocates or copies the K/V cache run here,
 on one thread: one team, spinning as it should. The thread is per process (a forked or spawned
-worker gets its own on first use).
+worker gets its own on first use). A library that runs its passes on a thread of its own
+(transformers' continuous batching manager) would run throttled beside our thread's team, so
+its backend ends our thread first (`release`); the next call starts a new one.
 """
 from __future__ import annotations
 
@@ -59,3 +61,15 @@ def call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     if on_it():
         return fn(*args, **kwargs)
     return _pool().submit(fn, *args, **kwargs).result()
+
+
+def release() -> None:
+    """End the torch thread and so its OpenMP team (a no-op without one); the next call starts a
+    new thread. Not from the thread itself, which cannot wait for its own end."""
+    global _executor
+    if on_it():
+        raise RuntimeError("torch_thread.release() from the torch thread")
+    with _lock:
+        ex, _executor = (_executor, None) if _pid == os.getpid() else (None, None)
+    if ex is not None:
+        ex.shutdown(wait=True)

@@ -57,7 +57,10 @@ def test_a_trace_streams_back_with_exact_lengths_greedy_tokens_and_ordered_stamp
     cfg = load_config(None, CB)
     backend = HFCBBackend(cfg.backend, cfg.continuous, lm64)
     trace = [TraceItem(0.01 * i, 5 + 7 * i, 4 + i) for i in range(5)]
+    from batchlab.backends import torch_thread
+    torch_thread.call(lambda: None)           # our torch thread exists, as after a run on our engine
     reqs, t0 = run(backend, trace)
+    assert torch_thread._executor is None     # start() ended it: its OpenMP team would throttle the manager's
     assert [r.status for r in reqs] == [Status.FINISHED] * 5
     assert [r.output_len for r in reqs] == [4, 5, 6, 7, 8]
     assert [r.output_token_ids for r in reqs] == [greedy(lm64, r) for r in reqs]

@@ -26,6 +26,18 @@ def test_run_and_call_use_one_named_thread_and_nest_without_waiting_on_themselve
     assert not torch_thread.on_it()
 
 
+def test_release_ends_the_thread_and_the_next_call_starts_another():
+    first = torch_thread.call(threading.current_thread)
+    torch_thread.release()
+    assert not first.is_alive()
+    second = torch_thread.call(threading.current_thread)
+    assert second is not first and second.name.startswith(torch_thread.NAME)
+    with pytest.raises(RuntimeError, match="from the torch thread"):
+        torch_thread.call(torch_thread.release)
+    torch_thread.release()
+    torch_thread.release()                                    # nothing to end: a no-op
+
+
 def _child(queue) -> None:
     queue.put(torch_thread.call(where)[1])
 
