@@ -355,8 +355,22 @@ def _overloaded(done: dict[str, list[dict]]) -> list[str]:
         m = statistics.median(p["served_share"] for p in pts)
         verdict = (f" Target ≥ 95 %: **{'met' if m >= 0.95 else 'not met'}**." if name.startswith("batchlab") else "")
         out.append(f"{name} past the knee, at {pts[0]['factor']:g}× each repeat's sustained rate: "
-                   f"**{100 * m:.1f} %** of the offered tokens served (median; {each}).{verdict}")
+                   f"**{100 * m:.1f} %** of the offered tokens served (median; {each}).{verdict}{_held(reps)}")
     return out + [""] if out else []
+
+
+def _held(reps: list[dict]) -> str:
+    """Tokens per second served in the window past the knee over those served at the knee, per
+    repeat: 1 means the server kept its knee's throughput under overload (no collapse)."""
+    ratios = []
+    for r in reps:
+        knee = next((p for p in r.get("points", []) if p["rate"] == r.get("sustained_rate")), None)
+        if r.get("overload") and knee and knee.get("window_tok_s"):
+            ratios.append(r["overload"]["window_tok_s"] / knee["window_tok_s"])
+    if not ratios:
+        return ""
+    return (f" Served tok/s there over served tok/s at the knee: {statistics.median(ratios):.2f}× "
+            f"({', '.join(f'{x:.2f}' for x in ratios)}).")
 
 
 def _serving_rows(d: dict, rule: dict) -> tuple[list[str], dict[str, list[dict]]]:
