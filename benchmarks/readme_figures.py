@@ -1091,6 +1091,18 @@ def torch_thread_ab(d: dict) -> str:
     return "\n".join(lines)
 
 
+def busy_threads(d: dict) -> str:
+    lines = [f"`{d['command']}` (tiny model, CPU, fp32, batch 1, 32-token prompt, 64 new tokens; {_load(d)}; each "
+             f"sample a fresh process; busy: a job burning {100 * d['duty']:.0f} % of every core; medians over samples, "
+             "the paired ratio's min–max beside it):", "",
+             "| machine | 1 torch thread | 2 torch threads | two / one |", "|---|---|---|---|"]
+    for cond, c in d["conditions"].items():
+        r = c["two_over_one_per_repeat"]
+        lines.append(f"| {cond} | {c['tok_s']['1']:,.0f} tok/s | {c['tok_s']['2']:,.0f} tok/s | "
+                     f"{c['two_over_one']:.2f}× ({min(r):.2f}–{max(r):.2f}) |")
+    return "\n".join(lines)
+
+
 RENDER = {"sim_speed": sim_speed, "hf_dynamic_vs_naive": hf_dynamic_vs_naive, "engine_vs_hf_cb": engine_vs_hf_cb,
           "validate_sim": validate_sim, "serving": serving, "client_vs_vllm_bench": client_vs_vllm_bench,
           "prefix_cache": prefix_cache, "policies": policies, "ray_sweep": ray_sweep,
@@ -1098,7 +1110,8 @@ RENDER = {"sim_speed": sim_speed, "hf_dynamic_vs_naive": hf_dynamic_vs_naive, "e
           "four_modes": four_modes, "closed_loop": closed_loop, "loadgen": loadgen,
           "plan_cpu": plan_cpu, "same_point": same_point, "corrections": corrections,
           "twin_contention_vllm": twin_contention, "twin_contention_batchlab": twin_contention,
-          "twin_vllm_probe": twin_probe, "twin_batchlab_probe": twin_probe, "torch_thread_ab": torch_thread_ab}
+          "twin_vllm_probe": twin_probe, "twin_batchlab_probe": twin_probe, "torch_thread_ab": torch_thread_ab,
+          "busy_threads": busy_threads}
 # Result files written by a benchmark with other settings (serving-max-num-seqs-128.json, ...) use its renderer.
 FAMILIES = {"serving-": serving, "validate_sim_": validate_sim, "twin_": twin, "four_modes_": four_modes,
             "length_grouping_": length_grouping}
