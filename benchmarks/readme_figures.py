@@ -682,7 +682,18 @@ def _twin_validate(cond: str, v: dict) -> list[str]:
         corrections = ("drift, live and first-token corrections" if (v.get("live") or {}).get("first_token")
                        else "drift and live corrections" if v.get("live") else "drift correction")
         lines += [f"Without the {corrections}, the median errors are {plain}."]
-    return lines + _live(v.get("live")) + _without_live(v.get("without_live"))
+    return lines + _by_workload(v.get("by_workload")) + _live(v.get("live")) + _without_live(v.get("without_live"))
+
+
+def _by_workload(by: dict | None) -> list[str]:
+    """Signed median error per workload: where the residual lives (absent in records made before it was kept)."""
+    if not by:
+        return []
+    keys = ("e2e_p50", "ttft_p50", "tpot_p50")
+    each = "; ".join(f"`{w}` " + " / ".join(f"{100 * per[k]['median_error']:+.1f} %" if k in per else "–" for k in keys)
+                     for w, per in by.items())
+    return ["", f"Signed median error by workload ({' / '.join(METRIC_NAMES[k] for k in keys)}; + : the twin above "
+                f"the server): {each}."]
 
 
 def _errors(v: dict) -> str:

@@ -272,6 +272,7 @@ class Campaign:
                  if k in earlier})
         self.save("validate", {"rates": rates, "metrics": acc["metrics"], "drift": acc["drift"], "load_1min": acc["load_1min"],
                                "live": acc.get("live", {}), "uncorrected": acc["uncorrected"], "signs": sides(v.cells),
+                               "by_workload": acc.get("by_workload", {}),
                                "coverage": float(v.cells["inside"].mean()), "cells": len(v.cells)}
                   | ({"without_live": self.without_live(vcfg, where)} if vcfg.validation.live else {}))
 

@@ -128,3 +128,23 @@ def test_the_corrections_block_gives_the_intervals_coverage_now_and_under_an_ear
     text = mod.corrections(d)
     assert "held `a` 90.0 %, `b` 100.0 %; built as rule B." in text
     assert "built as rule A (`old`): held `a` 97.0 %, `b` –." in text
+
+
+def test_past_the_knee_the_served_rate_is_set_beside_the_knees():
+    mod = figures()
+    d = _serving_result([40.0, 45.0])
+    for rep in d["servers"][0]["repeats"]:
+        rep["overload"] = {"rate": 75.0, "factor": 1.5, "served_share": 0.6, "ttft_p50": 3.0, "tpot_p99": 0.05,
+                           "send_lag_p99": 0.001, "window_tok_s": 450.0 if rep["repeat"] == 0 else 550.0}
+    text = mod.serving(d)                                   # the knee served 10 x 50 = 500 tok/s in each repeat
+    assert "Served tok/s there over served tok/s at the knee: 1.00× (0.90, 1.10)." in text
+
+
+def test_a_twin_validation_shows_its_signed_error_by_workload():
+    mod = figures()
+    by = {"base": {"e2e_p50": {"median_error": -0.12, "cells": 3}, "ttft_p50": {"median_error": 0.02, "cells": 3},
+                   "tpot_p50": {"median_error": -0.1, "cells": 3}},
+          "long-outputs": {"e2e_p50": {"median_error": 0.054, "cells": 3}}}
+    line = mod._by_workload(by)[-1]
+    assert "`base` -12.0 % / +2.0 % / -10.0 %; `long-outputs` +5.4 % / – / –." in line
+    assert mod._by_workload(None) == [] and mod._by_workload({}) == []

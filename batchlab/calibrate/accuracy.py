@@ -94,6 +94,16 @@ def sides(table: pd.DataFrame) -> dict[str, dict[str, float]]:
                 "cells": len(g)} for m, g in lat.groupby("metric", sort=False)}
 
 
+def by_workload(table: pd.DataFrame) -> dict[str, dict[str, dict[str, float]]]:
+    """Per workload and latency metric: the signed median error (simulator over real, minus 1) and
+    its cells. A median over every workload can hide a residual that is one workload's: one read
+    low and another high cancel in the signs, not in the error."""
+    lat = table[table["kind"] == "latency"]
+    return {str(w): {m: {"median_error": float(g["error"].median()), "cells": len(g)}
+                     for m, g in gw.groupby("metric", sort=False)}
+            for w, gw in lat.groupby("workload", sort=False)}
+
+
 def verdict(metric: str, row: dict) -> dict:
     """The target for `metric`: each bound is met outright, or, where the machine's own
     noise at that percentile is larger than the bound, by an error within FLOOR_FACTOR x the noise."""

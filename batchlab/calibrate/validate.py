@@ -547,7 +547,8 @@ def accuracy_record(cfg: RunConfig, profiles: dict[str, Profile], table: pd.Data
             "load_1min": _loads(out, ["base", *cfg.validation.workloads]),
             "reference_burst": {"rows": REFERENCE[0], "prompt": REFERENCE[1], "new_tokens": REFERENCE[2]},
             "interval": INTERVAL,
-            "metrics": summ.to_dict(orient="records"), "uncorrected": uncorrected}
+            "metrics": summ.to_dict(orient="records"), "uncorrected": uncorrected,
+            "by_workload": accuracy.by_workload(table)}
 
 
 def _loads(out: Path, workloads: list[str]) -> dict[str, list[float]]:

@@ -90,3 +90,15 @@ def test_sides_counts_the_cells_below_and_above_the_real_run_per_latency_metric(
     assert got["e2e_p50"] == {"below": 2 / 3, "above": 1 / 3, "cells": 3}
     assert got["tpot_p50"] == {"below": 0.0, "above": 0.0, "cells": 1}    # equal reads as neither side
     assert "throughput_tok_s" not in got
+
+
+def test_by_workload_gives_each_workloads_signed_median_error_per_latency_metric():
+    t = pd.concat([table([1.0, 1.0, 1.0], [1.0] * 3, [0.8, 0.9, 0.7]).assign(workload="short"),
+                   table([1.0, 1.0], [1.0] * 2, [1.1, 1.3]).assign(workload="long"),
+                   table([2.0], [2.0], [1.0], metric="tpot_p50").assign(workload="long")], ignore_index=True)
+    t = pd.concat([accuracy.with_errors(t), pd.DataFrame({"kind": ["saturation"], "workload": ["short"],
+                                                          "metric": ["throughput_tok_s"], "error": [0.5]})])
+    got = accuracy.by_workload(t)
+    assert got["short"] == {"e2e_p50": {"median_error": pytest.approx(-0.2), "cells": 3}}     # low, not cancelled
+    assert got["long"]["e2e_p50"] == {"median_error": pytest.approx(0.2), "cells": 2}
+    assert got["long"]["tpot_p50"]["median_error"] == pytest.approx(-0.5)
