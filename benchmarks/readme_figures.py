@@ -871,7 +871,26 @@ def twin_probe(d: dict) -> str:
                 lines.append(f"- {cond}, the earlier twin (`{e['by']}`): {e['sustained_rate']} unscaled "
                              f"({e['sustained_rate'] / held:.2f}), scaled by {p['factor']:.2f}× to the same bursts "
                              f"{p['sustained_rate']} ({p['sustained_rate'] / held:.2f}).")
-    return "\n".join(lines)
+    return "\n".join(lines + _twin_requests(d["conditions"]))
+
+
+def _twin_requests(conditions: dict) -> list[str]:
+    """What one request costs the others, per round on the server and on the twin."""
+    out = []
+    for cond, c in conditions.items():
+        r = c.get("requests")
+        if not r:
+            continue
+        rounds, twin = r["rounds"], r["predicted"]
+        med = lambda k: statistics.median(x[k] for x in rounds)  # noqa: E731
+        ms = lambda k: ", ".join(f"{round(1e3 * x[k], 1) + 0.0:.1f}" for x in rounds)  # noqa: E731
+        out += ["", f"What one request costs the others ({cond}; `{r['command']}`, {len(rounds)} rounds; twin "
+                f"`{r['twin']}`): an arrival among 16 decoding streams adds **{1e3 * med('arrival_s'):.1f} ms** "
+                f"({med('arrival_steps'):.2f} steps) to their decode on the server (median; per round {ms('arrival_s')} ms), "
+                f"**{1e3 * twin['arrival_s']:.1f} ms** ({twin['arrival_steps']:.2f} steps) on the twin; a finish adds "
+                f"**{round(1e3 * med('finish_s'), 1) + 0.0:.1f} ms** to the next step on the server (per round {ms('finish_s')} ms), "
+                f"{round(1e3 * twin['finish_s'], 1) + 0.0:.1f} ms on the twin."]
+    return out
 
 
 def roofline_check(d: dict) -> str:

@@ -1,6 +1,6 @@
 """Check a server's twin: profile the server from the client, then hold the twin to what the server does.
 
-    python benchmarks/twin.py configs/twin-vllm.yaml [--condition quiet|busy] [--parts profile,knee,validate,whatif,contention]
+    python benchmarks/twin.py configs/twin-vllm.yaml [--condition quiet|busy] [--parts profile,knee,validate,whatif,contention,requests]
 
 The server (vLLM by default; --server transformers or batchlab: `transformers serve` or
 `batchlab serve` continuous on --serve-config's model) starts with the config's `continuous`
@@ -25,6 +25,10 @@ every what-if cap.
    saturated bursts in rotating order: quiet, the background load on the server's core only, and
    on every core (the client's too); beside each the share of the server's core others took
    (baselines/contention.py). A server that loses only that core time runs 1 / (1 - share) as long.
+6. requests: what one request costs the others, --request-rounds rounds on the server and once on
+   the twin: 16 streams decoding alone and with 30 short requests arriving among them (the time
+   one arrival adds), and 16 streams one of which finishes every other step (what a finish adds
+   to the next step); calibrate/twin_check.py.
 --condition busy runs 2 and 3 with a background load on both cores (baselines/background.py).
 --predict-only recomputes the twin's side of 2 and 4 (after a new profile) beside the server's
 figures already measured, and starts no server.
@@ -54,7 +58,7 @@ from batchlab.baselines.contention import contention
 from batchlab.calibrate.accuracy import sides
 from batchlab.calibrate.blackbox import ProbeGrid
 from batchlab.calibrate.server import profile_server
-from batchlab.calibrate.twin_check import Twin, predicted_burst, predicted_knee, scaled_to_burst
+from batchlab.calibrate.twin_check import Twin, arrival_cost, finish_cost, predicted_burst, predicted_knee, scaled_to_burst
 from batchlab.calibrate.validate import report_lines, validate
 from batchlab.core.clock import RealClock
 from batchlab.core.files import write_atomic
@@ -66,7 +70,7 @@ from batchlab.run.config import load_config
 from batchlab.schedulers import ContinuousConfig
 
 ROOT = Path(__file__).resolve().parents[1]
-PARTS = ("profile", "knee", "validate", "whatif", "contention")
+PARTS = ("profile", "knee", "validate", "whatif", "contention", "requests")
 GRID = ProbeGrid(batch_sizes=(1, 2, 4, 8, 16, 32), contexts=(16, 64, 128, 256), prompts=(16, 64, 256, 512),
                  new_tokens=24, repeats=3, warmup=1)
 BURST = (384, 64, 32)              # the what-if burst: requests, prompt and output tokens
@@ -94,6 +98,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--speed-probe", action="store_true",
                     help="knee: a saturated burst before each search, and the twin scaled to match it")
     ap.add_argument("--contention-rounds", type=int, default=3, help="contention: rounds of quiet / server core / every core")
+    ap.add_argument("--request-rounds", type=int, default=5, help="requests: rounds of the arrival and finish probes")
     ap.add_argument("--predict-only", action="store_true",
                     help="knee, whatif: recompute the twin's predictions (a new profile) beside the measured figures kept")
     ap.add_argument("--front-end-on-engine", action="store_true",
@@ -315,6 +320,21 @@ class Campaign:
               f"TPOT p50 {[round(1e3 * r['tpot_p50'], 1) for r in runs]} ms", flush=True)
         return {"cap": cap, "measured": runs, "predicted": predicted_burst(self.twin(), n, p, o, max_num_seqs=cap)}
 
+    def request_costs(self, backend) -> None:
+        """What one request costs the others, on the server (--request-rounds rounds) and on its
+        twin (once: virtual time): an arrival among running streams, and a finish
+        (calibrate/twin_check.py arrival_cost, finish_cost)."""
+        def run(trace):
+            clock = RealClock()
+            return clock.run(backend.run_trace(trace, clock))[0]
+        rounds = []
+        for k in range(self.args.request_rounds):
+            rounds.append(arrival_cost(run) | finish_cost(run))
+            print(f"requests: round {k}: an arrival {1e3 * rounds[-1]['arrival_s']:.2f} ms "
+                  f"({rounds[-1]['arrival_steps']:.2f} steps), a finish {1e3 * rounds[-1]['finish_s']:.2f} ms", flush=True)
+        twin = self.twin()
+        self.save("requests", {"rounds": rounds, "predicted": arrival_cost(twin.replay) | finish_cost(twin.replay)})
+
     def contention_check(self, backend) -> None:
         """Saturated bursts quiet and beside the background load (the server's core, every core), in
         rotating order, each with the share of the server's core others took; per round the slowdown
@@ -408,6 +428,8 @@ def run(c: Campaign, parts: list[str]) -> None:
         whatif = [c.whatif_here(backend, c.cfg.continuous.max_num_seqs)] if "whatif" in parts else []
         if "contention" in parts:
             c.contention_check(backend)
+        if "requests" in parts:
+            c.request_costs(backend)
     for cap in ([int(x) for x in a.caps.split(",")] if "whatif" in parts else []):
         with c.server(max_num_seqs=cap) as (_, backend):
             whatif.append(c.whatif_here(backend, cap))

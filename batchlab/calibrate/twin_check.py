@@ -7,10 +7,16 @@
   the twin's limits changed (a what-if: the server at another sequence cap, say).
 - The twin at the machine's speed now: its step costs scaled until its burst matches one measured
   on the server (`scaled_to_burst`).
+- What one request costs the others: running streams' time with short requests arriving among
+  them against alone (`arrival_cost`), and the step after another stream finishes against the
+  step after that (`finish_cost`): the twin's request-level terms, checked directly.
 Both run in milliseconds, so a campaign asks them before it spends minutes measuring.
 """
 from __future__ import annotations
 
+import secrets
+import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -78,3 +84,52 @@ def scaled_to_burst(twin: Twin, server_tok_s: float, n: int, prompt_len: int, ou
     factor = twin.scale * predicted_burst(twin, n, prompt_len, output_len)["tok_s"] / server_tok_s
     first = replace(twin, scale=factor)
     return replace(twin, scale=factor * predicted_burst(first, n, prompt_len, output_len)["tok_s"] / server_tok_s)
+
+
+# What one request costs the others. LONG streams decode, alone and with ARRIVALS short requests
+# arriving evenly over the middle half of what their decode took alone (ARRIVAL_SPAN), so every
+# arrival and its two tokens fall inside it whatever the machine's speed; and LONG streams of
+# outputs FINISH_BASE + 2i, so one finishes every other step.
+LONG, LONG_PROMPT, LONG_OUTPUT = 16, 32, 400
+ARRIVALS, SHORT, ARRIVAL_SPAN = 30, (32, 2), (0.2, 0.7)
+FINISH_BASE = 32
+Run = Callable[[list[TraceItem]], list[Request]]     # a trace -> its requests, on a server or a twin
+
+
+def _unique(items: list[TraceItem], tag: str) -> list[TraceItem]:
+    """Prompts of their own (no prefix cache can shorten one), each run afresh."""
+    nonce = secrets.randbits(48)
+    return [replace(t, content=(((tag, nonce, i), t.prompt_len),)) for i, t in enumerate(items)]
+
+
+def _decode(requests: list[Request]) -> tuple[float, float]:
+    """The first long stream's first token (seconds after it arrived) and its decode's span."""
+    first = min((r for r in requests if r.max_new_tokens == LONG_OUTPUT), key=lambda r: r.index)
+    return first.token_times[0] - first.arrival_time, first.token_times[-1] - first.token_times[0]
+
+
+def arrival_cost(run: Run) -> dict[str, float]:
+    """What one arrival adds to the running streams: (their decode's span with the arrivals - alone)
+    / ARRIVALS, in seconds and in steps of the decode alone (a unit the machine's speed cancels from)."""
+    longs = [TraceItem(0.0, LONG_PROMPT, LONG_OUTPUT) for _ in range(LONG)]
+    start, alone = _decode(run(_unique(longs, "alone")))
+    lo, hi = (start + f * alone for f in ARRIVAL_SPAN)
+    shorts = [TraceItem(lo + (hi - lo) * j / (ARRIVALS - 1), *SHORT) for j in range(ARRIVALS)]
+    _, together = _decode(run(_unique(longs + shorts, "with")))
+    extra = (together - alone) / ARRIVALS
+    return {"arrival_s": extra, "arrival_steps": extra / (alone / (LONG_OUTPUT - 1)),
+            "decode_with_s": together, "decode_alone_s": alone}
+
+
+def finish_cost(run: Run) -> dict[str, float]:
+    """What a completion adds to the next step: on the longest stream, the gap right after another
+    stream's last token less the gap after it (same rows, no finish just before), median over the
+    finishes; in seconds and in steps (of the median of those later gaps)."""
+    reqs = run(_unique([TraceItem(0.0, LONG_PROMPT, FINISH_BASE + 2 * i) for i in range(LONG)], "finish"))
+    longest = max(reqs, key=lambda r: r.max_new_tokens)
+    t = longest.token_times
+    ends = [r.max_new_tokens for r in reqs if r is not longest]
+    after = [t[n] - t[n - 1] for n in ends]        # the finished stream's last token came with token n - 1
+    plain = [t[n + 1] - t[n] for n in ends]
+    extra = statistics.median(a - b for a, b in zip(after, plain))
+    return {"finish_s": extra, "finish_steps": extra / statistics.median(plain)}

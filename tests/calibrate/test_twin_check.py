@@ -48,3 +48,18 @@ def test_a_twin_scaled_to_the_servers_burst_runs_that_burst_at_its_rate(slower):
     # NOTE: from 5 req/s: at 1 req/s a 20-s window ends before this slow model's longest outputs do
     knee = lambda x: predicted_knee(x, t.cfg.traffic, t.cfg.slo, (5.0, 200.0), 0.1, 12)["sustained_rate"]  # noqa: E731
     assert (knee(scaled) < knee(t)) is (slower > 1)
+
+
+def test_arrivals_cost_the_running_streams_what_the_twin_charges_them_and_a_finish_costs_nothing():
+    """On a twin whose front end runs on the engine, each arrival lengthens the running streams by
+    about its own engine time (front end, admission, its prompt's tokens in a step); a twin charges
+    nothing when a request completes, so the step after a finish is no longer than the next."""
+    from batchlab.calibrate.twin_check import arrival_cost, finish_cost
+    t = twin("backend.preset=toy")
+    base = arrival_cost(t.replay)
+    assert base["decode_with_s"] > base["decode_alone_s"] and base["arrival_s"] > 0
+    heavier = Twin(t.cfg.model_copy(update={"backend": t.cfg.backend.model_copy(update={"preset": "toy"})}), scale=2.0)
+    assert arrival_cost(heavier.replay)["arrival_s"] == pytest.approx(2 * base["arrival_s"], rel=0.05)
+    assert arrival_cost(heavier.replay)["arrival_steps"] == pytest.approx(base["arrival_steps"], rel=0.05)
+    done = finish_cost(t.replay)
+    assert done["finish_s"] == pytest.approx(0.0, abs=1e-9) and done["finish_steps"] == pytest.approx(0.0, abs=1e-9)
