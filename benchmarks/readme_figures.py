@@ -890,6 +890,11 @@ def _twin_requests(conditions: dict) -> list[str]:
                 f"**{1e3 * twin['arrival_s']:.1f} ms** ({twin['arrival_steps']:.2f} steps) on the twin; a finish adds "
                 f"**{round(1e3 * med('finish_s'), 1) + 0.0:.1f} ms** to the next step on the server (per round {ms('finish_s')} ms), "
                 f"{round(1e3 * twin['finish_s'], 1) + 0.0:.1f} ms on the twin."]
+        if "growth_per_100_share" in twin:
+            out[-1] += (f" Over the streams' decode alone a step grew by **{100 * med('growth_per_100_share'):.1f} %** "
+                        f"per 100 tokens of context on the server ({1e3 * med('growth_per_100_s'):.2f} ms on a "
+                        f"{1e3 * med('step_at_start_s'):.1f}-ms step; median), **{100 * twin['growth_per_100_share']:.1f} %** "
+                        f"on the twin ({1e3 * twin['growth_per_100_s']:.2f} ms on {1e3 * twin['step_at_start_s']:.1f} ms).")
     return out
 
 

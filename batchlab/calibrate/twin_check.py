@@ -9,7 +9,8 @@
   on the server (`scaled_to_burst`).
 - What one request costs the others: running streams' time with short requests arriving among
   them against alone (`arrival_cost`), and the step after another stream finishes against the
-  step after that (`finish_cost`): the twin's request-level terms, checked directly.
+  step after that (`finish_cost`): the twin's request-level terms, checked directly; and how a
+  step grows with its rows' context over the streams' decode alone (`context_growth`).
 Both run in milliseconds, so a campaign asks them before it spends minutes measuring.
 """
 from __future__ import annotations
@@ -19,6 +20,8 @@ import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
+
+import numpy as np
 
 from batchlab.backends.simulated import SimulatedBackend
 from batchlab.calibrate.validate import sim_cost
@@ -102,23 +105,39 @@ def _unique(items: list[TraceItem], tag: str) -> list[TraceItem]:
     return [replace(t, content=(((tag, nonce, i), t.prompt_len),)) for i, t in enumerate(items)]
 
 
+def _first_long(requests: list[Request]) -> Request:
+    return min((r for r in requests if r.max_new_tokens == LONG_OUTPUT), key=lambda r: r.index)
+
+
 def _decode(requests: list[Request]) -> tuple[float, float]:
     """The first long stream's first token (seconds after it arrived) and its decode's span."""
-    first = min((r for r in requests if r.max_new_tokens == LONG_OUTPUT), key=lambda r: r.index)
+    first = _first_long(requests)
     return first.token_times[0] - first.arrival_time, first.token_times[-1] - first.token_times[0]
+
+
+def context_growth(requests: list[Request]) -> dict[str, float]:
+    """How a step grows with the context its rows hold: a line through the first long stream's
+    token gaps against their position (the first and last 10 left out), as its step at the
+    decode's start and its growth over 100 tokens of every row's context, the latter also as a
+    share of the former (the machine's speed cancels from it)."""
+    gaps = np.diff(np.asarray(_first_long(requests).token_times))[10:-10]
+    slope, start = np.polyfit(np.arange(10, 10 + len(gaps)), gaps, 1)
+    return {"step_at_start_s": float(start), "growth_per_100_s": float(100 * slope),
+            "growth_per_100_share": float(100 * slope / start)}
 
 
 def arrival_cost(run: Run) -> dict[str, float]:
     """What one arrival adds to the running streams: (their decode's span with the arrivals - alone)
     / ARRIVALS, in seconds and in steps of the decode alone (a unit the machine's speed cancels from)."""
     longs = [TraceItem(0.0, LONG_PROMPT, LONG_OUTPUT) for _ in range(LONG)]
-    start, alone = _decode(run(_unique(longs, "alone")))
+    solo = run(_unique(longs, "alone"))
+    start, alone = _decode(solo)
     lo, hi = (start + f * alone for f in ARRIVAL_SPAN)
     shorts = [TraceItem(lo + (hi - lo) * j / (ARRIVALS - 1), *SHORT) for j in range(ARRIVALS)]
     _, together = _decode(run(_unique(longs + shorts, "with")))
     extra = (together - alone) / ARRIVALS
     return {"arrival_s": extra, "arrival_steps": extra / (alone / (LONG_OUTPUT - 1)),
-            "decode_with_s": together, "decode_alone_s": alone}
+            "decode_with_s": together, "decode_alone_s": alone} | context_growth(solo)
 
 
 def finish_cost(run: Run) -> dict[str, float]:
