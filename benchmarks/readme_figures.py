@@ -820,9 +820,10 @@ def twin(d: dict) -> str:
     for cond in ("quiet", "busy"):
         if "validate" in conds.get(cond, {}):
             lines += _twin_validate(cond, conds[cond]["validate"]) + _twin_earlier(conds[cond]) + [""]
-    lines += ["Sustained rate under the SLO (TTFT p99 ≤ "
-              f"{d['slo']['ttft_s']:g} s, TPOT p99 ≤ {1e3 * d['slo']['tpot_s']:g} ms), searched the same way on both:", ""]
-    lines += _twin_knee(conds) + [""]
+    if any("knee" in c for c in conds.values()):
+        lines += ["Sustained rate under the SLO (TTFT p99 ≤ "
+                  f"{d['slo']['ttft_s']:g} s, TPOT p99 ≤ {1e3 * d['slo']['tpot_s']:g} ms), searched the same way on both:", ""]
+        lines += _twin_knee(conds) + [""]
     if "whatif" in conds.get("quiet", {}):
         lines += _twin_whatif(conds["quiet"]["whatif"], d.get("server", "vllm")) + [""]
     return "\n".join(lines + [PUBLISHED])
