@@ -38,6 +38,7 @@ keep what an earlier run measured, with its command and load.
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import os
@@ -60,7 +61,6 @@ from batchlab.calibrate.blackbox import ProbeGrid
 from batchlab.calibrate.server import profile_server
 from batchlab.calibrate.twin_check import Twin, arrival_cost, finish_cost, predicted_burst, predicted_knee, scaled_to_burst
 from batchlab.calibrate.validate import report_lines, validate
-from batchlab.core.clock import RealClock
 from batchlab.core.files import write_atomic
 from batchlab.core.search import significant
 from batchlab.core.sustain import saturated_rate
@@ -306,8 +306,7 @@ class Campaign:
         saturated, snap = {}, significant(3)
         for w in ["base", *cfg.validation.workloads]:
             _, trace = burst_trace(cfg.workload(w).traffic, SATURATION)
-            reqs, _ = RealClock().run(backend.run_trace(trace, RealClock()))
-            saturated[w] = saturated_rate(reqs)
+            saturated[w] = saturated_rate(compare.sent(backend, trace))
             print(f"validate: {w}: {saturated[w]:.3g} req/s saturated", flush=True)
         rates = {w: [snap(f * r) for f in self.fractions()] for w, r in saturated.items()}
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -325,9 +324,7 @@ class Campaign:
         """What one request costs the others, on the server (--request-rounds rounds) and on its
         twin (once: virtual time): an arrival among running streams, and a finish
         (calibrate/twin_check.py arrival_cost, finish_cost)."""
-        def run(trace):
-            clock = RealClock()
-            return clock.run(backend.run_trace(trace, clock))[0]
+        run = functools.partial(compare.sent, backend)
         rounds = []
         for k in range(self.args.request_rounds):
             rounds.append(arrival_cost(run) | finish_cost(run))

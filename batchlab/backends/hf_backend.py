@@ -5,8 +5,8 @@ target; each row keeps its first `max_new_tokens` tokens, so the padding and the
 decode that request-level batching wastes are real and show in the timings. EOS is suppressed
 (min_new_tokens = max_new_tokens), so every strategy gets answers of the same lengths.
 Per-token stamps come from a stopping criterion, which `generate()` calls once per new token:
-it synchronizes the device, then reads the clock. `generate()` blocks, so it runs in a worker
-thread and the event loop stays free. Continuous batching delegates to backends/hf_engine.py.
+it synchronizes the device, then reads the clock. `generate()` blocks, so it runs on the
+process's torch thread (backends/torch_thread.py) and the event loop stays free. Continuous batching delegates to backends/hf_engine.py.
 """
 from __future__ import annotations
 
@@ -153,7 +153,7 @@ class HFBackend(Engine):
         self._record(requests, out, width, stamper.stamps)
 
     def _generate(self, requests: list[Request], stamper: StampEveryToken) -> tuple[torch.Tensor, int]:
-        """Worker thread: pad, generate to the batch's longest target, return ids and pad width."""
+        """The torch thread: pad, generate to the batch's longest target, return ids and pad width."""
         lm = self.loaded
         if self.oom_when is not None and self.oom_when(requests):
             raise torch.OutOfMemoryError(f"injected out-of-memory for a batch of {len(requests)}")

@@ -97,9 +97,7 @@ def load(backend_cfg) -> Loaded:
 def _from_pretrained(name: str | None, device: torch.device, dtype: torch.dtype) -> Loaded:
     from transformers import AutoModelForCausalLM, AutoTokenizer
     path = resolve_model(name)
-    hub = {} if Path(path).is_dir() else {"cache_dir": hub_cache_dir()}    # the cache preflight looked in
-    if hub and not hub_reachable():
-        hub["local_files_only"] = True
+    hub = _hub_options(path)
     tokenizer = AutoTokenizer.from_pretrained(path, **hub)
     tokenizer.padding_side = "left"
     if tokenizer.pad_token_id is None:        # e.g. Llama/Mistral ship no pad token
@@ -135,8 +133,18 @@ def model_config(name: str | None):
     if random_model.is_random(name):
         return random_model.config_of(name)
     path = resolve_model(name)
-    hub = {} if Path(path).is_dir() else {"cache_dir": hub_cache_dir(), "local_files_only": not hub_reachable()}
-    return AutoConfig.from_pretrained(path, **hub)
+    return AutoConfig.from_pretrained(path, **_hub_options(path))
+
+
+def _hub_options(path: str) -> dict[str, Any]:
+    """from_pretrained's keywords for `path`: none for a local directory; for a hub name the cache
+    the preflight looked in, and local files only when the hub cannot be reached."""
+    if Path(path).is_dir():
+        return {}
+    hub: dict[str, Any] = {"cache_dir": hub_cache_dir()}
+    if not hub_reachable():
+        hub["local_files_only"] = True
+    return hub
 
 
 def context_length(model) -> int:

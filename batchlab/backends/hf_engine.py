@@ -194,7 +194,7 @@ class StepEngine:
 
     def _forward(self, plan: StepPlan, clock: Clock, repeat: int = 1,
                  until: float | None = None) -> list[tuple[list[int], float, float]]:
-        """Worker thread: `repeat` blocking passes (a decode window feeds each pass the tokens of
+        """The torch thread: `repeat` blocking passes (a decode window feeds each pass the tokens of
         the one before), each followed by the greedy pick and a device sync; per pass (tokens,
         end time, seconds in the pass). A window stops after the first pass ending at or after `until`."""
         passes = []

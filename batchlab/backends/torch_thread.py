@@ -4,11 +4,11 @@ PyTorch's CPU wheels parallelise ops with GNU OpenMP, which gives every thread t
 parallel region a team of worker threads of its own, kept for as long as that thread lives. While
 the teams' threads together outnumber the cores, libgomp runs throttled: a waiting worker spins
 100 times instead of 300,000 before it sleeps (libgomp's documented GOMP_SPINCOUNT defaults), so
-every op of a pass pays a wake-up. A small model's
-pass is hundreds of short ops, so this decides its speed: the tiny model's decode pass ran 1.34x
-slower at 16 rows and 1.43x at 64 when set up on one thread and run through `asyncio.to_thread`
-(whose pool hands successive calls to whichever of its threads is free) than with every op on one
-thread (benchmarks/torch_thread_ab.py, a fresh process per sample, 2 cores).
+every op of a pass pays a wake-up. A small model's pass is hundreds of short ops, so this decides
+its speed: the tiny model's decode pass ran 1.34x slower at 16 rows and 1.43x at 64 when set up
+on one thread and run through `asyncio.to_thread` (whose pool hands successive calls to whichever
+of its threads is free) than with every op on one thread (benchmarks/torch_thread_ab.py, a fresh
+process per sample, 2 cores).
 
 So loading, the engine's passes and everything that allocates or copies the K/V cache run here,
 on one thread: one team, spinning as it should. The thread is per process (a forked or spawned

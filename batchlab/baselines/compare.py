@@ -27,8 +27,10 @@ from batchlab.baselines.metrics import Peaks, metrics_url
 from batchlab.core.clock import RealClock
 from batchlab.core.config import RunConfig
 from batchlab.core.files import write_atomic
+from batchlab.core.request import Request
 from batchlab.core.search import knee, significant
 from batchlab.core.sustain import GROWTH, SERVED, burst_figures, judge
+from batchlab.core.trace_item import TraceItem
 from batchlab.core.traffic import fixed_burst
 from batchlab.errors import ConfigError
 
@@ -126,12 +128,17 @@ def serving(name: str, s: Settings) -> Iterator[tuple[OpenAIBackend, str, tuple[
         yield backend, metrics_url(running.url), SERIES.get(name, ())
 
 
+def sent(backend: OpenAIBackend, trace: list[TraceItem]) -> list[Request]:
+    """`trace` sent through the client on the wall clock; its requests, stamped."""
+    clock = RealClock()
+    return clock.run(backend.run_trace(trace, clock))[0]
+
+
 def saturated(backend: OpenAIBackend, n: int, prompt_len: int, output_len: int) -> dict:
     """`n` requests sent at once (the same trace for every server), and the burst's figures
     (core/sustain.py burst_figures: tok/s and req/s in its steady middle, where the queue never
     empties; median TPOT and TTFT over the finished; how many did not finish)."""
-    reqs, _ = RealClock().run(backend.run_trace(fixed_burst(n, prompt_len, output_len), RealClock()))
-    return {"requests": n} | burst_figures(reqs)
+    return {"requests": n} | burst_figures(sent(backend, fixed_burst(n, prompt_len, output_len)))
 
 
 def probe(name: str, backend: OpenAIBackend, cfg: RunConfig, rate: float) -> dict:
