@@ -35,14 +35,14 @@ from batchlab.core.files import write_atomic
 from batchlab.errors import ConfigError, user_errors
 from batchlab.run.config import load_config
 
-SWITCHES = ("drift", "live", "first_token")
+SWITCHES = {"drift": (False, True), "live": (False, True), "first_token": ("off", "factor", "delay")}
 METRICS = ("e2e_p50", "ttft_p50", "tpot_p50")
 ONE_SIDED = 0.75          # a metric is one-sided when one sign holds in more than this share of cells
 
 
-def label(on: dict[str, bool]) -> str:
-    names = {"drift": "drift probe", "live": "live factor", "first_token": "first-token factor"}
-    return " + ".join(names[k] for k in SWITCHES if on[k]) or "none"
+def label(on: dict) -> str:
+    names = {"drift": "drift probe", "live": "live factor", "factor": "first-token factor", "delay": "first-token delay"}
+    return " + ".join(names[k if v is True else v] for k, v in on.items() if v not in (False, "off")) or "none"
 
 
 def judge(src: Path, twin: str | None, on: dict[str, bool], scratch: Path) -> dict:
@@ -57,8 +57,9 @@ def judge(src: Path, twin: str | None, on: dict[str, bool], scratch: Path) -> di
     v = validate(cfg, profiles, where, twin=twin)
     summ = v.summary.set_index("metric")
     signs = sides(v.cells)
-    rule = json.loads((where / "accuracy.json").read_text())["interval"]
-    return {"on": on, "coverage": float(v.cells["inside"].mean()), "interval": rule,
+    acc = json.loads((where / "accuracy.json").read_text())
+    return {"on": on, "coverage": float(v.cells["inside"].mean()), "interval": acc["interval"],
+            "by_workload": {w: {m: r[m]["median_error"] for m in METRICS if m in r} for w, r in acc.get("by_workload", {}).items()},
             "metrics": {m: {"error_median": float(summ.loc[m, "error_median"]), **signs[m]} for m in METRICS},
             "floor": {m: float(summ.loc[m, "noise_median"]) for m in METRICS}}
 
@@ -73,7 +74,7 @@ def condition(name: str, spec: str, scratch: Path) -> dict:
     if twin is None and "server" in acc.get("profiles", {}):
         raise ConfigError(f"{name}: {src} validated a server: give its twin config as {name}={path}@TWIN")
     runs = []
-    for bits in itertools.product([False, True], repeat=len(SWITCHES)):
+    for bits in itertools.product(*SWITCHES.values()):
         on = dict(zip(SWITCHES, bits))
         runs.append(judge(src, twin, on, scratch / name) | {"label": label(on)})
         print(f"{name}: {runs[-1]['label']}: " + ", ".join(
@@ -103,7 +104,7 @@ def earlier_intervals(path: Path, rule: str) -> list[dict]:
     old_rule = rule_of(next((c.get("interval") for c in old["conditions"].values()), None))
     if old_rule == rule:
         return kept
-    coverage = {n: next(v["coverage"] for v in c["variants"] if all(v["on"].values())) for n, c in old["conditions"].items()}
+    coverage = {n: next(v["coverage"] for v in c["variants"] if all(x in (True, "delay") for x in v["on"].values())) for n, c in old["conditions"].items()}
     return [{"interval": old_rule, "command": old["command"], "coverage": coverage},
             *[e for e in kept if e["interval"] not in (old_rule, rule)]]   # one entry per rule: the latest
 

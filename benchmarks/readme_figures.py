@@ -203,10 +203,16 @@ def validate_sim(d: dict) -> str:
 
 
 def _per_workload(per_w: dict) -> str:
-    """'`w` 1.23× (level, ± 5 %); ...' over the workloads with a measured factor; '' where none has one."""
+    """'`w` 1.23× (level, ± 5 %); ...' over the workloads with a measured factor (a delay: '4.1 ms
+    (level, ± 0.6 ms)'); '' where none has one."""
     per = {w: {lvl: v for lvl, v in levels.items() if v["cells"]} for w, levels in per_w.items()}
-    return "; ".join(f"`{w}` " + ", ".join(f"{v['factor']:.2f}× ({lvl}, ± {100 * v['se']:.0f} %)" for lvl, v in f.items())
-                     for w, f in per.items() if f)
+    return "; ".join(f"`{w}` " + ", ".join(f"{_correction(v, lvl)}" for lvl, v in f.items()) for w, f in per.items() if f)
+
+
+def _correction(v: dict, lvl: str, se: bool = True) -> str:
+    if "seconds" in v:
+        return f"{1e3 * v['seconds']:.1f} ms ({lvl}" + (f", ± {1e3 * v['se']:.1f} ms)" if se else ")")
+    return f"{v['factor']:.2f}× ({lvl}" + (f", ± {100 * v['se']:.0f} %)" if se else ")")
 
 
 def _live(rec: dict | None) -> list[str]:
@@ -223,9 +229,11 @@ def _live(rec: dict | None) -> list[str]:
     first = _per_workload(rec.get("first_token", {}).get("per_workload", {}))
     if first:
         pooled = {lvl: v["first_token"] for lvl, v in rec.get("pooled", {}).items() if v.get("first_token", {}).get("cells")}
-        lines += ["", "First-token factor (on the prompt-pass and front-end terms: what p50 TTFT still missed on the "
-                  "*other* workloads after the live factor): " + first
-                  + ("; over every workload " + ", ".join(f"{v['factor']:.2f}× ({lvl})" for lvl, v in pooled.items())
+        what = ("First-token delay (seconds each request waits before the scheduler: what p50 TTFT still missed on the "
+                if rec["first_token"].get("form") == "delay" else
+                "First-token factor (on the prompt-pass and front-end terms: what p50 TTFT still missed on the ")
+        lines += ["", what + "*other* workloads after the live factor): " + first
+                  + ("; over every workload " + ", ".join(_correction(v, lvl, se=False) for lvl, v in pooled.items())
                      + "." if pooled else ".")]
     return lines
 
@@ -255,7 +263,30 @@ def corrections(d: dict) -> str:
         lines.append(f"| {s['label']} | " + " | ".join(cells) + f" | {s['balanced']} of {s['of']} | {100 * s['mean_error']:.1f} % |"
                      + (f" {h['balanced']} of {h['of']} | {100 * h['mean_error']:.1f} % |" if h else ""))
     lines += ["", "Validations: " + "; ".join(f"`{n}` {conds[n]['dir']} ({conds[n]['cells']} cells per metric)" for n in names) + "."]
-    return "\n".join(lines + _correction_coverage(d, names))
+    return "\n".join(lines + _correction_coverage(d, names) + _worst_workload(conds, names))
+
+
+FULL = {"factor": "drift probe + live factor + first-token factor", "delay": "drift probe + live factor + first-token delay"}
+
+
+def _worst_workload(conds: dict, names: list[str]) -> list[str]:
+    """Per validation, the workload furthest from the real runs with every correction on and the
+    first-token factor, its signed errors there and with the delay instead (records that kept
+    each workload's errors and compared the two forms; none: nothing)."""
+    rows = []
+    for n in names:
+        by = {v["label"]: v.get("by_workload") for v in conds[n]["variants"]}
+        factor, delay = by.get(FULL["factor"]), by.get(FULL["delay"])
+        if not factor or not delay:
+            continue
+        w = max(factor, key=lambda k: max(abs(e) for e in factor[k].values()))
+        signed = lambda e: " / ".join(f"{100 * e[m]:+.0f}" for m in CORRECTION_METRICS) + " %"   # noqa: E731
+        rows.append(f"| `{n}` | `{w}` | {signed(factor[w])} | {signed(delay[w])} |")
+    if not rows:
+        return []
+    return ["", "The workload furthest from the real runs with every correction on (first-token factor), its signed "
+            "median error (p50 E2E / TTFT / TPOT; + : the replay above) there and with the first-token delay instead:", "",
+            "| validation | workload | with the factor | with the delay |", "|---|---|---|---|", *rows]
 
 
 def _correction_coverage(d: dict, names: list[str]) -> list[str]:
@@ -266,7 +297,7 @@ def _correction_coverage(d: dict, names: list[str]) -> list[str]:
         return []
     def held(cov: dict) -> str:
         return ", ".join(f"`{n}` " + (_pct(cov[n]) if n in cov else "–") for n in names)
-    now = {n: next(v["coverage"] for v in c["variants"] if all(v["on"].values())) for n, c in conds.items()}
+    now = {n: next(v["coverage"] for v in c["variants"] if all(x in (True, "delay") for x in v["on"].values())) for n, c in conds.items()}
     lines = ["", f"90 % intervals with the three corrections (target 85–95 %) held {held(now)}; built as "
              f"{next(iter(conds.values()))['interval']}."]
     for e in d.get("earlier_intervals", []):

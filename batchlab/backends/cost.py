@@ -86,13 +86,16 @@ class StepCost:
     # the step running meanwhile is longer by the front end's time (EngineFacts.frontend_engine_s),
     # instead of each arrival being delayed while the engine runs on (a GPU server)
     frontend_on_engine: bool = False
+    first_token_s: float = 0.0    # per request, a delay before the scheduler sees it, never the engine's time: what a
+                                  # validation measured the first token still missing (first_token_moved)
     shape_s: tuple[tuple[float, float], ...] = ()   # (tokens computed, seconds) knots of the shape correction
 
     @property
     def arrival_delay_s(self) -> float:
         """Time between a request's arrival and the engine seeing it, for a front end beside the
-        engine (one on the engine's processor queues its requests: frontend_engine_s)."""
-        return 0.0 if self.frontend_on_engine else self.frontend_s
+        engine (one on the engine's processor queues its requests: frontend_engine_s), and the
+        first-token delay a validation measured."""
+        return (0.0 if self.frontend_on_engine else self.frontend_s) + self.first_token_s
 
     @property
     def frontend_engine_s(self) -> float:
@@ -168,6 +171,16 @@ class StepCost:
             if t >= until:
                 break
         return ends
+
+    def first_token_moved(self, seconds: float) -> "StepCost":
+        """The same model with each request's time before the scheduler moved by `seconds`: added
+        as a delay off the engine (first_token_s), or, negative, taken from that delay and then
+        from the front end, never below none (a validation's first-token correction)."""
+        if seconds >= 0:
+            return replace(self, first_token_s=self.first_token_s + seconds)
+        cut = min(-seconds, self.first_token_s + self.frontend_s)
+        from_delay = min(cut, self.first_token_s)
+        return replace(self, first_token_s=self.first_token_s - from_delay, frontend_s=self.frontend_s - (cut - from_delay))
 
     def scaled(self, k: float, first: float = 1.0) -> "StepCost":
         """The same model on a machine `k` times as slow: every timing and the shape correction's

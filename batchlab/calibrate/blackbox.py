@@ -65,7 +65,7 @@ class Prober:
         self.tag = 0
         self.nonce = secrets.randbits(48)    # this profile's prompts: a prefix cache has seen none of them
         self.decode: dict[tuple[int, int, int], list[float]] = defaultdict(list)
-        self.mixed: dict[tuple[int, int, int], list[float]] = defaultdict(list)   # (rows, prompt, context) -> gap
+        self.mixed: dict[tuple[int, int], list[tuple[int, float]]] = defaultdict(list)   # (rows, prompt) -> (context, gap)
         self.idle: dict[int, list[float]] = defaultdict(list)                     # prompt -> TTFT
         self.reference: list[float] = []
         self.ref_ttft = self.ref_gap = 0.0
@@ -117,7 +117,7 @@ class Prober:
                 step = mixed_step([s for _, s in got], self.ref_gap)
                 if keep and step is not None:
                     j, gap = step
-                    self.mixed[(rows, p, base + j)].append(gap)
+                    self.mixed[(rows, p)].append((base + j, gap))
             got = await self.send([(0.0, p, 2)])
             if keep:
                 r, s = got[0]
@@ -147,9 +147,12 @@ def most_samples(grid: ProbeGrid) -> int:
 def fit_profile(pr: Prober) -> BlackBoxProfile:
     """The step-time fit of the probes' medians, and the front end from the idle probes."""
     samples = [StepSample(b * (p + k), 0, b, statistics.median(v), "decode") for (b, p, k), v in sorted(pr.decode.items())]
-    samples += [StepSample(ctx + rows * p, rows * p, 1, statistics.median(v), "prefill",
-                           attn_pairs=rows * attention_pairs(p, 0), admitted=rows)
-                for (rows, p, ctx), v in sorted(pr.mixed.items())]
+    # NOTE: one sample per prompt and row count, the median over the passes: the stream's context
+    # at the probe moves by a few tokens from pass to pass, and a sample per context was one
+    # unrepeated timing, so a single slow step (other work on the machine) set the prompt terms
+    samples += [StepSample(statistics.median(c for c, _ in v) + rows * p, rows * p, 1, statistics.median(g for _, g in v),
+                           "prefill", attn_pairs=rows * attention_pairs(p, 0), admitted=rows)
+                for (rows, p), v in sorted(pr.mixed.items())]
     if not any(s.kind == "prefill" for s in samples):
         raise ConfigError("no prefill step could be told apart in the stream beside it (every probe's first token came "
                           "in another step than the stream's): the server may batch prompts on their own; nothing was written")

@@ -32,6 +32,19 @@ other requests' steps sets the TTFT, are left out). u goes through the same leav
 and standard error as the live factor's log ratios. TTFT is not linear in the log of the factor
 (a fixed part stays), so a second pass measures x and s again around the first pass's factor
 (the probe at that factor and PROBE x it) and adds its log: one Newton step.
+
+The first-token delay (`validation.first_token: delay`, the default) measures the same miss as
+seconds a request instead, replayed as a delay before the scheduler sees each request (StepCost
+first_token_s), off the engine. Per cell, with replays at the delay so far and DELAY_PROBE_S more,
+
+    x = real p50 TTFT - replayed,  s = (replayed at +DELAY_PROBE_S - replayed) / DELAY_PROBE_S,  u = x / s
+
+and u goes through the same leave-one-out median, its standard error in seconds. Why a delay:
+the factor multiplies the prompt-pass terms, so what is really a fixed time a request (a front
+end the profile read too short) is charged per prompt token, and a workload of long prompts
+pays it many times over; a delay charges every request the same. A negative delay (the other
+workloads' first tokens came early on the server) is taken from the profile's front end, never
+below none (StepCost.first_token_moved): a replay cannot hand a request over before it arrives.
 """
 from __future__ import annotations
 
@@ -51,6 +64,7 @@ PROBE = 1.5              # the first-token terms' trial factor, for each cell's 
 MIN_SHARE = 0.1          # the least d log TTFT / d log (first-token terms) a cell must have to be used
 FIRST_PASSES = 2         # the second pass measures around the first's factor (TTFT is not linear in log factor)
 SE_OF_MEDIAN = 1.2533141373155   # sqrt(pi / 2): the median's standard error over the mean's, for a normal
+DELAY_PROBE_S = 0.010    # the first-token delay's trial step, for each cell's sensitivity s
 
 
 @dataclass(frozen=True)
@@ -63,13 +77,32 @@ class Live:
 NONE = Live()
 
 
+@dataclass(frozen=True)
+class Delay:
+    seconds: float = 0.0   # added before the scheduler sees each request (negative: taken from its front end)
+    se: float = 0.0        # its standard error, in seconds
+    cells: int = 0         # the cells it was measured from (0: none, no delay)
+
+
+NO_DELAY = Delay()
+
+
+def _median_se(values: list[float]) -> tuple[np.ndarray, float]:
+    """The finite values, and their median's standard error."""
+    v = np.asarray([x for x in values if math.isfinite(x)], dtype=float)
+    return v, (SE_OF_MEDIAN * float(np.std(v, ddof=1)) / math.sqrt(v.size) if v.size > 1 else 0.0)
+
+
 def estimate(log_ratios: list[float]) -> Live:
     """The factor from log(real / replayed) ratios: their median, and its standard error."""
-    v = np.asarray([x for x in log_ratios if math.isfinite(x)], dtype=float)
-    if not v.size:
-        return NONE
-    se = SE_OF_MEDIAN * float(np.std(v, ddof=1)) / math.sqrt(v.size) if v.size > 1 else 0.0
-    return Live(float(math.exp(np.median(v))), se, int(v.size))
+    v, se = _median_se(log_ratios)
+    return Live(float(math.exp(np.median(v))), se, int(v.size)) if v.size else NONE
+
+
+def estimate_delay(seconds: list[float]) -> Delay:
+    """The first-token delay from each cell's u (seconds): their median and its standard error."""
+    v, se = _median_se(seconds)
+    return Delay(float(np.median(v)), se, int(v.size)) if v.size else NO_DELAY
 
 
 def _levels(ratios: dict[str, dict[str, list[float]]]) -> list[str]:
@@ -77,16 +110,17 @@ def _levels(ratios: dict[str, dict[str, list[float]]]) -> list[str]:
     return sorted({lvl for per in ratios.values() for lvl in per})
 
 
-def leave_one_out(ratios: dict[str, dict[str, list[float]]]) -> dict[str, dict[str, Live]]:
-    """workload -> level -> the factor measured on every *other* workload's ratios at that level
-    (`ratios`: workload -> level -> log ratios). A workload with no other at its level gets NONE."""
-    return {w: {lvl: estimate([x for o, per in ratios.items() if o != w for x in per.get(lvl, [])])
+def leave_one_out(ratios: dict[str, dict[str, list[float]]], est=estimate) -> dict[str, dict[str, Live]]:
+    """workload -> level -> the factor (`est`: or the delay) measured on every *other* workload's
+    values at that level (`ratios`: workload -> level -> log ratios, or seconds). A workload with
+    no other at its level gets none."""
+    return {w: {lvl: est([x for o, per in ratios.items() if o != w for x in per.get(lvl, [])])
                 for lvl in _levels(ratios)} for w in ratios}
 
 
-def pooled(ratios: dict[str, dict[str, list[float]]]) -> dict[str, Live]:
-    """level -> the factor over every workload's ratios: what a later run of the profile should use."""
-    return {lvl: estimate([x for per in ratios.values() for x in per.get(lvl, [])]) for lvl in _levels(ratios)}
+def pooled(ratios: dict[str, dict[str, list[float]]], est=estimate) -> dict[str, Live]:
+    """level -> the factor (or delay) over every workload's values: what a later run of the profile should use."""
+    return {lvl: est([x for per in ratios.values() for x in per.get(lvl, [])]) for lvl in _levels(ratios)}
 
 
 def log_ratio(real: float, replayed: float) -> float:
@@ -105,14 +139,28 @@ def first_token_log(real: float, at_one: float, at_probe: float) -> float:
     return x * math.log(PROBE) / dx
 
 
-def write_live_profile(src: str, dst: Path, live: Live, first: Live = NONE) -> None:
-    """The profile `src` with its step-time model scaled by the live factor and its first-token
-    terms by the first-token factor (`StepCost.scaled`), everything else it holds kept and the
-    factors recorded, so `backend.profile: dst` simulates live traffic."""
-    record = json.loads(Path(src).read_text()) | asdict(StepCost.from_json(src).scaled(live.factor, first.factor))
+def first_token_delay(real: float, at_now: float, at_probe: float) -> float:
+    """u = x / s in seconds for one cell (see the module's doc): NaN where a value is missing or a
+    delay moves the cell's TTFT by less than MIN_SHARE of itself."""
+    x, dx = real - at_now, at_probe - at_now
+    if not (math.isfinite(x) and math.isfinite(dx)) or dx / DELAY_PROBE_S < MIN_SHARE:
+        return float("nan")
+    return x * DELAY_PROBE_S / dx
+
+
+def write_live_profile(src: str, dst: Path, live: Live, first: Live | Delay = NONE) -> None:
+    """The profile `src` with its step-time model scaled by the live factor and, for a first-token
+    factor, its first-token terms by it (`StepCost.scaled`), or a first-token delay set; everything
+    else it holds kept and the corrections recorded, so `backend.profile: dst` simulates live traffic."""
+    cost = StepCost.from_json(src)
+    if isinstance(first, Delay):
+        cost = cost.scaled(live.factor).first_token_moved(first.seconds)
+    else:
+        cost = cost.scaled(live.factor, first.factor)
+    record = json.loads(Path(src).read_text()) | asdict(cost)
     record["live_factor"] = {"factor": live.factor, "se": live.se, "cells": live.cells, "metric": METRIC,
                              "from": str(src)}
     if first.cells:
-        record["first_token_factor"] = {"factor": first.factor, "se": first.se, "cells": first.cells,
-                                        "metric": FIRST_METRIC}
+        record["first_token_delay" if isinstance(first, Delay) else "first_token_factor"] = asdict(first) | {
+            "metric": FIRST_METRIC}
     write_atomic(dst, json.dumps(record, indent=2) + "\n")

@@ -36,8 +36,8 @@ from batchlab.backends import TARGET, make_backend
 from batchlab.backends.cost import StepCost
 from batchlab.backends.simulated import SimOptions, SimulatedBackend
 from batchlab.calibrate import accuracy, live
+from batchlab.calibrate.live import NO_DELAY, Delay, Live
 from batchlab.calibrate.live import NONE as LIVE_NONE
-from batchlab.calibrate.live import Live
 from batchlab.core.clock import RealClock, VirtualClock
 from batchlab.core.config import RunConfig
 from batchlab.core.files import write_atomic
@@ -118,11 +118,14 @@ def profile_for(strategy: str, profiles: dict[str, Profile]) -> Profile:
                       f"`batchlab profile --strategy {strategy} ...` and pass it with --profile")
 
 
-def sim_cost(cfg: RunConfig, cost: StepCost, scale: float = 1.0, first: float = 1.0) -> StepCost:
+def sim_cost(cfg: RunConfig, cost: StepCost, scale: float = 1.0, first: float = 1.0, delay: float = 0.0) -> StepCost:
     """The profile's timings (every step-time term times `scale`, the first-token terms times
-    `first` besides) with the real run's memory budget, so memory triggers match."""
+    `first` besides, each request's time before the scheduler moved by `delay` seconds) with the real
+    run's memory budget, so memory triggers match; a negative `delay` shortens the front end)."""
     if (scale, first) != (1.0, 1.0):
         cost = cost.scaled(scale, first)
+    if delay:
+        cost = cost.first_token_moved(delay)
     budget = cfg.backend.model_dump().get("memory_budget_bytes")     # the real kind's key, if it has one
     return replace(cost, kv_budget_bytes=budget) if budget else cost
 
@@ -306,6 +309,7 @@ class Drift:
                                   # as timed when the server was profiled ("profile time": free of the fit's error)
     live: Live = LIVE_NONE        # live traffic's step time over closed bursts', from the other workloads (calibrate/live.py)
     first: Live = LIVE_NONE       # the first-token terms' factor left after that, from the other workloads' p50 TTFT
+    delay: Delay = NO_DELAY       # or, validation.first_token: delay, the same miss as seconds a request
     timings: int = 1              # how many reference bursts the factor is the median of
 
     @property
@@ -321,10 +325,12 @@ class Drift:
         the intervals hold more than 90 % of the cells."""
         return math.hypot(prof.sigma, self.spread * MEDIAN_SE / math.sqrt(self.timings), self.live.se)
 
-    def side(self, prof: Profile, k: float) -> tuple[float, float]:
-        """(every step cost's factor, the first-token terms' factor besides) for an interval side
-        k (0: the replay, -1 / +1: its bounds): each factor moved by k times its own uncertainty."""
-        return self.scale * (1 + k * self.sigma(prof)), self.first.factor * (1 + k * self.first.se)
+    def side(self, prof: Profile, k: float) -> tuple[float, float, float]:
+        """(every step cost's factor, the first-token terms' factor besides, the first-token delay)
+        for an interval side k (0: the replay, -1 / +1: its bounds): each moved by k times its own
+        uncertainty."""
+        return (self.scale * (1 + k * self.sigma(prof)), self.first.factor * (1 + k * self.first.se),
+                self.delay.seconds + k * self.delay.se)
 
 
 NO_DRIFT = Drift()
@@ -364,10 +370,12 @@ def validate(cfg: RunConfig, profile_paths: list[str], out: Path, progress=None,
         drifts = {name: with_live(m.drift, lives.get(name, {})) for name, m in measured.items()}
         firsts: dict[str, dict[str, list[float]]] = {}
         first: dict[str, dict[str, Live]] = {}
-        for _ in range(live.FIRST_PASSES if cfg.validation.first_token else 0):
-            firsts = first_token_logs(cfg, measured, drifts, profiles, executor)
-            first = live.leave_one_out(firsts)
-            drifts = {name: with_live(d, first.get(name, {}), "first") for name, d in drifts.items()}
+        form = cfg.validation.first_token
+        for _ in range(live.FIRST_PASSES if form != "off" else 0):
+            firsts = first_token_logs(cfg, measured, drifts, profiles, executor, form)
+            first = live.leave_one_out(firsts, live.estimate_delay if form == "delay" else live.estimate)
+            drifts = {name: with_live(d, first.get(name, {}), "delay" if form == "delay" else "first")
+                      for name, d in drifts.items()}
         parts = [c for name in names for c in judge_workload(cfg, name, measured[name], drifts[name], profiles,
                                                              out / name, executor)]
     finally:
@@ -376,7 +384,7 @@ def validate(cfg: RunConfig, profile_paths: list[str], out: Path, progress=None,
     summ = accuracy.summary(table)
     record = accuracy_record(cfg, profiles, table, summ, {name: m.drift for name, m in measured.items()}, out)
     record["live"] = live_record({level_of(s): profile_for(s, profiles) for s in cfg.strategies}, ratios, lives, out,
-                                 (firsts, first))
+                                 (firsts, first), form)
     record["twin"] = twin
     write_atomic(out / "validation.csv", table.to_csv(index=False))
     write_atomic(out / "accuracy.json", json.dumps(record, indent=2) + "\n")
@@ -439,23 +447,26 @@ def live_ratios(cfg: RunConfig, measured: dict[str, Measured], profiles: dict[st
 
 
 def first_token_logs(cfg: RunConfig, measured: dict[str, Measured], drifts: dict[str, dict[str, Drift]],
-                     profiles: dict[str, Profile], executor: Executor) -> dict[str, dict[str, list[float]]]:
-    """workload -> level -> each real run's cell's log first-token factor (live.first_token_log):
-    its p50 TTFT against replays at the workload's drift and live factor, with the first-token
-    terms at their factor so far (`drifts`' first: 1x on the first pass) and at live.PROBE x that."""
+                     profiles: dict[str, Profile], executor: Executor, form: str = "factor") -> dict[str, dict[str, list[float]]]:
+    """workload -> level -> each real run's cell's first-token correction: its p50 TTFT against
+    replays at the workload's drift and live factor, with the correction so far (1x or no delay on
+    the first pass) and one probe step beyond it; as a log factor on the first-token terms
+    (live.first_token_log, probe PROBE x) or, `form="delay"`, seconds a request
+    (live.first_token_delay, probe DELAY_PROBE_S more)."""
     out: dict[str, dict[str, list[float]]] = {}
     for name, m in measured.items():
         wc, d = cfg.workload(name), {lvl: drifts[name].get(lvl, NO_DRIFT) for lvl in map(level_of, cfg.strategies)}
-        probe = {lvl: replace(x, first=Live(x.first.factor * live.PROBE)) for lvl, x in d.items()}
+        probe = {lvl: (replace(x, delay=replace(x.delay, seconds=x.delay.seconds + live.DELAY_PROBE_S)) if form == "delay"
+                       else replace(x, first=Live(x.first.factor * live.PROBE))) for lvl, x in d.items()}
         at = {k: simulate_points(wc, m.real, profiles, executor, dd, sides={"sim": 0.0})["sim"][KEY + [live.FIRST_METRIC]]
               for k, dd in (("one", d), ("probe", probe))}
         sims = at["one"].merge(at["probe"], on=KEY, suffixes=("_one", "_probe"))
         per, f = out.setdefault(name, {}), live.FIRST_METRIC
         for run in [m.real] + ([m.rerun] if m.rerun is not None else []):
             for _, row in run[KEY + [f]].merge(sims, on=KEY).iterrows():
-                lvl = level_of(row["strategy"])
-                per.setdefault(lvl, []).append(math.log(d[lvl].first.factor) + live.first_token_log(
-                    float(row[f]), float(row[f"{f}_one"]), float(row[f"{f}_probe"])))
+                lvl, values = level_of(row["strategy"]), (float(row[f]), float(row[f"{f}_one"]), float(row[f"{f}_probe"]))
+                per.setdefault(lvl, []).append(d[lvl].delay.seconds + live.first_token_delay(*values) if form == "delay"
+                                               else math.log(d[lvl].first.factor) + live.first_token_log(*values))
     return out
 
 
@@ -490,16 +501,17 @@ def judge_workload(cfg: RunConfig, name: str, m: Measured, drift: dict[str, Drif
 
 
 def live_record(profiles: dict[str, Profile], ratios: dict[str, dict[str, list[float]]],
-                per_workload: dict[str, dict[str, Live]], out: Path, first=({}, {})) -> dict:
+                per_workload: dict[str, dict[str, Live]], out: Path, first=({}, {}), form: str = "factor") -> dict:
     """accuracy.json's live section: each workload's leave-one-out factor (`per_workload`), the
-    one pooled over every workload's `ratios`, the same two for the first-token factor (`first`:
-    its log values and its per-workload factors), and the profiles (`profiles`: level -> the one
-    its strategies replay on) rewritten with the pooled factors (OUT/live_<profile>) for later runs."""
+    one pooled over every workload's `ratios`, the same two for the first-token correction (`first`:
+    its values and its per-workload factors or delays, `form`), and the profiles (`profiles`: level
+    -> the one its strategies replay on) rewritten with the pooled corrections (OUT/live_<profile>)."""
     if not ratios and not first[0]:
         return {}
-    lives, firsts, written = live.pooled(ratios), live.pooled(first[0]), {}
+    est = live.estimate_delay if form == "delay" else live.estimate
+    lives, firsts, written = live.pooled(ratios), live.pooled(first[0], est), {}
     for level in profiles:
-        lv, ft = lives.get(level, LIVE_NONE), firsts.get(level, LIVE_NONE)
+        lv, ft = lives.get(level, LIVE_NONE), firsts.get(level, NO_DELAY if form == "delay" else LIVE_NONE)
         if lv.cells or ft.cells:
             dst = out / f"live_{Path(profiles[level].path).name}"
             live.write_live_profile(profiles[level].path, dst, lv, ft)
@@ -507,7 +519,8 @@ def live_record(profiles: dict[str, Profile], ratios: dict[str, dict[str, list[f
                               "first_token": asdict(ft)}
     as_dict = lambda per_w: {w: {lvl: asdict(lv) for lvl, lv in per.items()} for w, per in per_w.items()}  # noqa: E731
     return {"metric": live.METRIC, "method": "leave one workload out", "per_workload": as_dict(per_workload),
-            "first_token": {"metric": live.FIRST_METRIC, "per_workload": as_dict(first[1])}, "pooled": written}
+            "first_token": {"metric": live.FIRST_METRIC, "form": form, "per_workload": as_dict(first[1])},
+            "pooled": written}
 
 
 def config_text(cfg: RunConfig) -> str:
@@ -634,14 +647,16 @@ def validate_cmd(config, profiles, overrides, out, executor, twin):
     click.echo(f"wrote {out_dir / 'validation.csv'}, {out_dir / 'accuracy.json'}, {out_dir / 'validation.png'}")
 
 
-def live_lines(rec: dict, on: bool, first_on: bool = False) -> list[str]:
-    """What the live and first-token factors did: each workload's (from the others), and the
-    rewritten profiles."""
+def live_lines(rec: dict, on: bool, first_on: str = "off") -> list[str]:
+    """What the live factor and the first-token correction did: each workload's (from the
+    others), and the rewritten profiles."""
     lines = []
+    delay = rec.get("first_token", {}).get("form") == "delay"
     for name, per_w, metric, what, switched in [
-            ("live factor", rec.get("per_workload", {}), "p50 TPOT", "its replays were", on),
-            ("first-token factor", rec.get("first_token", {}).get("per_workload", {}), "p50 TTFT",
-             "its prompt passes and front end were", first_on)]:
+            ("live factor", rec.get("per_workload", {}), "p50 TPOT", "its replays were scaled by it", on),
+            ("first-token delay" if delay else "first-token factor", rec.get("first_token", {}).get("per_workload", {}),
+             "p50 TTFT", "each request waited it before the scheduler" if delay
+             else "its prompt passes and front end were scaled by it", first_on not in ("off", False))]:
         if not switched:
             continue
         measured = {w: {lvl: v for lvl, v in per.items() if v["cells"]} for w, per in per_w.items()}
@@ -649,10 +664,18 @@ def live_lines(rec: dict, on: bool, first_on: bool = False) -> list[str]:
             lines.append(f"{name}: not measured (it needs a second workload: add one under validation.workloads)")
             continue
         lines += [f"{name} ({w}, from the other workloads' {metric}): " + ", ".join(
-            f"{lvl} {v['factor']:.2f}x (+-{100 * v['se']:.0f}%, {v['cells']} cells)" for lvl, v in per.items())
-            + f"; {what} scaled by it" for w, per in measured.items() if per]
+            f"{lvl} {correction(v, cells=True)}" for lvl, v in per.items()) + f"; {what}"
+            for w, per in measured.items() if per]
     for lvl, v in rec.get("pooled", {}).items():
         ft = v.get("first_token", {})
-        also = f", first-token terms {ft['factor']:.2f}x" if ft.get("cells") else ""
+        also = f", first-token {correction(ft)}" if ft.get("cells") else ""
         lines.append(f"live factor ({lvl}, every workload): {v['factor']:.2f}x{also}; profile with it: {v['profile']}")
     return lines
+
+
+def correction(v: dict, cells: bool = False) -> str:
+    """A factor record as '1.23x (+-5%)', a delay record as '4.1 ms (+-0.6 ms)'; with `cells`, the count inside."""
+    n = f", {v['cells']} cells" if cells else ""
+    if "seconds" in v:
+        return f"{1e3 * v['seconds']:.1f} ms (+-{1e3 * v['se']:.1f} ms{n})"
+    return f"{v['factor']:.2f}x (+-{100 * v['se']:.0f}%{n})"

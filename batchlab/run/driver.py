@@ -92,6 +92,7 @@ class Inbox:
         # owes the front end's time (`owed`, charged by the driver to the engine's next step).
         self.engine_s, self.owed = engine_s, 0.0
         self.due: deque[float] = deque(_serial(self.planned, engine_s)) if engine_s else deque()
+        self.waiting: list[tuple[float, int, Request]] = []   # past that front end, waiting delay_s more: a heap
         self.later: list[tuple[float, int, Request]] = []   # planned while running (session turns): a heap
         self.live: deque[Request] = deque()
         self.open = live                   # live submissions may still come
@@ -123,16 +124,15 @@ class Inbox:
 
     @property
     def exhausted(self) -> bool:
-        return not self.planned and not self.later and not self.live and not self.open
+        return not self.planned and not self.later and not self.live and not self.waiting and not self.open
 
     @property
     def next_arrival(self) -> float | None:
         """When the next planned request is handed over (its arrival plus the front end's delay)."""
         if self.engine_s:
-            nxt = self.due[0] if self.due else None
-            if self.later and (nxt is None or self.later[0][0] + self.engine_s < nxt):
-                nxt = self.later[0][0] + self.engine_s
-            return nxt
+            times = [t for t in (self.due[0] if self.due else None, self.later[0][0] + self.engine_s if self.later else None,
+                                 self.waiting[0][0] if self.waiting else None) if t is not None]
+            return min(times) if times else None
         nxt = self.planned[0].arrival_time if self.planned else None
         if self.later and (nxt is None or self.later[0][0] < nxt):
             nxt = self.later[0][0]
@@ -147,7 +147,7 @@ class Inbox:
         """No more requests will come, or (live, with flush_idle_s) none came for a while, or
         (`quiet`, set by whoever feeds a live inbox: replicas running sessions) none will come
         unless a request now waiting runs and answers: naive batching must not wait for a full batch."""
-        if not (self.planned or self.later or self.live or self.open):      # exhausted, inlined: every step asks
+        if not (self.planned or self.later or self.live or self.waiting or self.open):   # exhausted, inlined: every step asks
             return True
         return self.quiet or (self.flush_idle_s is not None and now >= self.last_arrival + self.flush_idle_s)
 
@@ -175,15 +175,22 @@ class Inbox:
         """release() behind a front end on the engine's processor: planned requests when the front
         end is done with them (`due`); a session's later turn engine_s after its arrival (it is
         not queued behind the trace: a simplification, turns being few). The engine owes the part
-        of each front end's work done while it was busy; none of what fell in its idle time."""
-        d = self.engine_s
+        of each front end's work done while it was busy; none of what fell in its idle time. A
+        delay_s besides (off the engine) holds each request that much longer after its front end:
+        what is owed is settled when the front end is done (the loop wakes then), not at hand-over."""
+        d, x = self.engine_s, self.delay_s
         busy_until = now if idle_from is None else idle_from
         while self.planned and self.due[0] <= now:
-            self.owed += min(d, max(0.0, busy_until - (self.due.popleft() - d)))
-            self._hand(self.planned.popleft(), scheduler, occupancy)
+            done = self.due.popleft()
+            self.owed += min(d, max(0.0, busy_until - (done - d)))
+            r = self.planned.popleft()
+            heapq.heappush(self.waiting, (done + x, r.index, r))
         while self.later and self.later[0][0] + d <= now:
             self.owed += min(d, max(0.0, busy_until - self.later[0][0]))
-            self._hand(heapq.heappop(self.later)[2], scheduler, occupancy)
+            at, i, r = heapq.heappop(self.later)
+            heapq.heappush(self.waiting, (at + d + x, i, r))
+        while self.waiting and self.waiting[0][0] <= now:
+            self._hand(heapq.heappop(self.waiting)[2], scheduler, occupancy)
         while self.live:
             self._hand(self.live.popleft(), scheduler, occupancy)
 

@@ -98,3 +98,21 @@ def test_the_first_token_factor_scales_only_what_a_request_pays_before_its_first
     # a decode step (no prompt tokens, no admission) costs what the live factor alone says
     assert both.step_time(300, 0, 6) == pytest.approx(1.5 * toy.step_time(300, 0, 6))
     assert both.step_time(300, 40, 6, 900.0, 2) > toy.scaled(1.5).step_time(300, 40, 6, 900.0, 2)
+
+
+def test_a_first_token_delay_holds_requests_off_the_engine_and_no_machine_factor_scales_it():
+    on = StepCost(0.001, 0, 0, 0, 0, kv_bytes_per_token=1, kv_budget_bytes=1, frontend_s=0.003,
+                  frontend_on_engine=True, first_token_s=0.002)
+    assert on.arrival_delay_s == 0.002 and on.frontend_engine_s == 0.003
+    beside = StepCost(0.001, 0, 0, 0, 0, kv_bytes_per_token=1, kv_budget_bytes=1, frontend_s=0.003, first_token_s=0.002)
+    assert beside.arrival_delay_s == pytest.approx(0.005) and beside.frontend_engine_s == 0.0
+    assert beside.scaled(2.0, 3.0).first_token_s == 0.002      # a correction measured in seconds, not a step term
+
+
+def test_a_negative_first_token_move_takes_from_the_delay_then_the_front_end_never_below_none():
+    c = StepCost(0.001, 0, 0, 0, 0, kv_bytes_per_token=1, kv_budget_bytes=1, frontend_s=0.004, first_token_s=0.002)
+    assert c.first_token_moved(0.003).first_token_s == pytest.approx(0.005)
+    less = c.first_token_moved(-0.003)
+    assert (less.first_token_s, less.frontend_s) == pytest.approx((0.0, 0.003))
+    none = c.first_token_moved(-0.050)
+    assert (none.first_token_s, none.frontend_s, none.arrival_delay_s) == (0.0, 0.0, 0.0)

@@ -86,3 +86,35 @@ def test_corrections_keeps_the_coverage_an_earlier_interval_rule_gave_beside_the
         assert rec["conditions"]["toy"]["interval"] == INTERVAL
         assert [(e["command"], e["coverage"]) for e in rec["earlier_intervals"]] == [("earlier", {"toy": 0.5})]
         assert "spread" in rec["earlier_intervals"][0]["interval"]
+
+
+def test_refit_profile_groups_a_kept_profiles_prompt_samples_and_rewrites_its_twin(tmp_path):
+    """A profile written with one prompt-pass sample per stream context is refitted with one per
+    (rows, prompt), the median; the twin copy names the new profile; bad input is one line."""
+    from batchlab.backends.cost import attention_pairs
+    from batchlab.backends.presets import load_cost
+    toy = load_cost("toy")
+    rows = [{"context_tokens": b * (16 + k), "prefill_tokens": 0, "decode_rows": b, "kind": "decode", "attn_pairs": 0,
+             "admitted": 0, "seconds": toy.step_time(b * (16 + k), 0, b)} for b in (1, 2, 4, 8) for k in (2, 10)]
+    for p, ctx in [(p, c) for p in (16, 64, 256) for c in (30, 32, 35)]:
+        t = toy.step_time(ctx + p, p, 1, attention_pairs(p, 0), 1) * (3.0 if ctx == 35 and p == 256 else 1.0)
+        rows.append({"context_tokens": ctx + p, "prefill_tokens": p, "decode_rows": 1, "kind": "prefill",
+                     "attn_pairs": attention_pairs(p, 0), "admitted": 1, "seconds": t})
+    src = tmp_path / "profile.json"
+    toy.to_json(src, level="iteration", samples=rows, fit_rms_rel_error=0.5)
+    (tmp_path / "twin.yaml").write_text(f"backend:\n  kind: sim\n  profile: {src}\n")
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "refit_profile.py"), str(src), "--out", str(tmp_path / "new.json"),
+           "--twin", str(tmp_path / "twin.yaml"), "--twin-out", str(tmp_path / "new.yaml")]
+    res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    new = json.loads((tmp_path / "new.json").read_text())
+    prefill = [r for r in new["samples"] if r["kind"] == "prefill"]
+    assert [(r["prefill_tokens"], r["context_tokens"]) for r in prefill] == [(16, 48), (64, 96), (256, 288)]
+    assert new["fit_rms_rel_error"] < 0.05 and new["refitted_from"]["samples"] == len(rows)   # the 3x timing outvoted
+    assert str((tmp_path / "new.json").resolve()) in (tmp_path / "new.yaml").read_text()
+    bad = tmp_path / "nosamples.json"
+    toy.to_json(bad, level="iteration")
+    res = subprocess.run(cmd[:2] + [str(bad), "--out", str(tmp_path / "x.json")], cwd=ROOT, capture_output=True,
+                         text=True, timeout=300)
+    assert res.returncode == 2 and res.stderr.count("\n") == 1 and "no prompt-pass samples" in res.stderr
+    assert not (tmp_path / "x.json").exists()

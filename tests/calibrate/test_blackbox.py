@@ -119,8 +119,20 @@ def test_the_grid_bounds_the_samples_a_server_gives(tmp_path):
 
 def test_probes_that_give_too_few_samples_are_one_line_not_a_fit_error():
     from types import SimpleNamespace
-    probes = SimpleNamespace(decode={(1, 16, 2): [0.01], (2, 16, 2): [0.012]}, mixed={(1, 16, 16): [0.02]},
+    probes = SimpleNamespace(decode={(1, 16, 2): [0.01], (2, 16, 2): [0.012]}, mixed={(1, 16): [(16, 0.02)]},
                              idle={16: [0.03]}, reference=[0.01])
     with pytest.raises(ConfigError, match="the probes gave 3 step samples") as e:
         fit_profile(probes)
     assert "\n" not in str(e.value)
+
+
+def test_a_prompt_beside_a_stream_gives_one_sample_per_prompt_the_median_over_passes():
+    """The stream's context at the probe moves from pass to pass; one slow timing must not set a sample."""
+    from types import SimpleNamespace
+    decode = {(b, 16, k): [0.010 + 0.001 * b + 0.00001 * k] for b in (1, 2, 4, 8) for k in (2, 6, 10)}
+    mixed = {(1, 64): [(30, 0.020), (33, 0.021), (31, 0.090)], (1, 256): [(30, 0.040), (32, 0.041), (34, 0.039)],
+             (2, 64): [(30, 0.030), (31, 0.031), (36, 0.029)]}
+    prof = fit_profile(SimpleNamespace(decode=decode, mixed=mixed, idle={64: [0.03]}, reference=[0.01]))
+    prefill = [s for s in prof.samples if s.kind == "prefill"]
+    assert [(s.admitted, s.prefill_tokens, s.context_tokens, s.seconds) for s in prefill] == [
+        (1, 64, 31 + 64, 0.021), (1, 256, 32 + 256, 0.040), (2, 128, 31 + 128, 0.030)]

@@ -64,3 +64,34 @@ def test_a_cells_first_token_factor_is_its_ttft_error_over_the_share_those_terms
     tiny = math.exp(0.5 * live.MIN_SHARE * math.log(live.PROBE))
     assert math.isnan(live.first_token_log(0.120, 0.100, 0.100 * tiny))
     assert math.isnan(live.first_token_log(float("nan"), 0.100, 0.130))
+
+
+def test_the_first_token_delay_is_the_median_seconds_with_its_standard_error():
+    d = live.estimate_delay([0.004, 0.006, 0.005, float("nan")])
+    assert d.seconds == pytest.approx(0.005) and d.cells == 3
+    assert d.se == pytest.approx(live.SE_OF_MEDIAN * 0.001 / math.sqrt(3))
+    assert live.estimate_delay([-0.003, -0.001]).seconds == pytest.approx(-0.002)   # first tokens came early
+    assert live.estimate_delay([]) == live.NO_DELAY
+    out = live.leave_one_out({"a": {"iteration": [0.1]}, "b": {"iteration": [0.002]}}, live.estimate_delay)
+    assert out["a"]["iteration"].seconds == pytest.approx(0.002)
+
+
+def test_a_cells_first_token_delay_is_its_ttft_miss_over_how_much_a_delay_moves_it():
+    # a delay moves this cell's TTFT one for one: the miss is the delay
+    assert live.first_token_delay(0.120, 0.100, 0.100 + live.DELAY_PROBE_S) == pytest.approx(0.020)
+    # queueing doubles what a delay does to it: half the miss
+    assert live.first_token_delay(0.120, 0.100, 0.100 + 2 * live.DELAY_PROBE_S) == pytest.approx(0.010)
+    assert math.isnan(live.first_token_delay(0.120, 0.100, 0.100 + 0.01 * live.DELAY_PROBE_S))
+    assert math.isnan(live.first_token_delay(float("nan"), 0.100, 0.110))
+
+
+def test_the_live_profile_carries_a_first_token_delay_beside_its_factor(tmp_path):
+    from batchlab.backends.cost import StepCost
+    from batchlab.backends.presets import load_cost
+    src, dst = tmp_path / "p.json", tmp_path / "live.json"
+    load_cost("toy").to_json(src, level="any")
+    live.write_live_profile(str(src), dst, live.Live(1.25, 0.02, 10), live.Delay(0.004, 0.001, 8))
+    cost, out = StepCost.from_json(dst), json.loads(dst.read_text())
+    assert cost.first_token_s == pytest.approx(0.004) and cost.arrival_delay_s == pytest.approx(0.004)
+    assert cost.prefill_s_per_token == pytest.approx(1.25 * load_cost("toy").prefill_s_per_token)   # the factor alone
+    assert out["first_token_delay"] == {"seconds": 0.004, "se": 0.001, "cells": 8, "metric": live.FIRST_METRIC}

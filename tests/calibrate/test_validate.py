@@ -247,8 +247,9 @@ def test_the_first_token_factor_from_the_other_workloads_absorbs_a_prompt_pass_t
     replace(toy, prefill_s_per_token=2 * toy.prefill_s_per_token).to_json(slow_prefill, level="any")
     three = BASE + ["strategies=[continuous]", "validation.drift=false",
                     "validation.workloads={bursty: {arrival: gamma, burstiness: 0.25}, long: {prompt_len: 200}}"]
-    v = validate(load_config(None, three), [str(slow_prefill)], tmp_path / "v")
+    v = validate(load_config(None, three + ["validation.first_token=factor"]), [str(slow_prefill)], tmp_path / "v")
     acc = json.loads((tmp_path / "v" / "accuracy.json").read_text())
+    assert acc["live"]["first_token"]["form"] == "factor"
     for w, per in acc["live"]["first_token"]["per_workload"].items():    # two others' 2 rates x 2 runs each
         assert per["iteration"]["factor"] == pytest.approx(0.5, rel=0.06) and per["iteration"]["cells"] == 8, w
     ttft = v.cells[v.cells["metric"] == "ttft_p50"]["error"]
@@ -260,6 +261,32 @@ def test_the_first_token_factor_from_the_other_workloads_absorbs_a_prompt_pass_t
     # off, the prompt pass stays twice as slow: TTFT far above in every cell
     off = validate(load_config(None, three + ["validation.first_token=false"]), [str(slow_prefill)], tmp_path / "off")
     assert off.cells[off.cells["metric"] == "ttft_p50"]["error"].min() > 0.5
+
+
+def test_the_first_token_delay_finds_a_front_end_the_profile_missed_where_a_factor_cannot(tmp_path):
+    import json
+    # The real backend's front end holds every request 30 ms before its scheduler sees it; the
+    # profile has no front end. A delay from the other workloads' TTFT puts it back for every
+    # workload alike; a factor on the first-token terms can only stretch the prompt pass, which is
+    # small for short prompts and large for long ones, so no one factor fits every workload
+    real = tmp_path / "real.json"
+    replace(load_cost("toy"), frontend_s=0.030).to_json(real, level="any")
+    three = [f"backend.profile={real}", *BASE[1:], "strategies=[continuous]", "validation.drift=false",
+             "validation.workloads={bursty: {arrival: gamma, burstiness: 0.25}, long: {prompt_len: 400}}"]
+    profile = toy_profile(tmp_path)
+    v = validate(load_config(None, three), [profile], tmp_path / "delay")
+    acc = json.loads((tmp_path / "delay" / "accuracy.json").read_text())
+    assert acc["live"]["first_token"]["form"] == "delay"
+    for w, per in acc["live"]["first_token"]["per_workload"].items():
+        assert per["iteration"]["seconds"] == pytest.approx(0.030, rel=0.1) and per["iteration"]["cells"] == 8, w
+    delay_ttft = by_cell(v, "ttft_p50")["error"]
+    assert delay_ttft.abs().max() < 0.05
+    written = json.loads(open(acc["live"]["pooled"]["iteration"]["profile"]).read())
+    assert written["first_token_s"] == pytest.approx(0.030, rel=0.1) and written["first_token_delay"]["cells"] == 12
+    factor = validate(load_config(None, three + ["validation.first_token=factor"]), [profile], tmp_path / "factor")
+    factor_ttft = by_cell(factor, "ttft_p50")["error"]
+    assert factor_ttft.abs().max() > 2 * delay_ttft.abs().max()
+    assert factor_ttft.loc["long"].abs().min() > 0.1          # long prompts: their pass stretched far past 30 ms
 
 
 def test_a_finished_validation_keeps_its_config_and_rejudges_to_the_same_cells(tmp_path):
@@ -290,13 +317,22 @@ def test_the_cli_says_what_the_live_factor_did_or_why_it_could_not():
     assert lines[-1] == "live factor (iteration, every workload): 1.10x; profile with it: out/live_p.json"
     rec["first_token"] = {"per_workload": {"base": {"iteration": {"factor": 0.9, "se": 0.04, "cells": 6}}}}
     rec["pooled"]["iteration"]["first_token"] = {"factor": 0.92, "se": 0.03, "cells": 12}
-    lines = live_lines(rec, True, True)
+    lines = live_lines(rec, True, "factor")
     assert ("first-token factor (base, from the other workloads' p50 TTFT): iteration 0.90x (+-4%, 6 cells); "
             "its prompt passes and front end were scaled by it") in lines
-    assert lines[-1] == ("live factor (iteration, every workload): 1.10x, first-token terms 0.92x; "
+    assert lines[-1] == ("live factor (iteration, every workload): 1.10x, first-token 0.92x (+-3%); "
                          "profile with it: out/live_p.json")
-    assert live_lines({"per_workload": rec["per_workload"]}, True, True)[-1] == (
+    assert live_lines({"per_workload": rec["per_workload"]}, True, "factor")[-1] == (
         "first-token factor: not measured (it needs a second workload: add one under validation.workloads)")
+    rec["first_token"] = {"form": "delay",
+                          "per_workload": {"base": {"iteration": {"seconds": 0.0041, "se": 0.0006, "cells": 6}}}}
+    rec["pooled"]["iteration"]["first_token"] = {"seconds": 0.0038, "se": 0.0004, "cells": 12}
+    lines = live_lines(rec, True, "delay")
+    assert ("first-token delay (base, from the other workloads' p50 TTFT): iteration 4.1 ms (+-0.6 ms, 6 cells); "
+            "each request waited it before the scheduler") in lines
+    assert lines[-1] == ("live factor (iteration, every workload): 1.10x, first-token 3.8 ms (+-0.4 ms); "
+                         "profile with it: out/live_p.json")
+    assert not any("first-token" in line for line in live_lines(rec, True, "off")[:-1])
 
 
 def test_the_drift_factors_uncertainty_is_its_medians_standard_error_not_one_bursts_spread(tmp_path):

@@ -190,3 +190,11 @@ def test_yaml_and_encoding_errors_are_one_line(tmp_path):
     with pytest.raises(ConfigError, match="unknown key") as e:
         load_config(None, ["we\nird=1"])
     assert "\n" not in str(e.value)
+
+
+def test_the_first_token_correction_is_a_delay_unless_told_and_old_booleans_keep_their_meaning():
+    assert load_config(None, []).validation.first_token == "delay"
+    assert load_config(None, ["validation.first_token=true"]).validation.first_token == "factor"   # what true meant
+    assert load_config(None, ["validation.first_token=false"]).validation.first_token == "off"
+    with pytest.raises(ConfigError, match="first_token"):
+        load_config(None, ["validation.first_token=sometimes"])

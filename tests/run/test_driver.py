@@ -176,3 +176,16 @@ def test_without_a_front_end_on_the_engine_nothing_is_charged():
     backend = OwingBackend()
     clock.run(drive(continuous(), backend, clock, Inbox(reqs, delay_s=0.25)))
     assert backend.charged == [] and reqs[0].token_times[0] == pytest.approx(1.25)
+
+
+def test_a_delay_beside_a_front_end_on_the_engine_hands_over_after_the_front_end_is_done():
+    # the front end takes 0.25 s of the engine's processor per request, then each request waits
+    # 0.5 s more off the engine (a validation's first-token delay) before the scheduler sees it
+    reqs, clock = make_requests([0.0, 0.0, 10.0], [1, 1, 1]), VirtualClock()
+    inbox = Inbox(reqs, delay_s=0.5, engine_s=0.25)
+    assert inbox.next_arrival == pytest.approx(0.25)      # the loop wakes when the first front end is done
+    backend = OwingBackend(step=1.0)
+    clock.run(drive(continuous(), backend, clock, inbox))
+    assert [r.token_times[0] for r in reqs] == pytest.approx([1.75, 2.75, 11.75])   # the second waits for the first's step
+    # the engine was idle while the first two front ends ran (0 to 0.5) and the third's: nothing owed
+    assert sum(backend.charged) == pytest.approx(0.0)

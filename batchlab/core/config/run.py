@@ -59,9 +59,16 @@ class ValidateConfig(Model):
     live: bool = True
     """Scale each workload's replays by the live factor: real over replayed p50 TPOT on the *other*
     workloads (closed-burst profiles read below live traffic); needs two workloads or more."""
-    first_token: bool = True
-    """Scale the first-token terms (the prompt's pass, the front end) of each workload's replays by
-    what p50 TTFT still misses on the *other* workloads after the live factor; needs two workloads."""
+    first_token: Literal["delay", "factor", "off"] = "delay"
+    """What p50 TTFT still misses on the *other* workloads after the live factor, put into each
+    workload's replays: `delay`, seconds added to every request before the scheduler sees it;
+    `factor`, a factor on the first-token terms (the prompt's pass, the front end); `off`. Needs
+    two workloads. `true` is `factor` (what it meant before there were two forms), `false` `off`."""
+
+    @field_validator("first_token", mode="before")
+    @classmethod
+    def _first_token_form(cls, v: Any) -> Any:
+        return {True: "factor", False: "off"}.get(v, v) if isinstance(v, bool) else v
 
     @field_validator("workloads")
     @classmethod
