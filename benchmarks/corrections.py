@@ -40,6 +40,12 @@ METRICS = ("e2e_p50", "ttft_p50", "tpot_p50")
 ONE_SIDED = 0.75          # a metric is one-sided when one sign holds in more than this share of cells
 
 
+def every(on: dict) -> bool:
+    """Whether a combination is every correction on as `validate` applies them by default (in a
+    record made before the first-token delay, every switch true)."""
+    return all(x in (True, "delay") for x in on.values())
+
+
 def label(on: dict) -> str:
     names = {"drift": "drift probe", "live": "live factor", "factor": "first-token factor", "delay": "first-token delay"}
     return " + ".join(names[k if v is True else v] for k, v in on.items() if v not in (False, "off")) or "none"
@@ -104,7 +110,7 @@ def earlier_intervals(path: Path, rule: str) -> list[dict]:
     old_rule = rule_of(next((c.get("interval") for c in old["conditions"].values()), None))
     if old_rule == rule:
         return kept
-    coverage = {n: next(v["coverage"] for v in c["variants"] if all(x in (True, "delay") for x in v["on"].values())) for n, c in old["conditions"].items()}
+    coverage = {n: next(v["coverage"] for v in c["variants"] if every(v["on"])) for n, c in old["conditions"].items()}
     return [{"interval": old_rule, "command": old["command"], "coverage": coverage},
             *[e for e in kept if e["interval"] not in (old_rule, rule)]]   # one entry per rule: the latest
 

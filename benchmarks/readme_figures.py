@@ -690,7 +690,10 @@ def _twin_profile(d: dict) -> list[str]:
             f"{p['load_1min'][0]:.1f}–{p['load_1min'][1]:.1f}): batch sizes {g['batch_sizes']}, contexts "
             f"{g['contexts']}, prompts {g['prompts']}, {g['repeats']} repeats; {p['fit_samples']} steps fitted with "
             f"{_pct(p['fit_rms_rel_error'])} rms relative error; decode step {1e3 * p['decode_step_s_at_1']:.2f} ms at "
-            f"one row; front end {1e3 * p['frontend_s']:.1f} ms per request. Limits read: {said}."]
+            f"one row; front end {1e3 * p['frontend_s']:.1f} ms per request" + (
+                "" if p.get("frontend_beside_s") is None else
+                f" (a prompt sent beside a stream: {1e3 * p['frontend_beside_s']:.1f} ms before the scheduler, recorded, "
+                "not used)") + f". Limits read: {said}."]
 
 
 def _twin_validate(cond: str, v: dict) -> list[str]:
@@ -1181,7 +1184,7 @@ RENDER = {"sim_speed": sim_speed, "hf_dynamic_vs_naive": hf_dynamic_vs_naive, "e
           "busy_threads": busy_threads}
 # Result files written by a benchmark with other settings (serving-max-num-seqs-128.json, ...) use its renderer.
 FAMILIES = {"serving-": serving, "validate_sim_": validate_sim, "twin_": twin, "four_modes_": four_modes,
-            "length_grouping_": length_grouping}
+            "length_grouping_": length_grouping, "corrections_": corrections}
 BLOCK = re.compile(r"(<!-- figures:([\w.-]+) -->\n)(.*?)(<!-- /figures:\2 -->)", re.S)
 
 

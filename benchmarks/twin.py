@@ -200,6 +200,7 @@ class Campaign:
         self.record["profile"] = {"grid": prof["grid"], "fit_rms_rel_error": prof["fit_rms_rel_error"],
                                   "fit_samples": prof["fit_samples"], "frontend_s": prof["frontend_s"],
                                   "frontend_spread": prof.get("frontend_spread"),
+                                  "frontend_beside_s": prof.get("frontend_beside_s"),
                                   "limits": prof["limits"], "load_1min": prof["setup"]["load_avg_1min"],
                                   "decode_step_s_at_1": twin.backend.cost().step_time(0, 0, 1)}
         self.save("profiled", {})

@@ -7,6 +7,11 @@ Three probes, each a short trace sent through the load target (the client every 
   with their first token is one step holding those prompts and one decode row;
 - idle: one request to an idle server; its time to first token less the fitted prefill step is
   the front end (HTTP, tokenizing, streaming: what happens before the engine has the request).
+  The prefill probes measure it a second way, kept beside it for the record: a prompt that
+  came in step j of the stream reached the scheduler after step j-2 began and before step j
+  did, so the midpoint of the stream's chunks j-2 and j-1 less its send time is its time before
+  the scheduler plus the chunks' way back, within half a step, without the fit (the send is
+  moved by up to one step from probe to probe so those halves average out).
 Probes go round the grid `repeats` times after `warmup` passes, and step medians are fitted with
 calibrate/fit.py, so a twin charges its steps as the simulator charges any engine. A reference
 burst (the median of three) opens and closes every pass: a server whose steps changed speed meanwhile (a restart,
@@ -14,6 +19,7 @@ other work on the machine) is refused, as is a stream that cannot give step time
 """
 from __future__ import annotations
 
+import random
 import secrets
 import statistics
 from collections import defaultdict
@@ -55,6 +61,7 @@ class BlackBoxProfile:
     frontend_spread: float       # relative spread of those, for the record
     reference_s: list[float]     # the reference burst's median decode gap at each check
     reference_burst_s: float | None = None   # validation's drift probe, timed on the server right after the probes
+    frontend_beside_s: float | None = None   # median time before the scheduler of prompts sent beside a stream
 
 
 class Prober:
@@ -67,6 +74,8 @@ class Prober:
         self.decode: dict[tuple[int, int, int], list[float]] = defaultdict(list)
         self.mixed: dict[tuple[int, int], list[tuple[int, float]]] = defaultdict(list)   # (rows, prompt) -> (context, gap)
         self.idle: dict[int, list[float]] = defaultdict(list)                     # prompt -> TTFT
+        self.beside: list[float] = []      # a prompt beside a stream: its time before the scheduler (midpoint)
+        self.phase = random.Random(self.nonce)     # moves each prefill probe's send by up to one step
         self.reference: list[float] = []
         self.ref_ttft = self.ref_gap = 0.0
 
@@ -109,15 +118,16 @@ class Prober:
 
     async def prefill_pass(self, keep: bool) -> None:
         g, base = self.grid, min(self.grid.contexts)
-        at = 1.5 * self.ref_ttft + 12 * self.ref_gap           # the stream has decoded a dozen steps by then
         for p in g.prompts:
             for rows in (1, 2):
+                at = 1.5 * self.ref_ttft + (12 + self.phase.random()) * self.ref_gap   # a dozen steps decoded by then
                 steps = int((at + 3 * self.ref_ttft) / max(self.ref_gap, 1e-4)) + 24
                 got = await self.send([(0.0, base, min(steps, 1024))] + [(at, p, 2)] * rows)
                 step = mixed_step([s for _, s in got], self.ref_gap)
                 if keep and step is not None:
                     j, gap = step
                     self.mixed[(rows, p)].append((base + j, gap))
+                    self.beside += [before_scheduler(got[0][1], j, r.arrival_time) for r, _ in got[1:]]
             got = await self.send([(0.0, p, 2)])
             if keep:
                 r, s = got[0]
@@ -164,7 +174,8 @@ def fit_profile(pr: Prober) -> BlackBoxProfile:
     front = [t - cost.step_time(p, p, 0, attention_pairs(p, 0), 1) for p, ts in pr.idle.items() for t in ts]
     med = statistics.median(front)
     spread = float(np.std(front) / abs(med)) if len(front) > 1 and med else 0.0
-    return BlackBoxProfile(samples, fit, max(0.0, med), spread, pr.reference)
+    return BlackBoxProfile(samples, fit, max(0.0, med), spread, pr.reference,
+                           frontend_beside_s=statistics.median(pr.beside) if pr.beside else None)
 
 
 def stream_checked(r: Request, stamps: list[float]) -> list[float]:
@@ -202,6 +213,14 @@ def decode_gaps(streams: list[list[float]], prompt: int, window: int = WINDOW) -
     together, first_done = max(s[0] for s in streams), min(s[-1] for s in streams)
     return [(k + window // 2, (s[k + window] - s[k]) / window) for s in streams for k in range(0, len(s) - window, window)
             if s[k] >= together and s[k + window] <= first_done]
+
+
+def before_scheduler(stream: list[float], j: int, sent: float) -> float:
+    """A request sent at `sent` whose first token came with the stream's chunk j reached the
+    scheduler after step j-2 began and before step j did (else it would have been in another
+    step): the midpoint of chunks j-2 and j-1 less its send time is its time before the
+    scheduler plus the chunks' way back to the client, within half a step either way."""
+    return (stream[j - 2] + stream[j - 1]) / 2 - sent
 
 
 def mixed_step(streams: list[list[float]], gap: float) -> tuple[int, float] | None:

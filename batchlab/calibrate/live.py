@@ -7,10 +7,18 @@ arrivals, mixed lengths, admissions and departures with the steps. On a shared C
 of a closed-burst profile read below the real runs in most cells, quiet or busy, and the
 reference-burst drift correction (a closed burst too) does not see it. So `validate` measures it:
 
-    ratio(cell)  = real p50 TPOT / replayed p50 TPOT      per real run (first and rerun), per level
-    live(W, L)   = exp(median log ratio over the cells of every workload but W at level L)
-    se(W, L)     = 1.2533 x sd(log ratios) / sqrt(n)      the median's standard error, relative
+    x(cell)      = log(real p50 TPOT / replayed)          per real run (first and rerun), per level
+    s(cell)      = log(replayed at LIVE_PROBE x / replayed) / log LIVE_PROBE
+    u(cell)      = x / s                                   the log factor that puts the cell on the real run
+    live(W, L)   = exp(median u over the cells of every workload but W at level L)
+    se(W, L)     = 1.2533 x 1.4826 x MAD(u) / sqrt(n)      the median's standard error, relative
 
+s is how far p50 TPOT moves with the step costs: under load it is above 1 (longer steps keep
+more requests running at once, which lengthens every step again), and taking x itself for the
+log factor overshot (on vLLM at 0.65 of its saturated rate, a factor of 1.19 put the replays
+21-62 % above the server where they had been 11-20 % below). As for the first token, a second
+pass measures x and s around the first pass's factor and adds its u (one Newton step); the
+median absolute deviation keeps one insensitive cell from swelling the standard error.
 Workload W is then replayed with every step cost times drift x live(W, L), and the intervals
 carry se beside the fit's error and the drift's spread. W's own cells never set its factor, so
 every judged cell stays held out (leave one workload out). p50 TPOT is the ratio's metric
@@ -65,6 +73,9 @@ MIN_SHARE = 0.1          # the least d log TTFT / d log (first-token terms) a ce
 FIRST_PASSES = 2         # the second pass measures around the first's factor (TTFT is not linear in log factor)
 SE_OF_MEDIAN = 1.2533141373155   # sqrt(pi / 2): the median's standard error over the mean's, for a normal
 DELAY_PROBE_S = 0.010    # the first-token delay's trial step, for each cell's sensitivity s
+MAD_TO_SD = 1.4826       # a normal's standard deviation over its median absolute deviation
+LIVE_PROBE = 1.1         # the live factor's trial factor on every step cost, for each cell's sensitivity s
+LIVE_PASSES = 2          # as for the first token: p50 TPOT is not linear in the log of the step costs
 
 
 @dataclass(frozen=True)
@@ -88,9 +99,15 @@ NO_DELAY = Delay()
 
 
 def _median_se(values: list[float]) -> tuple[np.ndarray, float]:
-    """The finite values, and their median's standard error."""
+    """The finite values, and their median's standard error, from their median absolute
+    deviation (x MAD_TO_SD, the standard deviation it gives for a normal).
+    NOTE: not from the standard deviation: one cell whose metric a probe barely moves gives a
+    u far from the rest, and the median shrugs it off, but a standard deviation took it in full
+    (a first-token delay of 2 ms once came with a standard error of 158 ms)."""
     v = np.asarray([x for x in values if math.isfinite(x)], dtype=float)
-    return v, (SE_OF_MEDIAN * float(np.std(v, ddof=1)) / math.sqrt(v.size) if v.size > 1 else 0.0)
+    if v.size < 2:
+        return v, 0.0
+    return v, SE_OF_MEDIAN * MAD_TO_SD * float(np.median(np.abs(v - np.median(v)))) / math.sqrt(v.size)
 
 
 def estimate(log_ratios: list[float]) -> Live:
@@ -130,13 +147,14 @@ def log_ratio(real: float, replayed: float) -> float:
     return math.log(real / replayed)
 
 
-def first_token_log(real: float, at_one: float, at_probe: float) -> float:
+def first_token_log(real: float, at_one: float, at_probe: float, probe: float = PROBE) -> float:
     """u = x / s for one cell (see the module's doc): NaN where a value is missing or the
-    first-token terms carry less than MIN_SHARE of the cell's TTFT."""
+    terms the probe scaled carry less than MIN_SHARE of the cell's metric. With `probe`
+    LIVE_PROBE and p50 TPOT, the live factor's u."""
     x, dx = log_ratio(real, at_one), log_ratio(at_probe, at_one)
-    if not (math.isfinite(x) and math.isfinite(dx)) or dx / math.log(PROBE) < MIN_SHARE:
+    if not (math.isfinite(x) and math.isfinite(dx)) or dx / math.log(probe) < MIN_SHARE:
         return float("nan")
-    return x * math.log(PROBE) / dx
+    return x * math.log(probe) / dx
 
 
 def first_token_delay(real: float, at_now: float, at_probe: float) -> float:

@@ -91,7 +91,8 @@ def write_twin(cfg: RunConfig, prof: BlackBoxProfile, grid: ProbeGrid, setup: di
     rows = [asdict(s) | {"fit_seconds": float(p)} for s, p in zip(prof.samples, pred)]
     profile_path.parent.mkdir(parents=True, exist_ok=True)
     cost.to_json(profile_path, level="iteration", **prof.fit.summary(), grid=asdict(grid), setup=setup,
-                 samples=rows, frontend_spread=prof.frontend_spread, reference_gaps_s=prof.reference_s,
+                 samples=rows, frontend_spread=prof.frontend_spread, frontend_beside_s=prof.frontend_beside_s,
+                 reference_gaps_s=prof.reference_s,
                  reference_burst_s=prof.reference_burst_s,
                  limits={k: asdict(v) for k, v in found.items()})
     tree = twin_tree(cfg, profile_path, found)

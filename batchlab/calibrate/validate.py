@@ -24,6 +24,7 @@ import json
 import math
 import os
 import secrets
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -365,9 +366,13 @@ def validate(cfg: RunConfig, profile_paths: list[str], out: Path, progress=None,
         for name in names:
             say = (lambda m, n=name: progress(f"{n}: {m}")) if progress else None
             measured[name] = measure_workload(cfg, name, profiles, out / name, say)
-        ratios = live_ratios(cfg, measured, profiles, executor) if cfg.validation.live else {}
-        lives = live.leave_one_out(ratios)
-        drifts = {name: with_live(m.drift, lives.get(name, {})) for name, m in measured.items()}
+        drifts = {name: dict(m.drift) for name, m in measured.items()}
+        ratios: dict[str, dict[str, list[float]]] = {}
+        lives: dict[str, dict[str, Live]] = {}
+        for _ in range(live.LIVE_PASSES if cfg.validation.live else 0):
+            ratios = live_ratios(cfg, measured, drifts, profiles, executor)
+            lives = live.leave_one_out(ratios)
+            drifts = {name: with_live(m.drift, lives.get(name, {})) for name, m in measured.items()}
         firsts: dict[str, dict[str, list[float]]] = {}
         first: dict[str, dict[str, Live]] = {}
         form = cfg.validation.first_token
@@ -430,20 +435,14 @@ def measure_workload(cfg: RunConfig, name: str, profiles: dict[str, Profile], wh
         real_backend.close()
 
 
-def live_ratios(cfg: RunConfig, measured: dict[str, Measured], profiles: dict[str, Profile],
-                executor: Executor) -> dict[str, dict[str, list[float]]]:
-    """workload -> level -> log(real / replayed) p50 TPOT of every real run (first and rerun), the
-    replay corrected for drift alone: what calibrate/live.py turns into the live factor."""
-    out: dict[str, dict[str, list[float]]] = {}
-    for name, m in measured.items():
-        sim = simulate_points(cfg.workload(name), m.real, profiles, executor, m.drift, sides={"sim": 0.0})["sim"]
-        per = out.setdefault(name, {})
-        for run in [m.real] + ([m.rerun] if m.rerun is not None else []):
-            both = run[KEY + [live.METRIC]].merge(sim[KEY + [live.METRIC]], on=KEY, suffixes=("_real", "_sim"))
-            for _, row in both.iterrows():
-                x = live.log_ratio(float(row[f"{live.METRIC}_real"]), float(row[f"{live.METRIC}_sim"]))
-                per.setdefault(level_of(row["strategy"]), []).append(x)
-    return out
+def live_ratios(cfg: RunConfig, measured: dict[str, Measured], drifts: dict[str, dict[str, Drift]],
+                profiles: dict[str, Profile], executor: Executor) -> dict[str, dict[str, list[float]]]:
+    """workload -> level -> each real run's cell's log live factor (calibrate/live.py): its p50
+    TPOT against replays at the workload's drift and live factor so far (none on the first
+    pass) and at live.LIVE_PROBE x that."""
+    return cell_corrections(cfg, measured, drifts, profiles, executor, live.METRIC,
+                            lambda x: replace(x, live=Live(x.live.factor * live.LIVE_PROBE)),
+                            lambda d, cell: math.log(d.live.factor) + live.first_token_log(*cell, probe=live.LIVE_PROBE))
 
 
 def first_token_logs(cfg: RunConfig, measured: dict[str, Measured], drifts: dict[str, dict[str, Drift]],
@@ -453,20 +452,34 @@ def first_token_logs(cfg: RunConfig, measured: dict[str, Measured], drifts: dict
     the first pass) and one probe step beyond it; as a log factor on the first-token terms
     (live.first_token_log, probe PROBE x) or, `form="delay"`, seconds a request
     (live.first_token_delay, probe DELAY_PROBE_S more)."""
+    if form == "delay":
+        return cell_corrections(cfg, measured, drifts, profiles, executor, live.FIRST_METRIC,
+                                lambda x: replace(x, delay=replace(x.delay, seconds=x.delay.seconds + live.DELAY_PROBE_S)),
+                                lambda d, cell: d.delay.seconds + live.first_token_delay(*cell))
+    return cell_corrections(cfg, measured, drifts, profiles, executor, live.FIRST_METRIC,
+                            lambda x: replace(x, first=Live(x.first.factor * live.PROBE)),
+                            lambda d, cell: math.log(d.first.factor) + live.first_token_log(*cell))
+
+
+def cell_corrections(cfg: RunConfig, measured: dict[str, Measured], drifts: dict[str, dict[str, Drift]],
+                     profiles: dict[str, Profile], executor: Executor, metric: str,
+                     probe: Callable[[Drift], Drift], value: Callable[[Drift, tuple[float, float, float]], float]
+                     ) -> dict[str, dict[str, list[float]]]:
+    """workload -> level -> `value(drift, (real, replayed, replayed at the probe))` of `metric`
+    for every real run's cell (first and rerun): the replays at the workload's drift and at
+    `probe(drift)`, the correction's one trial step beyond it."""
     out: dict[str, dict[str, list[float]]] = {}
     for name, m in measured.items():
         wc, d = cfg.workload(name), {lvl: drifts[name].get(lvl, NO_DRIFT) for lvl in map(level_of, cfg.strategies)}
-        probe = {lvl: (replace(x, delay=replace(x.delay, seconds=x.delay.seconds + live.DELAY_PROBE_S)) if form == "delay"
-                       else replace(x, first=Live(x.first.factor * live.PROBE))) for lvl, x in d.items()}
-        at = {k: simulate_points(wc, m.real, profiles, executor, dd, sides={"sim": 0.0})["sim"][KEY + [live.FIRST_METRIC]]
-              for k, dd in (("one", d), ("probe", probe))}
+        at = {k: simulate_points(wc, m.real, profiles, executor, dd, sides={"sim": 0.0})["sim"][KEY + [metric]]
+              for k, dd in (("one", d), ("probe", {lvl: probe(x) for lvl, x in d.items()}))}
         sims = at["one"].merge(at["probe"], on=KEY, suffixes=("_one", "_probe"))
-        per, f = out.setdefault(name, {}), live.FIRST_METRIC
+        per = out.setdefault(name, {})
         for run in [m.real] + ([m.rerun] if m.rerun is not None else []):
-            for _, row in run[KEY + [f]].merge(sims, on=KEY).iterrows():
-                lvl, values = level_of(row["strategy"]), (float(row[f]), float(row[f"{f}_one"]), float(row[f"{f}_probe"]))
-                per.setdefault(lvl, []).append(d[lvl].delay.seconds + live.first_token_delay(*values) if form == "delay"
-                                               else math.log(d[lvl].first.factor) + live.first_token_log(*values))
+            for _, row in run[KEY + [metric]].merge(sims, on=KEY).iterrows():
+                lvl = level_of(row["strategy"])
+                per.setdefault(lvl, []).append(value(d[lvl], (float(row[metric]), float(row[f"{metric}_one"]),
+                                                              float(row[f"{metric}_probe"]))))
     return out
 
 

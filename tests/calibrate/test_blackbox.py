@@ -5,7 +5,7 @@ import pytest
 pytest.importorskip("httpx")
 
 from batchlab.backends.openai_client import OpenAIBackend  # noqa: E402
-from batchlab.calibrate.blackbox import ProbeGrid, decode_gaps, fit_profile, mixed_step, most_samples, refusal, stream_checked  # noqa: E402
+from batchlab.calibrate.blackbox import ProbeGrid, before_scheduler, decode_gaps, fit_profile, mixed_step, most_samples, refusal, stream_checked  # noqa: E402
 from batchlab.calibrate.server import profile_server  # noqa: E402
 from batchlab.core.request import Request  # noqa: E402
 from batchlab.errors import ConfigError  # noqa: E402
@@ -119,7 +119,7 @@ def test_the_grid_bounds_the_samples_a_server_gives(tmp_path):
 
 def test_probes_that_give_too_few_samples_are_one_line_not_a_fit_error():
     from types import SimpleNamespace
-    probes = SimpleNamespace(decode={(1, 16, 2): [0.01], (2, 16, 2): [0.012]}, mixed={(1, 16): [(16, 0.02)]},
+    probes = SimpleNamespace(decode={(1, 16, 2): [0.01], (2, 16, 2): [0.012]}, mixed={(1, 16): [(16, 0.02)]}, beside=[],
                              idle={16: [0.03]}, reference=[0.01])
     with pytest.raises(ConfigError, match="the probes gave 3 step samples") as e:
         fit_profile(probes)
@@ -132,7 +132,15 @@ def test_a_prompt_beside_a_stream_gives_one_sample_per_prompt_the_median_over_pa
     decode = {(b, 16, k): [0.010 + 0.001 * b + 0.00001 * k] for b in (1, 2, 4, 8) for k in (2, 6, 10)}
     mixed = {(1, 64): [(30, 0.020), (33, 0.021), (31, 0.090)], (1, 256): [(30, 0.040), (32, 0.041), (34, 0.039)],
              (2, 64): [(30, 0.030), (31, 0.031), (36, 0.029)]}
-    prof = fit_profile(SimpleNamespace(decode=decode, mixed=mixed, idle={64: [0.03]}, reference=[0.01]))
+    prof = fit_profile(SimpleNamespace(decode=decode, mixed=mixed, idle={64: [0.03]}, reference=[0.01], beside=[0.004, 0.006]))
     prefill = [s for s in prof.samples if s.kind == "prefill"]
     assert [(s.admitted, s.prefill_tokens, s.context_tokens, s.seconds) for s in prefill] == [
         (1, 64, 31 + 64, 0.021), (1, 256, 32 + 256, 0.040), (2, 128, 31 + 128, 0.030)]
+    assert prof.frontend_beside_s == 0.005          # the median of the prompts' times before the scheduler
+
+
+def test_a_prompt_beside_a_stream_reached_the_scheduler_between_the_two_steps_before_its_own():
+    stream = [0.010 * (i + 1) for i in range(30)]  # chunk i comes at the end of a step running (10 i, 10 (i + 1)] ms
+    # sent at 92.5 ms with a 4 ms front end: in at 96.5 ms, while chunk 9's step runs; its first token
+    # comes with chunk 10. The estimate, 2.5 ms, is the 4 ms within half a step (5 ms)
+    assert before_scheduler(stream, 10, 0.0925) == pytest.approx(0.0025)

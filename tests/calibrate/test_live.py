@@ -9,9 +9,12 @@ from batchlab.calibrate import live
 def test_the_factor_is_the_median_ratio_with_the_medians_standard_error():
     lv = live.estimate([math.log(1.1), math.log(1.2), math.log(1.3), float("nan")])
     assert lv.factor == pytest.approx(1.2) and lv.cells == 3
-    mean = sum(math.log(x) for x in (1.1, 1.2, 1.3)) / 3
-    sd = math.sqrt(sum((math.log(x) - mean) ** 2 for x in (1.1, 1.2, 1.3)) / 2)
-    assert lv.se == pytest.approx(live.SE_OF_MEDIAN * sd / math.sqrt(3))
+    mad = min(abs(math.log(x) - math.log(1.2)) for x in (1.1, 1.3))     # median of |log x - log 1.2|: 0, and these two
+    assert lv.se == pytest.approx(live.SE_OF_MEDIAN * live.MAD_TO_SD * mad / math.sqrt(3))
+    # one far value moves the standard error as one more value, not by its square (from the standard
+    # deviation it would be 1.25 x sd / 2 = 1.2 here)
+    wild = live.estimate([math.log(1.1), math.log(1.2), math.log(1.3), math.log(50.0)])
+    assert wild.se < 0.1
     assert live.estimate([]) == live.NONE and live.estimate([float("nan")]) == live.NONE
     assert live.estimate([0.5]).se == 0.0
 
@@ -69,7 +72,7 @@ def test_a_cells_first_token_factor_is_its_ttft_error_over_the_share_those_terms
 def test_the_first_token_delay_is_the_median_seconds_with_its_standard_error():
     d = live.estimate_delay([0.004, 0.006, 0.005, float("nan")])
     assert d.seconds == pytest.approx(0.005) and d.cells == 3
-    assert d.se == pytest.approx(live.SE_OF_MEDIAN * 0.001 / math.sqrt(3))
+    assert d.se == pytest.approx(live.SE_OF_MEDIAN * live.MAD_TO_SD * 0.001 / math.sqrt(3))
     assert live.estimate_delay([-0.003, -0.001]).seconds == pytest.approx(-0.002)   # first tokens came early
     assert live.estimate_delay([]) == live.NO_DELAY
     out = live.leave_one_out({"a": {"iteration": [0.1]}, "b": {"iteration": [0.002]}}, live.estimate_delay)
