@@ -756,8 +756,10 @@ def _twin_earlier(cond: dict) -> list[str]:
             runs = "The same runs"
         else:
             runs = "Earlier real runs (req/s " + "; ".join(f"`{w}` {r}" for w, r in e["rates"].items()) + ")"
+        how = (" (with the live factor" + ("" if "estimator" in e["live"] else " taken as x alone, before its sensitivity") + ")"
+               if e.get("live") else "")
         lines += ["", f"{runs} replayed on `{e.get('twin', 'twin.yaml')}` (`{e['command']}`): median error {_errors(e)}; "
-                  f"intervals held {_pct(e['coverage'])}" + (" (with the live factor)." if e.get("live") else ".")]
+                  f"intervals held {_pct(e['coverage'])}{how}."]
     return lines
 
 

@@ -272,8 +272,9 @@ class Campaign:
             print(line)
         acc = json.loads((where / "accuracy.json").read_text())
         earlier = self.cond.get("validate")
-        if earlier and (earlier.get("profile"), earlier.get("twin")) != (self.profile_id(), os.path.relpath(self.twin_file(), ROOT)):
-            # the same real runs replayed on an earlier twin: kept beside
+        if earlier and ((earlier.get("profile"), earlier.get("twin")) != (self.profile_id(), os.path.relpath(self.twin_file(), ROOT))
+                        or earlier.get("metrics") != acc["metrics"]):
+            # the same real runs replayed on an earlier twin, or judged by an earlier validate: kept beside
             self.cond.setdefault("earlier_validations", []).append(
                 {k: earlier[k] for k in ("metrics", "signs", "coverage", "drift", "live", "uncorrected", "command", "twin", "rates")
                  if k in earlier})
@@ -291,7 +292,7 @@ class Campaign:
         if copy.exists():
             shutil.rmtree(copy)
         shutil.copytree(where, copy)
-        off = vcfg.model_copy(update={"validation": vcfg.validation.model_copy(update={"live": False, "first_token": False})})
+        off = vcfg.model_copy(update={"validation": vcfg.validation.model_copy(update={"live": False, "first_token": "off"})})
         v = validate(off, [], copy, twin=str(self.twin_path()))
         acc = json.loads((copy / "accuracy.json").read_text())
         return {"metrics": acc["metrics"], "signs": sides(v.cells), "coverage": float(v.cells["inside"].mean())}

@@ -76,6 +76,8 @@ DELAY_PROBE_S = 0.010    # the first-token delay's trial step, for each cell's s
 MAD_TO_SD = 1.4826       # a normal's standard deviation over its median absolute deviation
 LIVE_PROBE = 1.1         # the live factor's trial factor on every step cost, for each cell's sensitivity s
 LIVE_PASSES = 2          # as for the first token: p50 TPOT is not linear in the log of the step costs
+ESTIMATOR = (f"per cell u = x / s (s from a {LIVE_PROBE}x probe on every step cost), {LIVE_PASSES} passes; "
+             "standard errors from the median absolute deviation")   # what accuracy.json's live section says it used
 
 
 @dataclass(frozen=True)

@@ -531,7 +531,8 @@ def live_record(profiles: dict[str, Profile], ratios: dict[str, dict[str, list[f
             written[level] = {"factor": lv.factor, "se": lv.se, "cells": lv.cells, "profile": str(dst),
                               "first_token": asdict(ft)}
     as_dict = lambda per_w: {w: {lvl: asdict(lv) for lvl, lv in per.items()} for w, per in per_w.items()}  # noqa: E731
-    return {"metric": live.METRIC, "method": "leave one workload out", "per_workload": as_dict(per_workload),
+    return {"metric": live.METRIC, "method": "leave one workload out", "estimator": live.ESTIMATOR,
+            "per_workload": as_dict(per_workload),
             "first_token": {"metric": live.FIRST_METRIC, "form": form, "per_workload": as_dict(first[1])},
             "pooled": written}
 
