@@ -8,8 +8,13 @@ median over the passes. This applies that to a profile written before, from the 
 recorded, and refits the step-time model (calibrate/fit.py) on them: no server is needed, so a
 kept validation can be judged again on the refitted profile (benchmarks/corrections.py with
 DIR@TWIN, TWIN a copy of the twin config naming the new profile). The front end is kept as it
-was (the idle probes behind it are not in the profile).
+was (the idle probes behind it are not in the profile), unless --front-end says how to charge
+the profile's two readings of it: `idle` (the idle reading as the front end, no delay beyond
+it), `beside` (the reading beside a stream as the front end) or `split` (the idle reading as the
+front end, what the beside reading holds beyond it as a delay off the engine: what `batchlab
+profile` writes now, calibrate/twin.py front_end_parts).
 Usage: python benchmarks/refit_profile.py PROFILE --out NEW_PROFILE [--twin TWIN --twin-out NEW_TWIN]
+       [--front-end idle|beside|split]
 """
 from __future__ import annotations
 
@@ -25,6 +30,7 @@ import yaml
 
 from batchlab.backends.cost import COEFFS
 from batchlab.calibrate.fit import StepSample, fit_step_times
+from batchlab.calibrate.twin import front_end_parts
 from batchlab.core.files import write_atomic
 from batchlab.errors import ConfigError, user_errors
 
@@ -47,6 +53,18 @@ def grouped(rows: list[dict]) -> list[StepSample]:
     return out
 
 
+def front_end(record: dict, how: str) -> dict:
+    """The record's front end and the delay beyond it, charged as `how` says (see the module's doc)."""
+    idle, beside = float(record["frontend_s"]), record.get("frontend_beside_s")
+    if beside is None:
+        raise ConfigError("--front-end: this profile has no reading beside a stream (frontend_beside_s): "
+                          "profile the server again")
+    if how == "beside":
+        return {"frontend_s": float(beside), "first_token_s": 0.0}
+    front, beyond = front_end_parts(idle, float(beside)) if how == "split" else (idle, 0.0)
+    return {"frontend_s": front, "first_token_s": beyond}
+
+
 def refit(record: dict) -> dict:
     """The profile record with its samples grouped and its step-time terms refitted."""
     samples = grouped(record["samples"])
@@ -64,6 +82,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", required=True, help="where the refitted profile goes")
     ap.add_argument("--twin", default=None, help="a twin config naming PROFILE: written to --twin-out naming --out")
     ap.add_argument("--twin-out", default=None)
+    ap.add_argument("--front-end", choices=["idle", "beside", "split"], default=None,
+                    help="how the twin charges the profile's two front-end readings (default: as the profile has them)")
     args = ap.parse_args(argv)
     if bool(args.twin) != bool(args.twin_out):
         raise ConfigError("--twin and --twin-out go together")
@@ -73,7 +93,7 @@ def main(argv: list[str] | None = None) -> None:
     record = json.loads(src.read_text())
     if not any(r.get("kind") == "prefill" for r in record.get("samples", [])):
         raise ConfigError(f"{src}: no prompt-pass samples to group (not a server's black-box profile)")
-    new = refit(record)
+    new = refit(record) | (front_end(record, args.front_end) if args.front_end else {})
     write_atomic(Path(args.out), json.dumps(new, indent=2) + "\n")
     print(f"{src}: {len(record['samples'])} samples -> {len(new['samples'])}; fit rms error "
           f"{100 * record['fit_rms_rel_error']:.1f}% -> {100 * new['fit_rms_rel_error']:.1f}%; "

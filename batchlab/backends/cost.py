@@ -86,7 +86,8 @@ class StepCost:
     # the step running meanwhile is longer by the front end's time (EngineFacts.frontend_engine_s),
     # instead of each arrival being delayed while the engine runs on (a GPU server)
     frontend_on_engine: bool = False
-    first_token_s: float = 0.0    # per request, a delay before the scheduler sees it, never the engine's time: what a
+    first_token_s: float = 0.0    # per request, a delay before the scheduler sees it, never the engine's time: a server's
+                                  # time before its scheduler beyond its front end, as a profile reads it, and what a
                                   # validation measured the first token still missing (first_token_moved)
     shape_s: tuple[tuple[float, float], ...] = ()   # (tokens computed, seconds) knots of the shape correction
 

@@ -112,6 +112,14 @@ def test_refit_profile_groups_a_kept_profiles_prompt_samples_and_rewrites_its_tw
     assert [(r["prefill_tokens"], r["context_tokens"]) for r in prefill] == [(16, 48), (64, 96), (256, 288)]
     assert new["fit_rms_rel_error"] < 0.05 and new["refitted_from"]["samples"] == len(rows)   # the 3x timing outvoted
     assert str((tmp_path / "new.json").resolve()) in (tmp_path / "new.yaml").read_text()
+    split = cmd[:2] + [str(tmp_path / "new.json"), "--out", str(tmp_path / "split.json"), "--front-end", "split"]
+    res = subprocess.run(split, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 2 and "no reading beside a stream" in res.stderr and not (tmp_path / "split.json").exists()
+    new["frontend_s"], new["frontend_beside_s"] = 0.0015, 0.0046
+    (tmp_path / "new.json").write_text(json.dumps(new))
+    assert subprocess.run(split, cwd=ROOT, capture_output=True, text=True, timeout=300).returncode == 0
+    both = json.loads((tmp_path / "split.json").read_text())
+    assert (both["frontend_s"], both["first_token_s"]) == pytest.approx((0.0015, 0.0031))
     bad = tmp_path / "nosamples.json"
     toy.to_json(bad, level="iteration")
     res = subprocess.run(cmd[:2] + [str(bad), "--out", str(tmp_path / "x.json")], cwd=ROOT, capture_output=True,

@@ -74,7 +74,7 @@ def test_a_server_that_states_its_limits_gets_a_twin_with_them(tmp_path):
 def test_a_server_on_the_cpu_gets_a_twin_whose_front_end_takes_engine_time(tmp_path):
     twin = profile(FakeServer(vllm_config={"device_config": {"device": "cpu"}}), tmp_path)
     cost = twin.backend.cost()
-    assert cost.frontend_on_engine and cost.arrival_delay_s == 0.0 and cost.frontend_engine_s == cost.frontend_s > 0
+    assert cost.frontend_on_engine and cost.arrival_delay_s == cost.first_token_s and cost.frontend_engine_s == cost.frontend_s > 0
     assert "shares the processor the model runs on (device cpu, server /server_info)" in (tmp_path / "p.twin.yaml").read_text()
     gpu = profile(FakeServer(vllm_config={"device_config": {"device": "cuda"}}), tmp_path)
     assert gpu.backend.cost().frontend_engine_s == 0.0 and gpu.backend.cost().arrival_delay_s > 0
@@ -144,3 +144,18 @@ def test_a_prompt_beside_a_stream_reached_the_scheduler_between_the_two_steps_be
     # sent at 92.5 ms with a 4 ms front end: in at 96.5 ms, while chunk 9's step runs; its first token
     # comes with chunk 10. The estimate, 2.5 ms, is the 4 ms within half a step (5 ms)
     assert before_scheduler(stream, 10, 0.0925) == pytest.approx(0.0025)
+
+
+def test_the_twin_splits_the_front_end_into_the_engines_part_and_a_delay_beyond_it():
+    from batchlab.calibrate.twin import front_end_parts
+    assert front_end_parts(0.0015, 0.0046) == pytest.approx((0.0015, 0.0031))
+    assert front_end_parts(0.004, 0.002) == (0.004, 0.0)        # nothing beyond: no negative delay
+    assert front_end_parts(0.003, None) == (0.003, 0.0)         # a profile made before the beside reading
+
+
+def test_a_profiled_twin_carries_the_beside_reading_beyond_the_front_end(tmp_path):
+    import json
+    twin = profile(FakeServer(frontend_s=0.02), tmp_path)      # 20 ms before the engine sees a request
+    rec = json.loads((tmp_path / "p.json").read_text())
+    cost = twin.backend.cost()
+    assert rec["frontend_beside_s"] > 0 and cost.first_token_s == pytest.approx(max(0.0, rec["frontend_beside_s"] - cost.frontend_s))
