@@ -692,8 +692,8 @@ def _twin_profile(d: dict) -> list[str]:
             f"{_pct(p['fit_rms_rel_error'])} rms relative error; decode step {1e3 * p['decode_step_s_at_1']:.2f} ms at "
             f"one row; front end {1e3 * p['frontend_s']:.1f} ms per request" + (
                 "" if p.get("frontend_beside_s") is None else
-                f" (a prompt sent beside a stream: {1e3 * p['frontend_beside_s']:.1f} ms before the scheduler, recorded, "
-                "not used)") + f". Limits read: {said}."]
+                f" (a prompt sent beside a stream: {1e3 * p['frontend_beside_s']:.1f} ms before the scheduler; what it "
+                "holds beyond the front end delays each request off the engine)") + f". Limits read: {said}."]
 
 
 def _twin_validate(cond: str, v: dict) -> list[str]:

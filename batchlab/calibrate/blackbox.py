@@ -7,7 +7,7 @@ Three probes, each a short trace sent through the load target (the client every 
   with their first token is one step holding those prompts and one decode row;
 - idle: one request to an idle server; its time to first token less the fitted prefill step is
   the front end (HTTP, tokenizing, streaming: what happens before the engine has the request).
-  The prefill probes measure it a second way, kept beside it for the record: a prompt that
+  The prefill probes measure it a second way, without the fit: a prompt that
   came in step j of the stream reached the scheduler after step j-2 began and before step j
   did, so the midpoint of the stream's chunks j-2 and j-1 less its send time is its time before
   the scheduler plus the chunks' way back, within half a step, without the fit (the send is
