@@ -95,7 +95,7 @@ class StepCost:
     def arrival_delay_s(self) -> float:
         """Time between a request's arrival and the engine seeing it, for a front end beside the
         engine (one on the engine's processor queues its requests: frontend_engine_s), and the
-        first-token delay a validation measured."""
+        delay beyond any front end (first_token_s)."""
         return (0.0 if self.frontend_on_engine else self.frontend_s) + self.first_token_s
 
     @property

@@ -7,11 +7,12 @@ Three probes, each a short trace sent through the load target (the client every 
   with their first token is one step holding those prompts and one decode row;
 - idle: one request to an idle server; its time to first token less the fitted prefill step is
   the front end (HTTP, tokenizing, streaming: what happens before the engine has the request).
-  The prefill probes measure it a second way, without the fit: a prompt that
-  came in step j of the stream reached the scheduler after step j-2 began and before step j
-  did, so the midpoint of the stream's chunks j-2 and j-1 less its send time is its time before
-  the scheduler plus the chunks' way back, within half a step, without the fit (the send is
-  moved by up to one step from probe to probe so those halves average out).
+  The prefill probes measure it a second way, without the fit: a prompt that came in step j of
+  the stream reached the scheduler after step j-2 began and before step j did, so the midpoint
+  of the stream's chunks j-2 and j-1 less its send time is its time before the scheduler plus
+  the chunks' way back, within half a step (the send is moved by up to one step from probe to
+  probe so those halves average out). The twin charges what it holds beyond the idle reading as
+  a delay off the engine (calibrate/twin.py front_end_parts).
 Probes go round the grid `repeats` times after `warmup` passes, and step medians are fitted with
 calibrate/fit.py, so a twin charges its steps as the simulator charges any engine. A reference
 burst (the median of three) opens and closes every pass: a server whose steps changed speed meanwhile (a restart,

@@ -149,10 +149,10 @@ def log_ratio(real: float, replayed: float) -> float:
     return math.log(real / replayed)
 
 
-def first_token_log(real: float, at_one: float, at_probe: float, probe: float = PROBE) -> float:
+def log_correction(real: float, at_one: float, at_probe: float, probe: float = PROBE) -> float:
     """u = x / s for one cell (see the module's doc): NaN where a value is missing or the
-    terms the probe scaled carry less than MIN_SHARE of the cell's metric. With `probe`
-    LIVE_PROBE and p50 TPOT, the live factor's u."""
+    terms the probe scaled carry less than MIN_SHARE of the cell's metric: the first-token
+    factor's u (p50 TTFT, probe PROBE) and the live factor's (p50 TPOT, probe LIVE_PROBE)."""
     x, dx = log_ratio(real, at_one), log_ratio(at_probe, at_one)
     if not (math.isfinite(x) and math.isfinite(dx)) or dx / math.log(probe) < MIN_SHARE:
         return float("nan")

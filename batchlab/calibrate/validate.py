@@ -336,6 +336,9 @@ class Drift:
 
 NO_DRIFT = Drift()
 
+# validation.first_token's two forms: the Drift field each sets, its estimator over the cells' values, its none
+FIRST_FORMS = {"factor": ("first", live.estimate, LIVE_NONE), "delay": ("delay", live.estimate_delay, NO_DELAY)}
+
 
 def drift_factors(path: Path, profiles: dict[str, Profile], strategies: list[str]) -> dict[str, Drift]:
     """level -> its Drift, from the reference bursts in `path`."""
@@ -378,9 +381,9 @@ def validate(cfg: RunConfig, profile_paths: list[str], out: Path, progress=None,
         form = cfg.validation.first_token
         for _ in range(live.FIRST_PASSES if form != "off" else 0):
             firsts = first_token_logs(cfg, measured, drifts, profiles, executor, form)
-            first = live.leave_one_out(firsts, live.estimate_delay if form == "delay" else live.estimate)
-            drifts = {name: with_live(d, first.get(name, {}), "delay" if form == "delay" else "first")
-                      for name, d in drifts.items()}
+            field, est, _ = FIRST_FORMS[form]
+            first = live.leave_one_out(firsts, est)
+            drifts = {name: with_live(d, first.get(name, {}), field) for name, d in drifts.items()}
         parts = [c for name in names for c in judge_workload(cfg, name, measured[name], drifts[name], profiles,
                                                              out / name, executor)]
     finally:
@@ -442,7 +445,7 @@ def live_ratios(cfg: RunConfig, measured: dict[str, Measured], drifts: dict[str,
     pass) and at live.LIVE_PROBE x that."""
     return cell_corrections(cfg, measured, drifts, profiles, executor, live.METRIC,
                             lambda x: replace(x, live=Live(x.live.factor * live.LIVE_PROBE)),
-                            lambda d, cell: math.log(d.live.factor) + live.first_token_log(*cell, probe=live.LIVE_PROBE))
+                            lambda d, cell: math.log(d.live.factor) + live.log_correction(*cell, probe=live.LIVE_PROBE))
 
 
 def first_token_logs(cfg: RunConfig, measured: dict[str, Measured], drifts: dict[str, dict[str, Drift]],
@@ -450,7 +453,7 @@ def first_token_logs(cfg: RunConfig, measured: dict[str, Measured], drifts: dict
     """workload -> level -> each real run's cell's first-token correction: its p50 TTFT against
     replays at the workload's drift and live factor, with the correction so far (1x or no delay on
     the first pass) and one probe step beyond it; as a log factor on the first-token terms
-    (live.first_token_log, probe PROBE x) or, `form="delay"`, seconds a request
+    (live.log_correction, probe PROBE x) or, `form="delay"`, seconds a request
     (live.first_token_delay, probe DELAY_PROBE_S more)."""
     if form == "delay":
         return cell_corrections(cfg, measured, drifts, profiles, executor, live.FIRST_METRIC,
@@ -458,7 +461,7 @@ def first_token_logs(cfg: RunConfig, measured: dict[str, Measured], drifts: dict
                                 lambda d, cell: d.delay.seconds + live.first_token_delay(*cell))
     return cell_corrections(cfg, measured, drifts, profiles, executor, live.FIRST_METRIC,
                             lambda x: replace(x, first=Live(x.first.factor * live.PROBE)),
-                            lambda d, cell: math.log(d.first.factor) + live.first_token_log(*cell))
+                            lambda d, cell: math.log(d.first.factor) + live.log_correction(*cell))
 
 
 def cell_corrections(cfg: RunConfig, measured: dict[str, Measured], drifts: dict[str, dict[str, Drift]],
@@ -521,10 +524,10 @@ def live_record(profiles: dict[str, Profile], ratios: dict[str, dict[str, list[f
     -> the one its strategies replay on) rewritten with the pooled corrections (OUT/live_<profile>)."""
     if not ratios and not first[0]:
         return {}
-    est = live.estimate_delay if form == "delay" else live.estimate
+    _, est, none = FIRST_FORMS.get(form, FIRST_FORMS["factor"])
     lives, firsts, written = live.pooled(ratios), live.pooled(first[0], est), {}
     for level in profiles:
-        lv, ft = lives.get(level, LIVE_NONE), firsts.get(level, NO_DELAY if form == "delay" else LIVE_NONE)
+        lv, ft = lives.get(level, LIVE_NONE), firsts.get(level, none)
         if lv.cells or ft.cells:
             dst = out / f"live_{Path(profiles[level].path).name}"
             live.write_live_profile(profiles[level].path, dst, lv, ft)
@@ -670,7 +673,7 @@ def live_lines(rec: dict, on: bool, first_on: str = "off") -> list[str]:
             ("live factor", rec.get("per_workload", {}), "p50 TPOT", "its replays were scaled by it", on),
             ("first-token delay" if delay else "first-token factor", rec.get("first_token", {}).get("per_workload", {}),
              "p50 TTFT", "each request waited it before the scheduler" if delay
-             else "its prompt passes and front end were scaled by it", first_on not in ("off", False))]:
+             else "its prompt passes and front end were scaled by it", first_on != "off")]:
         if not switched:
             continue
         measured = {w: {lvl: v for lvl, v in per.items() if v["cells"]} for w, per in per_w.items()}

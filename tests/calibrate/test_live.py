@@ -60,13 +60,13 @@ def test_a_cells_first_token_factor_is_its_ttft_error_over_the_share_those_terms
     import math
     # replayed TTFT 100 ms at 1x, 130 ms at PROBE x: ds = log(1.3) / log(PROBE) of it moves with them;
     # the real 120 ms is then log(1.2) / ds in log factor away
-    u = live.first_token_log(0.120, 0.100, 0.130)
+    u = live.log_correction(0.120, 0.100, 0.130)
     assert u == pytest.approx(math.log(1.2) * math.log(live.PROBE) / math.log(1.3))
-    assert live.first_token_log(0.080, 0.100, 0.130) < 0                     # real faster: a factor below 1
+    assert live.log_correction(0.080, 0.100, 0.130) < 0                     # real faster: a factor below 1
     # a cell whose TTFT those terms barely move (queueing sets it) cannot say anything
     tiny = math.exp(0.5 * live.MIN_SHARE * math.log(live.PROBE))
-    assert math.isnan(live.first_token_log(0.120, 0.100, 0.100 * tiny))
-    assert math.isnan(live.first_token_log(float("nan"), 0.100, 0.130))
+    assert math.isnan(live.log_correction(0.120, 0.100, 0.100 * tiny))
+    assert math.isnan(live.log_correction(float("nan"), 0.100, 0.130))
 
 
 def test_the_first_token_delay_is_the_median_seconds_with_its_standard_error():
