@@ -180,6 +180,17 @@ def test_prompt_ids_exact_and_deterministic(backend):
     assert len(text) == 40 and text[: len(tok("hello world")["input_ids"])] == tok("hello world")["input_ids"]
 
 
+def test_synthetic_prompts_draw_from_one_table_kept_per_tokenizer(backend):
+    tok = backend.loaded.tokenizer
+    special = tuple(tok.all_special_ids)
+    table = hc._ordinary_ids(len(tok), special)
+    assert table is hc._ordinary_ids(len(tok), special)          # computed once, not per request
+    assert not table.flags.writeable                              # shared: no caller may change it
+    assert len(table) == len(tok) - len(set(special)) and not set(table.tolist()) & set(special)
+    ids = hc.prompt_ids(Request("a", 30, 1, 0.0, index=3), tok)
+    assert set(ids) <= set(table.tolist())
+
+
 def test_device_and_dtype_choice():
     assert hc.pick_dtype("auto", torch.device("cpu")) == torch.float32
     assert hc.pick_dtype("auto", torch.device("cuda")) == torch.float16
