@@ -18,13 +18,16 @@ Systems alternate order per repeat; figures are medians over repeats, ratios fro
 Roofline: this CPU's matrix FLOP/s (a 1024^3 float32 product) and copy bandwidth (256 MiB), measured
 at the start with the benchmark's threads; a decode step's bound is the longer of reading every
 linear weight and the rows' K/V once, and computing its products, at those rates (`roofline`).
+With --busy DUTY every engine runs beside a job burning DUTY of every core (baselines/background.py),
+the roofline measured before it starts.
 Usage: python benchmarks/engine_vs_hf_cb.py [--concurrency 16 64] [--repeats 3] [--threads N] [--compile both|on|off]
-       [--modules]
+       [--modules] [--busy DUTY]
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import multiprocessing
 import os
@@ -43,6 +46,7 @@ from batchlab.backends.hf_backend import HFBackend
 from batchlab.backends.hf_cb import HFCBOptions
 from batchlab.backends.hf_cb_backend import HFCBBackend
 from batchlab.backends.hf_engine import backend_efficiency, step_breakdown
+from batchlab.baselines.background import background_load
 from batchlab.baselines.decode_step import BLOCK, kv_blocks, step_times
 from batchlab.core.clock import RealClock
 from batchlab.core.metrics import summarize
@@ -227,12 +231,23 @@ def main() -> None:
                     help="our engine eager (off), with backend.compile (on), or both side by side")
     ap.add_argument("--modules", action="store_true",
                     help="also our engine eager through transformers' modules (backend.fused false)")
+    ap.add_argument("--busy", type=float, default=None, metavar="DUTY",
+                    help="burn DUTY (0-1) of every core beside the engines, as another job on the machine would")
     ap.add_argument("--out", default="results/bench/engine_vs_hf_cb.json")
     args = ap.parse_args()
     load_before = os.getloadavg()
     if args.threads:
         torch.set_num_threads(args.threads)
-    roof = torch_thread.call(machine_roofline)            # no OpenMP team on the main thread
+    roof = torch_thread.call(machine_roofline)            # no OpenMP team on the main thread; quiet: the machine's own
+    cores = list(range(os.cpu_count() or 1))
+    with background_load(cores, args.busy) if args.busy else contextlib.nullcontext() as busy:
+        levels, setup, warm = run_engines(args, roof)
+    report(levels, setup, args, {"before": load_before, "after": os.getloadavg()}, warm, roof, busy)
+
+
+def run_engines(args, roof: dict) -> tuple[list[dict], dict, dict]:
+    """Start every engine of the comparison, warm it, measure each concurrency in turn; the
+    levels, the engines' set-up and their start-up times."""
     kinds = {"both": [False, True], "on": [True], "off": [False]}[args.compile]
     kinds = [(k, None) for k in kinds] + ([(False, False)] if args.modules else [])
     engines, lm = {}, None
@@ -256,11 +271,10 @@ def main() -> None:
             warm[name]["graphs_after"] = hf.engine.decode.compiles if hf.engine.decode is not None else 0
         return levels
     levels = clock.run(run_all())
-    setup = next(iter(engines.values())).describe()
-    report(levels, setup, args, {"before": load_before, "after": os.getloadavg()}, warm, roof)
+    return levels, next(iter(engines.values())).describe(), warm
 
 
-def report(levels: list[dict], setup: dict, args, load: dict, warm: dict, roof: dict) -> None:
+def report(levels: list[dict], setup: dict, args, load: dict, warm: dict, roof: dict, busy: dict | None) -> None:
     print(f"\nsetup: {setup['model']} on {setup['device']} ({setup['dtype']}), torch threads {torch.get_num_threads()}, "
           f"repeats {args.repeats}, burst {args.burst} x C requests; start-up {warm}")
     print(f"{'C':>4} {'engine':>13} {'tok/s':>7} {'hf-cb':>7} {'generate':>8} {'/hf-cb':>7} {'/gen':>6} "
@@ -289,9 +303,11 @@ def report(levels: list[dict], setup: dict, args, load: dict, warm: dict, roof: 
     command = "python benchmarks/engine_vs_hf_cb.py " + " ".join(
         [f"--concurrency {' '.join(map(str, args.concurrency))}", f"--repeats {args.repeats}", f"--burst {args.burst}",
          f"--compile {args.compile}"] + (["--modules"] if args.modules else [])
-        + ([f"--threads {args.threads}"] if args.threads else []) + [f"--out {args.out}"])
+        + ([f"--threads {args.threads}"] if args.threads else []) + ([f"--busy {args.busy:g}"] if args.busy else [])
+        + [f"--out {args.out}"])
     out.write_text(json.dumps({"command": command, "setup": setup, "threads": torch.get_num_threads(),
                                "load_avg_1_5_15": load, "cpus": os.cpu_count(), "start_up": warm, "machine": roof,
+                               "busy": {k: busy[k] for k in ("cores", "duty", "period_s")} if busy else None,
                                "targets": {"ours_over_hf_cb": {str(k): v for k, v in CB_TARGET.items()},
                                            "backend_eff": EFF_TARGET},
                                "levels": levels}, indent=2) + "\n")

@@ -69,7 +69,9 @@ def hf_dynamic_vs_naive(d: dict) -> str:
 def engine_vs_hf_cb(d: dict) -> str:
     names = {"ours": "batchlab continuous (eager)", "ours-compiled": "batchlab continuous (`backend.compile`)",
              "ours-modules": "batchlab continuous (eager, `backend.fused: false`)"}
-    lines = [f"`{d['command']}` (tiny model, CPU, fp32, {d['threads']} torch thread(s); {_load(d)}; medians over "
+    busy = d.get("busy")
+    beside = f"beside a job burning {100 * busy['duty']:.0f} % of every core; " if busy else ""
+    lines = [f"`{d['command']}` (tiny model, CPU, fp32, {d['threads']} torch thread(s); {beside}{_load(d)}; medians over "
              "repeats, the paired ratio's min–max beside it):", "",
              "| concurrency | engine | tok/s | transformers CB | plain `generate()` | ours / transformers CB "
              "| ours / `generate()` | decode step ours / `generate()` | backend_eff |",
@@ -107,7 +109,8 @@ def _roofline_lines(d: dict, names: dict) -> list[str]:
     if not roof:
         return []
     out = ["", f"This CPU measured {roof['matmul_flop_s'] / 1e9:.0f} GFLOP/s on a 1024³ float32 product and "
-               f"{roof['copy_bytes_s'] / 1e9:.0f} GB/s copying 256 MiB (read + write; medians of {roof['repeats']}). "
+               f"{roof['copy_bytes_s'] / 1e9:.0f} GB/s copying 256 MiB (read + write; medians of {roof['repeats']}"
+               f"{', before the job started' if d.get('busy') else ''}). "
                "A decode step's bound at those rates (every linear weight and the rows' K/V read once, or its "
                "products computed, whichever is longer; 96 tokens of context a row) against the measured step:"]
     for lv in d["levels"]:
@@ -1185,7 +1188,7 @@ RENDER = {"sim_speed": sim_speed, "hf_dynamic_vs_naive": hf_dynamic_vs_naive, "e
           "twin_vllm_probe": twin_probe, "twin_batchlab_probe": twin_probe, "torch_thread_ab": torch_thread_ab,
           "busy_threads": busy_threads}
 # Result files written by a benchmark with other settings (serving-max-num-seqs-128.json, ...) use its renderer.
-FAMILIES = {"serving-": serving, "validate_sim_": validate_sim, "twin_": twin, "four_modes_": four_modes,
+FAMILIES = {"serving-": serving, "engine_vs_hf_cb_": engine_vs_hf_cb, "validate_sim_": validate_sim, "twin_": twin, "four_modes_": four_modes,
             "length_grouping_": length_grouping, "corrections_": corrections}
 BLOCK = re.compile(r"(<!-- figures:([\w.-]+) -->\n)(.*?)(<!-- /figures:\2 -->)", re.S)
 
