@@ -385,12 +385,17 @@ def _overloaded(done: dict[str, list[dict]]) -> list[str]:
             continue
         each = "; ".join(f"{p['rate']:g} req/s: {100 * p['served_share']:.1f} % served, p50 TTFT "
                          f"{p['ttft_p50']:.2f} s, p99 TPOT {1e3 * p['tpot_p99']:.0f} ms, sends {1e3 * p['send_lag_p99']:.1f} ms "
-                         f"late p99" for p in pts)
+                         f"late p99{_refused(p)}" for p in pts)
         m = statistics.median(p["served_share"] for p in pts)
         verdict = (f" Target ≥ 95 %: **{'met' if m >= 0.95 else 'not met'}**." if name.startswith("batchlab") else "")
         out.append(f"{name} past the knee, at {pts[0]['factor']:g}× each repeat's sustained rate: "
                    f"**{100 * m:.1f} %** of the offered tokens served (median; {each}).{verdict}{_held(reps)}")
     return out + [""] if out else []
+
+
+def _refused(p: dict) -> str:
+    """How many of a point's requests did not finish (a bounded queue answers 429), if any."""
+    return f", {p['failed']:,} of {p['num_requests']:,} not served ({p['errors'][0][:60]})" if p.get("failed") else ""
 
 
 def _held(reps: list[dict]) -> str:

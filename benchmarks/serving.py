@@ -47,6 +47,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="requests sent at once for the saturated throughput (0: not measured)")
     ap.add_argument("--overload", type=float, default=compare.OVERLOAD,
                     help="after each search, one point at this multiple of its sustained rate (0: none)")
+    ap.add_argument("--max-queue", type=int, default=compare.UNBOUNDED_QUEUE,
+                    help="batchlab serve's queue bound (its own default is 256; here unbounded unless set, as vLLM's)")
     ap.add_argument("--sustain-repeats", type=int, default=3, help="searches per server, in alternating order")
     ap.add_argument("--overhead-rate", type=float, default=2.0, help="low: the overhead, not queueing, is measured")
     ap.add_argument("--repeats", type=int, default=3, help="repeats of the overhead and load-generator measurements")
@@ -64,7 +66,7 @@ def settings(args: argparse.Namespace) -> compare.Settings:
         raise ConfigError(f"--bracket: want LO,HI in req/s, e.g. 40,80 (got {args.bracket!r})") from None
     s = compare.Settings(args.config, args.set, Path(args.venv), args.timeout, (lo, hi), args.tolerance, args.max_points,
                          args.burst, args.sustain_repeats, args.overhead_rate, args.repeats,
-                         overload=args.overload)
+                         overload=args.overload, max_queue=args.max_queue)
     compare.check(s, args.servers.split(","))
     return s
 

@@ -40,6 +40,7 @@ TOLERANCE = 0.10            # the search stops once its bracket's hi / lo - 1 is
 MAX_POINTS = 10             # a search that has not settled by then reports the bracket it has
 BURST = 1024                # requests sent at once for the saturated throughput: well above any server's batch
 OVERLOAD = 1.5              # past the knee: one point at this multiple of the sustained rate, for how a server degrades
+UNBOUNDED_QUEUE = 100_000   # batchlab serve's queue bound by default here: no point reaches it, as vLLM has none
 SERVERS = ("batchlab", "vllm", "transformers")
 PARTS = (*SERVERS, "overhead", "loadgen")
 POINT_KEYS = ("rate", "num_requests", "finished", "failed", "throughput_tok_s", "requests_per_s", "ttft_p50",
@@ -65,6 +66,7 @@ class Settings:
     repeats: int = 3                         # of the overhead and load-generator measurements
     cpus: str | None = None                  # the servers' cores (process.split_cores; None: unpinned)
     overload: float = OVERLOAD               # after a search, a point at this multiple of its sustained rate (0: none)
+    max_queue: int = UNBOUNDED_QUEUE         # batchlab serve's --max-queue: requests waiting before new ones get 429
 
 
 def check(s: Settings, parts: list[str]) -> None:
@@ -86,6 +88,8 @@ def check(s: Settings, parts: list[str]) -> None:
             raise ConfigError(f"{flag}: must be at least {least} (got {value})")
     if not (s.overload == 0 or 1 < s.overload < float("inf")):
         raise ConfigError(f"--overload: 0 (no point past the knee) or a multiple of the knee above 1 (got {s.overload:g})")
+    if s.max_queue < 1:
+        raise ConfigError(f"--max-queue: must be at least 1 (got {s.max_queue})")
     if not 0 < s.timeout < float("inf"):
         raise ConfigError(f"--timeout: must be a positive number of seconds (got {s.timeout:g})")
 
@@ -110,13 +114,18 @@ def next_bracket(res: dict, start: tuple[float, float]) -> tuple[float, float]:
 
 
 # --- one server -----------------------------------------------------------------------------------
+def batchlab_command(strategy: str, s: Settings) -> list[str]:
+    """`batchlab serve` for one strategy on the comparison's config, port and queue bound."""
+    return process.serve_command(PORT, strategy, s.config, s.overrides, "tiny", "--max-queue", str(s.max_queue))
+
+
 @contextmanager
 def serving(name: str, s: Settings) -> Iterator[tuple[OpenAIBackend, str, tuple[str, ...]]]:
     """Start one server (on the servers' cores), yield (client backend, /metrics URL, series to
     sample), stop it however the block ends."""
     if name.startswith("batchlab serve "):
         strategy = name.removeprefix("batchlab serve ")
-        cmd = process.serve_command(PORT, strategy, s.config, s.overrides, "tiny", "--max-queue", "100000")
+        cmd = batchlab_command(strategy, s)
         url = f"http://127.0.0.1:{PORT}/v1"
         with process.managed(f"batchlab-serve-{strategy}", cmd, url, "tiny", cpus=s.cpus, wait_s=300):
             yield OpenAIBackend(url, "tiny", timeout_s=s.timeout), metrics_url(url), SERIES["batchlab"]
@@ -226,7 +235,8 @@ def header(s: Settings, cfg: RunConfig, command: str) -> dict:
                       "prompt_len": t.prompt_len.value, "output_len": t.output_len.value},
             "slo": {k: v for k, v in cfg.slo.model_dump().items() if v},
             "rule": {"served": SERVED, "growth_s_per_s": GROWTH, "tolerance": s.tolerance,
-                     "bracket_start": list(s.bracket), "max_points": s.max_points, "burst": s.burst},
+                     "bracket_start": list(s.bracket), "max_points": s.max_points, "burst": s.burst,
+                     "max_queue": s.max_queue},
             "sustain_repeats": s.sustain_repeats, "order": [], "servers": []}
 
 

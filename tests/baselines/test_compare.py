@@ -30,11 +30,19 @@ def settings(**kw) -> compare.Settings:
     (dict(timeout=0.0), [], "--timeout"),
     (dict(overload=0.8), [], "--overload: 0 .* above 1"),
     (dict(overload=float("nan")), [], "--overload"),
+    (dict(max_queue=0), [], "--max-queue: must be at least 1"),
 ])
 def test_bad_settings_are_one_line_errors(kw, parts, says):
     with pytest.raises(ConfigError, match=says) as e:
         compare.check(settings(**kw), parts)
     assert "\n" not in str(e.value)
+
+
+def test_batchlab_serve_runs_with_the_queue_bound_asked_for():
+    unbounded = compare.batchlab_command("continuous", settings())
+    assert unbounded[unbounded.index("--max-queue") + 1] == str(compare.UNBOUNDED_QUEUE)
+    bounded = compare.batchlab_command("continuous", settings(max_queue=256))
+    assert bounded[bounded.index("--max-queue") + 1] == "256" and bounded[bounded.index("--strategy") + 1] == "continuous"
 
 
 def test_servers_alternate_order_every_repeat():
@@ -59,7 +67,7 @@ def test_the_header_states_the_rule_and_a_rerun_keeps_the_parts_it_did_not_measu
     cfg = load_config(None, ["slo.ttft_s=2"])
     report = compare.header(settings(), cfg, "python benchmarks/serving.py")
     assert report["rule"] == {"served": 0.95, "growth_s_per_s": 0.1, "tolerance": 0.1, "bracket_start": [40.0, 80.0],
-                              "max_points": 10, "burst": 1024}
+                              "max_points": 10, "burst": 1024, "max_queue": compare.UNBOUNDED_QUEUE}
     assert report["slo"] == {"ttft_s": 2.0} and not report["pinned"]
     out = tmp_path / "serving.json"
     compare.save(report | {"overhead": {"rate": 2.0}}, out)
