@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import statistics
 import sys
@@ -384,7 +385,7 @@ def _overloaded(done: dict[str, list[dict]]) -> list[str]:
         if not pts:
             continue
         each = "; ".join(f"{p['rate']:g} req/s: {100 * p['served_share']:.1f} % served, p50 TTFT "
-                         f"{p['ttft_p50']:.2f} s, p99 TPOT {1e3 * p['tpot_p99']:.0f} ms, sends {1e3 * p['send_lag_p99']:.1f} ms "
+                         f"{p['ttft_p50']:.2f} s, p99 TPOT {_ms(p['tpot_p99'])}, sends {1e3 * p['send_lag_p99']:.1f} ms "
                          f"late p99{_refused(p)}" for p in pts)
         m = statistics.median(p["served_share"] for p in pts)
         verdict = (f" Target ≥ 95 %: **{'met' if m >= 0.95 else 'not met'}**." if name.startswith("batchlab") else "")
@@ -395,7 +396,12 @@ def _overloaded(done: dict[str, list[dict]]) -> list[str]:
 
 def _refused(p: dict) -> str:
     """How many of a point's requests did not finish (a bounded queue answers 429), if any."""
-    return f", {p['failed']:,} of {p['num_requests']:,} not served ({p['errors'][0][:60]})" if p.get("failed") else ""
+    return f", {p['failed']:,} of {p['num_requests']:,} not served ({p['errors'][0].split(';')[0]})" if p.get("failed") else ""
+
+
+def _ms(seconds: float) -> str:
+    """Milliseconds, or a dash where a percentile counts requests that never finished (infinite)."""
+    return f"{1e3 * seconds:.0f} ms" if math.isfinite(seconds) else "– (unfinished requests count as infinite)"
 
 
 def _held(reps: list[dict]) -> str:
