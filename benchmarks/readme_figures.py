@@ -906,7 +906,8 @@ def twin_contention(d: dict) -> str:
 def twin_probe(d: dict) -> str:
     """The knee again, with a saturated burst on the server before each search and the twin scaled
     to it: the machine's speed read at the time of the question."""
-    lines = _twin_knee(d["conditions"]) + [""]
+    knees = any("knee" in c for c in d["conditions"].values())
+    lines = _twin_knee(d["conditions"]) + [""] if knees else []
     for cond, c in d["conditions"].items():
         k = c.get("knee", {})
         probe = k.get("predicted_at_probe")
@@ -922,7 +923,7 @@ def twin_probe(d: dict) -> str:
                 lines.append(f"- {cond}, the earlier twin (`{e['by']}`): {e['sustained_rate']} unscaled "
                              f"({e['sustained_rate'] / held:.2f}), scaled by {p['factor']:.2f}× to the same bursts "
                              f"{p['sustained_rate']} ({p['sustained_rate'] / held:.2f}).")
-    return "\n".join(lines + _twin_requests(d["conditions"]))
+    return "\n".join(lines + _twin_requests(d["conditions"])).strip("\n")
 
 
 def _twin_requests(conditions: dict) -> list[str]:
@@ -946,6 +947,11 @@ def _twin_requests(conditions: dict) -> list[str]:
                         f"per 100 tokens of context on the server ({1e3 * med('growth_per_100_s'):.2f} ms on a "
                         f"{1e3 * med('step_at_start_s'):.1f}-ms step; median), **{100 * twin['growth_per_100_share']:.1f} %** "
                         f"on the twin ({1e3 * twin['growth_per_100_s']:.2f} ms on {1e3 * twin['step_at_start_s']:.1f} ms).")
+        if "clump_arrival_s" in twin:
+            out[-1] += (f" The same arrivals {twin['clump']} at a time add **{1e3 * med('clump_arrival_s'):.1f} ms** each "
+                        f"({med('clump_arrival_steps'):.2f} steps) on the server (median; per round "
+                        f"{ms('clump_arrival_s')} ms), **{1e3 * twin['clump_arrival_s']:.1f} ms** "
+                        f"({twin['clump_arrival_steps']:.2f} steps) on the twin.")
     return out
 
 
@@ -1196,7 +1202,7 @@ RENDER = {"sim_speed": sim_speed, "hf_dynamic_vs_naive": hf_dynamic_vs_naive, "e
           "four_modes": four_modes, "closed_loop": closed_loop, "loadgen": loadgen,
           "plan_cpu": plan_cpu, "same_point": same_point, "corrections": corrections,
           "twin_contention_vllm": twin_contention, "twin_contention_batchlab": twin_contention,
-          "twin_vllm_probe": twin_probe, "twin_batchlab_probe": twin_probe, "torch_thread_ab": torch_thread_ab,
+          "twin_vllm_probe": twin_probe, "twin_batchlab_probe": twin_probe, "twin_vllm_clump": twin_probe, "torch_thread_ab": torch_thread_ab,
           "busy_threads": busy_threads}
 # Result files written by a benchmark with other settings (serving-max-num-seqs-128.json, ...) use its renderer.
 FAMILIES = {"serving-": serving, "engine_vs_hf_cb_": engine_vs_hf_cb, "validate_sim_": validate_sim, "twin_": twin, "four_modes_": four_modes,

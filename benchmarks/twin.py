@@ -27,7 +27,8 @@ every what-if cap.
    (baselines/contention.py). A server that loses only that core time runs 1 / (1 - share) as long.
 6. requests: what one request costs the others, --request-rounds rounds on the server and once on
    the twin: 16 streams decoding alone and with 30 short requests arriving among them (the time
-   one arrival adds), and 16 streams one of which finishes every other step (what a finish adds
+   one arrival adds), the same 30 in five clumps of six (what arriving together adds), and 16
+   streams one of which finishes every other step (what a finish adds
    to the next step); calibrate/twin_check.py.
 --condition busy runs 2 and 3 with a background load on both cores (baselines/background.py).
 --predict-only recomputes the twin's side of 2 and 4 (after a new profile) beside the server's
@@ -59,7 +60,7 @@ from batchlab.baselines.contention import contention
 from batchlab.calibrate.accuracy import sides
 from batchlab.calibrate.blackbox import ProbeGrid
 from batchlab.calibrate.server import profile_server
-from batchlab.calibrate.twin_check import Twin, arrival_cost, finish_cost, predicted_burst, predicted_knee, scaled_to_burst
+from batchlab.calibrate.twin_check import CLUMP, Twin, arrival_cost, finish_cost, predicted_burst, predicted_knee, scaled_to_burst
 from batchlab.calibrate.validate import report_lines, validate
 from batchlab.core.files import write_atomic
 from batchlab.core.search import significant
@@ -329,11 +330,13 @@ class Campaign:
         run = functools.partial(compare.sent, backend)
         rounds = []
         for k in range(self.args.request_rounds):
-            rounds.append(arrival_cost(run) | finish_cost(run))
+            rounds.append(arrival_cost(run) | arrival_cost(run, CLUMP) | finish_cost(run))
             print(f"requests: round {k}: an arrival {1e3 * rounds[-1]['arrival_s']:.2f} ms "
-                  f"({rounds[-1]['arrival_steps']:.2f} steps), a finish {1e3 * rounds[-1]['finish_s']:.2f} ms", flush=True)
+                  f"({rounds[-1]['arrival_steps']:.2f} steps), in clumps of {CLUMP} {1e3 * rounds[-1]['clump_arrival_s']:.2f} ms, "
+                  f"a finish {1e3 * rounds[-1]['finish_s']:.2f} ms", flush=True)
         twin = self.twin()
-        self.save("requests", {"rounds": rounds, "predicted": arrival_cost(twin.replay) | finish_cost(twin.replay)})
+        self.save("requests", {"rounds": rounds, "predicted": arrival_cost(twin.replay) | arrival_cost(twin.replay, CLUMP)
+                               | finish_cost(twin.replay)})
 
     def contention_check(self, backend) -> None:
         """Saturated bursts quiet and beside the background load (the server's core, every core), in

@@ -91,10 +91,12 @@ def scaled_to_burst(twin: Twin, server_tok_s: float, n: int, prompt_len: int, ou
 
 # What one request costs the others. LONG streams decode, alone and with ARRIVALS short requests
 # arriving evenly over the middle half of what their decode took alone (ARRIVAL_SPAN), so every
-# arrival and its two tokens fall inside it whatever the machine's speed; and LONG streams of
+# arrival and its two tokens fall inside it whatever the machine's speed, and the same arrivals
+# in clumps of CLUMP (as bursty traffic brings them); and LONG streams of
 # outputs FINISH_BASE + 2i, so one finishes every other step.
 LONG, LONG_PROMPT, LONG_OUTPUT = 16, 32, 400
 ARRIVALS, SHORT, ARRIVAL_SPAN = 30, (32, 2), (0.2, 0.7)
+CLUMP = 6                   # arrivals at one instant in the clumped probe (five clumps of six)
 FINISH_BASE = 32
 Run = Callable[[list[TraceItem]], list[Request]]     # a trace -> its requests, on a server or a twin
 
@@ -126,18 +128,26 @@ def context_growth(requests: list[Request]) -> dict[str, float]:
             "growth_per_100_share": float(100 * slope / start)}
 
 
-def arrival_cost(run: Run) -> dict[str, float]:
+def arrival_cost(run: Run, clump: int = 1) -> dict[str, float]:
     """What one arrival adds to the running streams: (their decode's span with the arrivals - alone)
-    / ARRIVALS, in seconds and in steps of the decode alone (a unit the machine's speed cancels from)."""
+    / ARRIVALS, in seconds and in steps of the decode alone (a unit the machine's speed cancels from).
+    clump > 1: the same ARRIVALS come `clump` at a time (ARRIVALS / clump instants over the same
+    span), keys prefixed `clump_`: what arriving together costs beyond arriving one by one."""
+    if clump < 1 or ARRIVALS % clump:
+        raise ValueError(f"clump must divide {ARRIVALS} arrivals (got {clump})")
     longs = [TraceItem(0.0, LONG_PROMPT, LONG_OUTPUT) for _ in range(LONG)]
     solo = run(_unique(longs, "alone"))
     start, alone = _decode(solo)
     lo, hi = (start + f * alone for f in ARRIVAL_SPAN)
-    shorts = [TraceItem(lo + (hi - lo) * j / (ARRIVALS - 1), *SHORT) for j in range(ARRIVALS)]
-    _, together = _decode(run(_unique(longs + shorts, "with")))
+    instants = ARRIVALS // clump
+    shorts = [TraceItem(lo + (hi - lo) * (j // clump) / max(instants - 1, 1), *SHORT) for j in range(ARRIVALS)]
+    _, together = _decode(run(_unique(longs + shorts, f"with-{clump}")))
     extra = (together - alone) / ARRIVALS
-    return {"arrival_s": extra, "arrival_steps": extra / (alone / (LONG_OUTPUT - 1)),
-            "decode_with_s": together, "decode_alone_s": alone} | context_growth(solo)
+    out = {"arrival_s": extra, "arrival_steps": extra / (alone / (LONG_OUTPUT - 1)),
+           "decode_with_s": together, "decode_alone_s": alone}
+    if clump > 1:
+        return {f"clump_{k}": v for k, v in out.items()} | {"clump": clump}
+    return out | context_growth(solo)
 
 
 def finish_cost(run: Run) -> dict[str, float]:

@@ -67,5 +67,11 @@ def test_arrivals_cost_the_running_streams_what_the_twin_charges_them_and_a_fini
     assert big["growth_per_100_s"] > 0
     assert arrival_cost(Twin(twin().cfg, scale=2.0).replay)["growth_per_100_share"] == pytest.approx(
         big["growth_per_100_share"], rel=0.05)
+    # the same arrivals in clumps: keys of their own, beside what arriving one by one costs
+    clumped = arrival_cost(t.replay, 6)
+    assert clumped["clump"] == 6 and clumped["clump_arrival_s"] > 0
+    assert clumped["clump_decode_alone_s"] == pytest.approx(base["decode_alone_s"])
+    with pytest.raises(ValueError, match="must divide 30"):
+        arrival_cost(t.replay, 7)
     done = finish_cost(t.replay)
     assert done["finish_s"] == pytest.approx(0.0, abs=1e-9) and done["finish_steps"] == pytest.approx(0.0, abs=1e-9)
