@@ -948,10 +948,15 @@ def _twin_requests(conditions: dict) -> list[str]:
                         f"{1e3 * med('step_at_start_s'):.1f}-ms step; median), **{100 * twin['growth_per_100_share']:.1f} %** "
                         f"on the twin ({1e3 * twin['growth_per_100_s']:.2f} ms on {1e3 * twin['step_at_start_s']:.1f} ms).")
         if "clump_arrival_s" in twin:
-            out[-1] += (f" The same arrivals {twin['clump']} at a time add **{1e3 * med('clump_arrival_s'):.1f} ms** each "
+            out[-1] += (f" The same arrivals {twin.get('clump_size') or twin['clump']} at a time add **{1e3 * med('clump_arrival_s'):.1f} ms** each "
                         f"({med('clump_arrival_steps'):.2f} steps) on the server (median; per round "
                         f"{ms('clump_arrival_s')} ms), **{1e3 * twin['clump_arrival_s']:.1f} ms** "
                         f"({twin['clump_arrival_steps']:.2f} steps) on the twin.")
+        if "stay_arrival_s" in twin:
+            out[-1] += (f" {twin['stay_size']} at a time that stay for {twin['stay_output']} tokens each add "
+                        f"**{1e3 * med('stay_arrival_s'):.1f} ms** each ({med('stay_arrival_steps'):.2f} steps) on the "
+                        f"server (median; per round {ms('stay_arrival_s')} ms), **{1e3 * twin['stay_arrival_s']:.1f} ms** "
+                        f"({twin['stay_arrival_steps']:.2f} steps) on the twin.")
     return out
 
 
@@ -1202,7 +1207,7 @@ RENDER = {"sim_speed": sim_speed, "hf_dynamic_vs_naive": hf_dynamic_vs_naive, "e
           "four_modes": four_modes, "closed_loop": closed_loop, "loadgen": loadgen,
           "plan_cpu": plan_cpu, "same_point": same_point, "corrections": corrections,
           "twin_contention_vllm": twin_contention, "twin_contention_batchlab": twin_contention,
-          "twin_vllm_probe": twin_probe, "twin_batchlab_probe": twin_probe, "twin_vllm_clump": twin_probe, "torch_thread_ab": torch_thread_ab,
+          "twin_vllm_probe": twin_probe, "twin_batchlab_probe": twin_probe, "twin_vllm_clump": twin_probe, "twin_vllm_stay": twin_probe, "torch_thread_ab": torch_thread_ab,
           "busy_threads": busy_threads}
 # Result files written by a benchmark with other settings (serving-max-num-seqs-128.json, ...) use its renderer.
 FAMILIES = {"serving-": serving, "engine_vs_hf_cb_": engine_vs_hf_cb, "validate_sim_": validate_sim, "twin_": twin, "four_modes_": four_modes,

@@ -27,7 +27,8 @@ every what-if cap.
    (baselines/contention.py). A server that loses only that core time runs 1 / (1 - share) as long.
 6. requests: what one request costs the others, --request-rounds rounds on the server and once on
    the twin: 16 streams decoding alone and with 30 short requests arriving among them (the time
-   one arrival adds), the same 30 in five clumps of six (what arriving together adds), and 16
+   one arrival adds), the same 30 in five clumps of six (what arriving together adds), and in
+   clumps of six that decode 48 tokens beside the streams (what clumps that stay add), and 16
    streams one of which finishes every other step (what a finish adds
    to the next step); calibrate/twin_check.py.
 --condition busy runs 2 and 3 with a background load on both cores (baselines/background.py).
@@ -60,7 +61,7 @@ from batchlab.baselines.contention import contention
 from batchlab.calibrate.accuracy import sides
 from batchlab.calibrate.blackbox import ProbeGrid
 from batchlab.calibrate.server import profile_server
-from batchlab.calibrate.twin_check import CLUMP, Twin, arrival_cost, finish_cost, predicted_burst, predicted_knee, scaled_to_burst
+from batchlab.calibrate.twin_check import CLUMP, STAY, Twin, arrival_cost, finish_cost, predicted_burst, predicted_knee, scaled_to_burst
 from batchlab.calibrate.validate import report_lines, validate
 from batchlab.core.files import write_atomic
 from batchlab.core.search import significant
@@ -330,13 +331,17 @@ class Campaign:
         run = functools.partial(compare.sent, backend)
         rounds = []
         for k in range(self.args.request_rounds):
-            rounds.append(arrival_cost(run) | arrival_cost(run, CLUMP) | finish_cost(run))
+            rounds.append(self.costs(run))
             print(f"requests: round {k}: an arrival {1e3 * rounds[-1]['arrival_s']:.2f} ms "
                   f"({rounds[-1]['arrival_steps']:.2f} steps), in clumps of {CLUMP} {1e3 * rounds[-1]['clump_arrival_s']:.2f} ms, "
-                  f"a finish {1e3 * rounds[-1]['finish_s']:.2f} ms", flush=True)
-        twin = self.twin()
-        self.save("requests", {"rounds": rounds, "predicted": arrival_cost(twin.replay) | arrival_cost(twin.replay, CLUMP)
-                               | finish_cost(twin.replay)})
+                  f"staying {1e3 * rounds[-1]['stay_arrival_s']:.2f} ms, a finish {1e3 * rounds[-1]['finish_s']:.2f} ms", flush=True)
+        self.save("requests", {"rounds": rounds, "predicted": self.costs(self.twin().replay)})
+
+    @staticmethod
+    def costs(run) -> dict:
+        """One round of the request probes on `run` (a server's client or a twin's replay)."""
+        return (arrival_cost(run) | arrival_cost(run, CLUMP) | arrival_cost(run, CLUMP, STAY, "stay_")
+                | finish_cost(run))
 
     def contention_check(self, backend) -> None:
         """Saturated bursts quiet and beside the background load (the server's core, every core), in

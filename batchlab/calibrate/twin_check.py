@@ -97,6 +97,7 @@ def scaled_to_burst(twin: Twin, server_tok_s: float, n: int, prompt_len: int, ou
 LONG, LONG_PROMPT, LONG_OUTPUT = 16, 32, 400
 ARRIVALS, SHORT, ARRIVAL_SPAN = 30, (32, 2), (0.2, 0.7)
 CLUMP = 6                   # arrivals at one instant in the clumped probe (five clumps of six)
+STAY = (32, 48)             # clumped arrivals that stay: 48 tokens each, decoding beside the streams
 FINISH_BASE = 32
 Run = Callable[[list[TraceItem]], list[Request]]     # a trace -> its requests, on a server or a twin
 
@@ -128,11 +129,12 @@ def context_growth(requests: list[Request]) -> dict[str, float]:
             "growth_per_100_share": float(100 * slope / start)}
 
 
-def arrival_cost(run: Run, clump: int = 1) -> dict[str, float]:
+def arrival_cost(run: Run, clump: int = 1, short: tuple[int, int] = SHORT, prefix: str = "clump_") -> dict[str, float]:
     """What one arrival adds to the running streams: (their decode's span with the arrivals - alone)
     / ARRIVALS, in seconds and in steps of the decode alone (a unit the machine's speed cancels from).
     clump > 1: the same ARRIVALS come `clump` at a time (ARRIVALS / clump instants over the same
-    span), keys prefixed `clump_`: what arriving together costs beyond arriving one by one."""
+    span), keys prefixed `prefix`: what arriving together costs beyond arriving one by one; `short`
+    the arrivals' prompt and output lengths (STAY: requests that decode beside the streams a while)."""
     if clump < 1 or ARRIVALS % clump:
         raise ValueError(f"clump must divide {ARRIVALS} arrivals (got {clump})")
     longs = [TraceItem(0.0, LONG_PROMPT, LONG_OUTPUT) for _ in range(LONG)]
@@ -140,13 +142,13 @@ def arrival_cost(run: Run, clump: int = 1) -> dict[str, float]:
     start, alone = _decode(solo)
     lo, hi = (start + f * alone for f in ARRIVAL_SPAN)
     instants = ARRIVALS // clump
-    shorts = [TraceItem(lo + (hi - lo) * (j // clump) / max(instants - 1, 1), *SHORT) for j in range(ARRIVALS)]
-    _, together = _decode(run(_unique(longs + shorts, f"with-{clump}")))
+    shorts = [TraceItem(lo + (hi - lo) * (j // clump) / max(instants - 1, 1), *short) for j in range(ARRIVALS)]
+    _, together = _decode(run(_unique(longs + shorts, f"with-{clump}-{short[1]}")))
     extra = (together - alone) / ARRIVALS
     out = {"arrival_s": extra, "arrival_steps": extra / (alone / (LONG_OUTPUT - 1)),
            "decode_with_s": together, "decode_alone_s": alone}
     if clump > 1:
-        return {f"clump_{k}": v for k, v in out.items()} | {"clump": clump}
+        return {f"{prefix}{k}": v for k, v in out.items()} | {f"{prefix}size": clump, f"{prefix}output": short[1]}
     return out | context_growth(solo)
 
 

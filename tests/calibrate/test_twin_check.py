@@ -69,7 +69,9 @@ def test_arrivals_cost_the_running_streams_what_the_twin_charges_them_and_a_fini
         big["growth_per_100_share"], rel=0.05)
     # the same arrivals in clumps: keys of their own, beside what arriving one by one costs
     clumped = arrival_cost(t.replay, 6)
-    assert clumped["clump"] == 6 and clumped["clump_arrival_s"] > 0
+    assert clumped["clump_size"] == 6 and clumped["clump_arrival_s"] > 0
+    staying = arrival_cost(t.replay, 6, (32, 48), "stay_")
+    assert staying["stay_output"] == 48 and staying["stay_arrival_s"] > clumped["clump_arrival_s"]   # more rows decode
     assert clumped["clump_decode_alone_s"] == pytest.approx(base["decode_alone_s"])
     with pytest.raises(ValueError, match="must divide 30"):
         arrival_cost(t.replay, 7)
