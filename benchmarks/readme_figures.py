@@ -1207,7 +1207,8 @@ RENDER = {"sim_speed": sim_speed, "hf_dynamic_vs_naive": hf_dynamic_vs_naive, "e
           "four_modes": four_modes, "closed_loop": closed_loop, "loadgen": loadgen,
           "plan_cpu": plan_cpu, "same_point": same_point, "corrections": corrections,
           "twin_contention_vllm": twin_contention, "twin_contention_batchlab": twin_contention,
-          "twin_vllm_probe": twin_probe, "twin_batchlab_probe": twin_probe, "twin_vllm_clump": twin_probe, "twin_vllm_stay": twin_probe, "torch_thread_ab": torch_thread_ab,
+          "twin_vllm_probe": twin_probe, "twin_batchlab_probe": twin_probe, "twin_vllm_clump": twin_probe, "twin_vllm_stay": twin_probe,
+          "torch_thread_ab": torch_thread_ab,
           "busy_threads": busy_threads}
 # Result files written by a benchmark with other settings (serving-max-num-seqs-128.json, ...) use its renderer.
 FAMILIES = {"serving-": serving, "engine_vs_hf_cb_": engine_vs_hf_cb, "validate_sim_": validate_sim, "twin_": twin, "four_modes_": four_modes,
