@@ -235,6 +235,8 @@ def main() -> None:
                     help="burn DUTY (0-1) of every core beside the engines, as another job on the machine would")
     ap.add_argument("--out", default="results/bench/engine_vs_hf_cb.json")
     args = ap.parse_args()
+    if args.busy is not None and not 0 < args.busy <= 1:
+        ap.error(f"--busy: a share of each core, 0 < DUTY <= 1 (got {args.busy:g})")   # before anything runs
     load_before = os.getloadavg()
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -396,7 +396,10 @@ def _overloaded(done: dict[str, list[dict]]) -> list[str]:
 
 def _refused(p: dict) -> str:
     """How many of a point's requests did not finish (a bounded queue answers 429), if any."""
-    return f", {p['failed']:,} of {p['num_requests']:,} not served ({p['errors'][0].split(';')[0]})" if p.get("failed") else ""
+    if not p.get("failed"):
+        return ""
+    why = next(iter(p.get("errors") or []), "no error recorded").split(";")[0]
+    return f", {p['failed']:,} of {p['num_requests']:,} not served ({why})"
 
 
 def _ms(seconds: float) -> str:

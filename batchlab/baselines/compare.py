@@ -83,13 +83,11 @@ def check(s: Settings, parts: list[str]) -> None:
     if s.max_points == 0 and s.burst == 0:
         raise ConfigError("--max-points 0 with --burst 0 measures nothing")
     for flag, value, least in (("--max-points", s.max_points, 0), ("--sustain-repeats", s.sustain_repeats, 1),
-                               ("--repeats", s.repeats, 1), ("--burst", s.burst, 0)):
+                               ("--repeats", s.repeats, 1), ("--burst", s.burst, 0), ("--max-queue", s.max_queue, 1)):
         if value < least:
             raise ConfigError(f"{flag}: must be at least {least} (got {value})")
     if not (s.overload == 0 or 1 < s.overload < float("inf")):
         raise ConfigError(f"--overload: 0 (no point past the knee) or a multiple of the knee above 1 (got {s.overload:g})")
-    if s.max_queue < 1:
-        raise ConfigError(f"--max-queue: must be at least 1 (got {s.max_queue})")
     if not 0 < s.timeout < float("inf"):
         raise ConfigError(f"--timeout: must be a positive number of seconds (got {s.timeout:g})")
 
