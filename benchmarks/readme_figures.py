@@ -929,6 +929,60 @@ def twin_probe(d: dict) -> str:
     return "\n".join(lines + _twin_requests(d["conditions"])).strip("\n")
 
 
+def twin_alternate(d: dict) -> str:
+    """Base traffic and a held-out workload alternately on one server from its start, each trace
+    also on the twin: per point, and the workloads' ratio on both over the later pairs."""
+    lines = []
+    for cond, c in d["conditions"].items():
+        a = c.get("alternate")
+        if not a:
+            continue
+        w, pts = a["with"], a["points"]
+        hosted = all("host" in p for p in pts)
+        rates = {p["workload"]: p["rate"] for p in pts}
+        lines += [f"`{w}` and `base` alternately on {SERVER_NAMES[d.get('server', 'vllm')]} from its start ({cond}; "
+                  f"`{a['command']}`; req/s `base` {rates['base']:g}, `{w}` {rates[w]:g}; twin `{a['twin']}`):", "",
+                  "| point | workload | started after | server p50 TPOT | twin p50 TPOT | twin / server | stood still "
+                  "(gaps ≥ 30 ms mid-decode): server; twin | server kernel time | page faults |"
+                  + (" stolen | host probe: interpreter; product |" if hosted else ""),
+                  "|---|---|---|---|---|---|---|---|---|" + ("---|---|" if hosted else "")]
+        for i, p in enumerate(pts):
+            sv, tw, u = p["server"], p["twin"], p.get("usage")
+            kernel, faults = (f"{u['system_s']:.1f} s", f"{u['minor_faults']:,}") if u else ("–", "–")
+            row = (f"| {i + 1} | `{p['workload']}` | {p['server_age_s']:.0f} s | {1e3 * sv['tpot_p50']:.2f} ms | "
+                   f"{1e3 * tw['tpot_p50']:.2f} ms | {tw['tpot_p50'] / sv['tpot_p50']:.2f} | {sv['stalled_s']:.2f} s "
+                   f"({sv['stalls']}); {tw['stalled_s']:.2f} s ({tw['stalls']}) | {kernel} | {faults} |")
+            if hosted:
+                h = p["host"]
+                row += f" {p['stolen_s']:.2f} s | {1e3 * h['python_s']:.1f}; {1e3 * h['matmul_s']:.1f} ms |"
+            lines.append(row)
+        by = a["summary"]
+        said = "; ".join(f"{METRIC_NAMES[k]} **{v['server_ratio']:.2f}×** on the server, **{v['twin_ratio']:.2f}×** "
+                         f"on the twin" for k, v in by.items())
+        t = by["tpot_p50"]
+        lines += ["", f"Over the {len(t['pairs']) - 1} pairs after the first, `{w}` over `base` (median): {said}. The "
+                  f"twin's p50 TPOT over the server's: {t['base_twin_over_server']:.2f} on `base`, "
+                  f"{t['other_twin_over_server']:.2f} on `{w}`. The first point, on the fresh server, ran "
+                  f"{t['first_base_over_next']:.2f}× the next `base` point's p50 TPOT.", ""]
+    return "\n".join(lines).strip("\n")
+
+
+def per_request(d: dict) -> str:
+    """A kept validation's real runs request by request against the twin without corrections."""
+    labels = list(next(iter(next(iter(d["workloads"].values())).values()))["clumps"])
+    lines = [f"`{d['command']}` (twin `{d['twin']}`, no corrections): the median over requests of twin / server "
+             f"TPOT, over all, by how many requests arrived within {1e3 * d['clump_s']:.0f} ms of each (itself "
+             "included), and by thirds of the run:", "",
+             "| workload | req/s | requests | all | " + " | ".join(f"clump {k}" for k in labels) + " | thirds |",
+             "|---|---|---|---|" + "---|" * len(labels) + "---|"]
+    for w, points in d["workloads"].items():
+        for rate, f in points.items():
+            cells = [f"{c['ratio']:.2f} ({c['requests']})" if c["requests"] else "–" for c in f["clumps"].values()]
+            lines.append(f"| `{w}` | {rate} | {f['requests']} | **{f['ratio']:.2f}** | " + " | ".join(cells)
+                         + f" | {', '.join(f'{x:.2f}' for x in f['thirds'])} |")
+    return "\n".join(lines)
+
+
 def _twin_requests(conditions: dict) -> list[str]:
     """What one request costs the others, per round on the server and on the twin."""
     out = []
@@ -1211,6 +1265,8 @@ RENDER = {"sim_speed": sim_speed, "hf_dynamic_vs_naive": hf_dynamic_vs_naive, "e
           "plan_cpu": plan_cpu, "same_point": same_point, "corrections": corrections,
           "twin_contention_vllm": twin_contention, "twin_contention_batchlab": twin_contention,
           "twin_vllm_probe": twin_probe, "twin_batchlab_probe": twin_probe, "twin_vllm_clump": twin_probe, "twin_vllm_stay": twin_probe,
+          "twin_vllm_alternate": twin_alternate, "twin_vllm_alternate_host": twin_alternate,
+          "twin_vllm_per_request": per_request,
           "torch_thread_ab": torch_thread_ab,
           "busy_threads": busy_threads}
 # Result files written by a benchmark with other settings (serving-max-num-seqs-128.json, ...) use its renderer.

@@ -25,6 +25,13 @@ every what-if cap.
    saturated bursts in rotating order: quiet, the background load on the server's core only, and
    on every core (the client's too); beside each the share of the server's core others took
    (baselines/contention.py). A server that loses only that core time runs 1 / (1 - share) as long.
+0. alternate: the base traffic and a held-out workload (--alternate-with) alternately on the
+   server from its start, --alternate-pairs pairs at the validation's middle rates, each trace
+   also on the twin; per point the medians, the time the streams stood still with work in hand,
+   the server's kernel time and page faults, the time the hypervisor stole, and the host's speed
+   just before (a fixed piece of work timed on the client's core). A workload's own error keeps its size in every
+   pair; a server that changes while a validation runs its workloads one after another does not.
+   Runs before every other part, on the fresh server.
 6. requests: what one request costs the others, --request-rounds rounds on the server and once on
    the twin: 16 streams decoding alone and with 30 short requests arriving among them (the time
    one arrival adds), the same 30 in five clumps of six (what arriving together adds), and in
@@ -46,8 +53,9 @@ import json
 import os
 import statistics
 import sys
+import time
 from contextlib import ExitStack, contextmanager, nullcontext
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import yaml
@@ -57,22 +65,34 @@ from batchlab.backends.openai_client import OpenAIBackend
 from batchlab.backends.server_limits import from_section
 from batchlab.baselines import compare, vllm
 from batchlab.baselines.background import background_load
-from batchlab.baselines.contention import contention
+from batchlab.baselines.contention import contention, host_speed, stolen_s, usage
+from batchlab.baselines.loadtest import open_loop
 from batchlab.calibrate.accuracy import sides
 from batchlab.calibrate.blackbox import ProbeGrid
 from batchlab.calibrate.server import profile_server
-from batchlab.calibrate.twin_check import CLUMP, STAY, Twin, arrival_cost, finish_cost, predicted_burst, predicted_knee, scaled_to_burst
+from batchlab.calibrate.twin_check import (
+    CLUMP,
+    STAY,
+    Twin,
+    alternation,
+    arrival_cost,
+    finish_cost,
+    point_figures,
+    predicted_burst,
+    predicted_knee,
+    scaled_to_burst,
+)
 from batchlab.calibrate.validate import report_lines, validate
 from batchlab.core.files import write_atomic
 from batchlab.core.search import significant
 from batchlab.core.sustain import saturated_rate
-from batchlab.core.traffic import burst_trace
+from batchlab.core.traffic import build_trace, burst_trace
 from batchlab.errors import ConfigError, user_errors
 from batchlab.run.config import load_config
 from batchlab.schedulers import ContinuousConfig
 
 ROOT = Path(__file__).resolve().parents[1]
-PARTS = ("profile", "knee", "validate", "whatif", "contention", "requests")
+PARTS = ("alternate", "profile", "knee", "validate", "whatif", "contention", "requests")
 GRID = ProbeGrid(batch_sizes=(1, 2, 4, 8, 16, 32), contexts=(16, 64, 128, 256), prompts=(16, 64, 256, 512),
                  new_tokens=24, repeats=3, warmup=1)
 BURST = (384, 64, 32)              # the what-if burst: requests, prompt and output tokens
@@ -101,6 +121,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="knee: a saturated burst before each search, and the twin scaled to match it")
     ap.add_argument("--contention-rounds", type=int, default=3, help="contention: rounds of quiet / server core / every core")
     ap.add_argument("--request-rounds", type=int, default=5, help="requests: rounds of the arrival and finish probes")
+    ap.add_argument("--alternate-with", default="bursty", help="alternate: the held-out workload run between base points")
+    ap.add_argument("--alternate-pairs", type=int, default=4, help="alternate: pairs of points (base, then the other)")
     ap.add_argument("--predict-only", action="store_true",
                     help="knee, whatif: recompute the twin's predictions (a new profile) beside the measured figures kept")
     ap.add_argument("--front-end-on-engine", action="store_true",
@@ -127,6 +149,7 @@ class Campaign:
         self.command = command
         self.moved = False                  # --front-end-on-engine: its twin is written for this profile
         self.running = None                 # the server while one is started (server()): its pid for the contention
+        self.started_at = 0.0               # when it answered (monotonic seconds)
 
     def twin_file(self) -> Path:
         """The twin the parts use: the profile's, or with --front-end-on-engine the same profile with
@@ -139,7 +162,7 @@ class Campaign:
         """The server with the config's limits (`limits` replacing some), and the config pointed at it."""
         chosen = self.limits.merged(type(self.limits)(**limits))
         with self.started(chosen) as running:
-            self.running = running
+            self.running, self.started_at = running, time.monotonic()
             cfg = self.cfg.model_copy(update={"backend": self.cfg.backend.model_copy(
                 update={"base_url": running.url, "model": running.model})})
             b = self.cfg.backend
@@ -324,6 +347,38 @@ class Campaign:
               f"TPOT p50 {[round(1e3 * r['tpot_p50'], 1) for r in runs]} ms", flush=True)
         return {"cap": cap, "measured": runs, "predicted": predicted_burst(self.twin(), n, p, o, max_num_seqs=cap)}
 
+    def alternate(self, cfg, backend) -> None:
+        """Base and --alternate-with alternately from the server's start (see the module's docstring)."""
+        a, twin = self.args, self.twin()
+        rates, points = self.middle_rates(cfg), []
+        for k in range(2 * a.alternate_pairs):
+            w = a.alternate_with if k % 2 else "base"
+            wc = cfg.workload(w)
+            host = host_speed()
+            t, age, before, stolen = wc.traffic, time.monotonic() - self.started_at, usage(self.running.pid), stolen_s()
+            _, reqs = open_loop(backend, t, rates[w], wc.slo)
+            after, stolen = usage(self.running.pid), (stolen_s() or 0.0) - (stolen or 0.0)
+            predicted = twin.replay(build_trace(t, rates[w]), t, wc.slo, rates[w])
+            points.append({"workload": w, "rate": rates[w], "server_age_s": age, "host": host, "stolen_s": stolen,
+                           "server": point_figures(reqs, t.warmup_s, t.duration_s),
+                           "twin": point_figures(predicted, t.warmup_s, t.duration_s)}
+                          | ({"usage": asdict(after.since(before))} if before and after else {}))
+            p = points[-1]
+            print(f"alternate: {w} at {rates[w]:g} req/s ({age:.0f} s after the start): p50 TPOT "
+                  f"{1e3 * p['server']['tpot_p50']:.2f} ms, twin {1e3 * p['twin']['tpot_p50']:.2f} ms; stood still "
+                  f"{p['server']['stalled_s']:.2f} s; {p.get('usage', {}).get('minor_faults', '-')} page faults", flush=True)
+        self.save("alternate", {"with": a.alternate_with, "points": points, "summary": {
+            key: alternation(points, key) for key in ("tpot_p50", "e2e_p50", "ttft_p50")}})
+
+    def middle_rates(self, cfg) -> dict[str, float]:
+        """Base's and --alternate-with's middle validation rate on this condition (rates.json), or
+        the config's first base rate for both where no validation has chosen them."""
+        path, w = self.out / self.args.condition / "rates.json", self.args.alternate_with
+        if path.is_file():
+            rates = json.loads(path.read_text())["rates"]
+            return {k: rates[k][len(rates[k]) // 2] for k in ("base", w)}
+        return dict.fromkeys(("base", w), cfg.traffic.rates[0])
+
     def request_costs(self, backend) -> None:
         """What one request costs the others, on the server (--request-rounds rounds) and on its
         twin (once: virtual time): an arrival among running streams, and a finish
@@ -420,6 +475,11 @@ def run(c: Campaign, parts: list[str]) -> None:
     a = c.args
     if a.predict_only:
         return predict_again(c, parts)
+    if "alternate" in parts and a.alternate_with not in c.cfg.validation.workloads:
+        raise ConfigError(f"--alternate-with {a.alternate_with}: not one of the config's held-out workloads "
+                          f"({', '.join(c.cfg.validation.workloads) or 'none'})")
+    if a.alternate_pairs < 1:
+        raise ConfigError(f"--alternate-pairs: want at least 1, got {a.alternate_pairs}")
     if "contention" in parts and not c.cpus:     # NOTE: before the server starts, not after
         raise ConfigError("--parts contention needs the server pinned to its own core (two cores and taskset)")
     with ExitStack() as stack:
@@ -427,6 +487,8 @@ def run(c: Campaign, parts: list[str]) -> None:
             load = stack.enter_context(background_load(list(range(os.cpu_count() or 1)), a.busy_duty))
             c.record["conditions"]["busy"]["background"] = {k: v for k, v in load.items() if k != "pids"}
         cfg, backend = stack.enter_context(c.server())      # every part measures on the server
+        if "alternate" in parts:
+            c.alternate(cfg, backend)
         if "profile" in parts:
             c.profile(cfg)
         if "knee" in parts:

@@ -49,15 +49,78 @@ def read(cores: list[int], pgid: int, proc: Path = PROC) -> Books | None:
 
 def _group_ticks(pgid: int, proc: Path) -> int:
     """User + system ticks of every live process in process group `pgid` (a server and its workers)."""
-    total = 0
+    return sum(f[11] + f[12] for f in _group_stats(pgid, proc))
+
+
+def _group_stats(pgid: int, proc: Path) -> Iterator[list[int]]:
+    """The numeric stat fields after the name of every live process in group `pgid`: state is
+    left out as 0; then ppid (1), pgrp (2), ..., minflt (7), ..., utime (11), stime (12)."""
     for stat in proc.glob("[0-9]*/stat"):
         try:
             fields = stat.read_text().rsplit(")", 1)[1].split()
         except (OSError, IndexError):
             continue                    # gone meanwhile
-        if int(fields[2]) == pgid:      # after the name: state, ppid, pgrp, ..., utime (11), stime (12)
-            total += int(fields[11]) + int(fields[12])
-    return total
+        if int(fields[2]) == pgid:
+            yield [0] + [int(x) for x in fields[1:13]]
+
+
+@dataclass(frozen=True)
+class Usage:
+    """What a process group has spent so far: CPU seconds in user and kernel mode, and minor page
+    faults (first touches of memory it mapped: a fresh server's allocations show here)."""
+    user_s: float
+    system_s: float
+    minor_faults: int
+
+    def since(self, before: Usage) -> Usage:
+        return Usage(self.user_s - before.user_s, self.system_s - before.system_s, self.minor_faults - before.minor_faults)
+
+
+def usage(pgid: int, proc: Path = PROC) -> Usage | None:
+    """Process group `pgid`'s usage now; None where there is no /proc (not Linux)."""
+    if not (proc / "stat").is_file():
+        return None
+    tick, user, system, faults = os.sysconf("SC_CLK_TCK"), 0, 0, 0
+    for f in _group_stats(pgid, proc):
+        user, system, faults = user + f[11], system + f[12], faults + f[7]
+    return Usage(user / tick, system / tick, faults)
+
+
+def stolen_s(proc: Path = PROC) -> float | None:
+    """Seconds the hypervisor has taken from every core so far (/proc/stat's steal); None without /proc."""
+    try:
+        first = (proc / "stat").read_text().split("\n", 1)[0].split()
+    except OSError:
+        return None
+    return int(first[8]) / os.sysconf("SC_CLK_TCK") if first[0] == "cpu" and len(first) > 8 else None
+
+
+def host_speed(repeats: int = 5) -> dict[str, float]:
+    """The host's speed now, on this process's core: the median seconds of a fixed piece of
+    interpreter work and of a fixed float64 matrix product loop. NOTE: not a server's speed, but
+    the same figure taken before every point of a run says whether the machine changed under it."""
+    import numpy as np
+    a = np.random.default_rng(0).random((128, 128))
+
+    def interp():
+        total = 0
+        for i in range(200_000):
+            total += i & 7
+        return total
+
+    def product():
+        for _ in range(100):
+            a @ a
+
+    out = {}
+    for name, work in (("python_s", interp), ("matmul_s", product)):
+        times = []
+        for _ in range(repeats):
+            t = time.perf_counter()
+            work()
+            times.append(time.perf_counter() - t)
+        out[name] = sorted(times)[len(times) // 2]
+    return out
 
 
 def others_share(before: Books, after: Books, cores: int) -> float:

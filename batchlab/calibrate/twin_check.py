@@ -11,6 +11,9 @@
   them against alone (`arrival_cost`), and the step after another stream finishes against the
   step after that (`finish_cost`): the twin's request-level terms, checked directly; and how a
   step grows with its rows' context over the streams' decode alone (`context_growth`).
+- Where a run stood still: the gaps between any two tokens of a run longer than a few steps while
+  a stream was mid-decode (`stalled`), and a point's figures with them (`point_figures`), so two
+  workloads alternated on one server can be told apart from the server changing under them.
 Both run in milliseconds, so a campaign asks them before it spends minutes measuring.
 """
 from __future__ import annotations
@@ -164,3 +167,54 @@ def finish_cost(run: Run) -> dict[str, float]:
     plain = [t[n + 1] - t[n] for n in ends]
     extra = statistics.median(a - b for a, b in zip(after, plain))
     return {"finish_s": extra, "finish_steps": extra / statistics.median(plain)}
+
+
+STALL_S = 0.03          # a stall: no token from any stream for this long (6-10 decode steps on these machines)
+
+
+def stalled(requests: list[Request], over: float = STALL_S, window: tuple[float, float] | None = None) -> dict[str, float]:
+    """How long the run stood still with work in hand: the gaps longer than `over` between
+    consecutive token stamps of all requests together, during which some request had its first
+    token and not yet its last (so a server idle between arrivals, or prefilling the only request,
+    is not counted); their number and summed seconds, for gaps starting inside `window`."""
+    done = [r for r in requests if r.token_times]
+    if not done:
+        return {"stalls": 0, "stalled_s": 0.0}
+    stamps = np.sort(np.concatenate([r.token_times for r in done]))
+    first = np.array([r.token_times[0] for r in done])
+    last = np.array([r.token_times[-1] for r in done])
+    lo, hi = window or (-np.inf, np.inf)
+    gaps = np.diff(stamps)
+    n, total = 0, 0.0
+    for i in np.flatnonzero((gaps > over) & (stamps[:-1] >= lo) & (stamps[:-1] < hi)):
+        t, g = stamps[i], gaps[i]
+        if ((first <= t) & (last >= t + g)).any():
+            n, total = n + 1, total + float(g)
+    return {"stalls": n, "stalled_s": total}
+
+
+def point_figures(requests: list[Request], warmup_s: float, duration_s: float) -> dict[str, float]:
+    """One point's medians over the requests arriving after the warm-up, and its stalls over the
+    same window (times from the run's start)."""
+    counted = [r for r in requests if r.arrival_time >= warmup_s]
+    s = summarize(counted)
+    return {k: s[k] for k in ("tpot_p50", "ttft_p50", "e2e_p50")} | {"requests": len(counted)} | stalled(
+        requests, window=(warmup_s, warmup_s + duration_s))
+
+
+def alternation(points: list[dict[str, Any]], key: str = "tpot_p50") -> dict[str, Any]:
+    """Points of two workloads run alternately on one server (base first in every pair), each
+    with the twin's figures on the same trace: per pair, the other workload's `key` over base's on
+    the server and on the twin, and per point the twin's over the server's. Medians over the pairs
+    after the first, which runs on a fresh server and is reported apart: its base point over the
+    next one (the nearest in time, so a machine drifting over the run moves both alike)."""
+    pairs = [(points[i], points[i + 1]) for i in range(0, len(points) - 1, 2)]
+    rows = [{"server": o["server"][key] / b["server"][key], "twin": o["twin"][key] / b["twin"][key],
+             "twin_over_server": [b["twin"][key] / b["server"][key], o["twin"][key] / o["server"][key]]} for b, o in pairs]
+    later = rows[1:] or rows
+    med = lambda xs: float(statistics.median(xs)) if xs else float("nan")  # noqa: E731
+    return {"metric": key, "pairs": rows,
+            "server_ratio": med([r["server"] for r in later]), "twin_ratio": med([r["twin"] for r in later]),
+            "base_twin_over_server": med([r["twin_over_server"][0] for r in later]),
+            "other_twin_over_server": med([r["twin_over_server"][1] for r in later]),
+            "first_base_over_next": pairs[0][0]["server"][key] / pairs[1][0]["server"][key] if len(pairs) > 1 else float("nan")}

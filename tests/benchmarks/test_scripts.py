@@ -51,9 +51,13 @@ def test_the_serving_script_answers_help():
     ("policies.py", ["--only-hf"], "--only-hf needs --json"),
     ("twin.py", ["--parts", "profile,nap"], "--parts: unknown nap"),
     ("twin.py", ["--bracket", "fast"], "--bracket: want LO,HI"),
+    ("twin.py", ["--parts", "alternate", "--alternate-with", "spiky", "--out", "/nonexistent/twin"],
+     "--alternate-with spiky: not one of the config's held-out workloads"),
+    ("twin.py", ["--parts", "alternate", "--alternate-pairs", "0", "--out", "/nonexistent/twin"], "--alternate-pairs: want at least 1"),
     ("twin.py", ["--parts", "contention", "--condition", "busy"], "run it with --condition quiet"),
     ("twin.py", ["--predict-only", "--out", "/nonexistent/twin"], "no twin at /nonexistent/twin/twin.yaml"),
     ("corrections.py", ["old=/nonexistent/validate"], "old: /nonexistent/validate is not a finished validation"),
+    ("per_request.py", ["/nonexistent/validate", "--twin", "t.yaml"], "/nonexistent/validate: not a kept validation"),
 ])
 def test_bad_input_is_one_line_exit_2_and_nothing_written(tmp_path, script, args, says):
     out = tmp_path / "result.json"
@@ -126,3 +130,32 @@ def test_refit_profile_groups_a_kept_profiles_prompt_samples_and_rewrites_its_tw
                          text=True, timeout=300)
     assert res.returncode == 2 and res.stderr.count("\n") == 1 and "no prompt-pass samples" in res.stderr
     assert not (tmp_path / "x.json").exists()
+
+
+def test_per_request_reads_a_twin_that_is_the_real_runs_own_simulator_as_exact_in_every_request(tmp_path):
+    """The kept 'real' runs come from the toy simulator; the twin is the same simulator with the
+    same scheduler, so every request's replay matches it exactly, in every clump and third."""
+    from batchlab.backends.presets import load_cost
+    from batchlab.calibrate.validate import validate
+    from batchlab.run.config import load_config
+    profile = tmp_path / "toy.json"
+    load_cost("toy").to_json(profile, level="any", fit_rms_rel_error=0.05)
+    cfg = load_config(None, ["backend.preset=toy", "traffic.rates=[20]", "traffic.duration_s=4", "traffic.warmup_s=1",
+                             "traffic.prompt_len=32", "traffic.output_len=8", "strategies=[continuous]",
+                             "validation.workloads={bursty: {arrival: gamma, burstiness: 0.25}}",
+                             "validation.noise=false", "validation.saturation=false"])
+    validate(cfg, [str(profile)], tmp_path / "v")
+    (tmp_path / "twin.yaml").write_text(f"backend:\n  kind: sim\n  profile: {profile}\nstrategies: [continuous]\n")
+    out = tmp_path / "per_request.json"
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "per_request.py"), str(tmp_path / "v"), "--twin",
+           str(tmp_path / "twin.yaml"), "--json", str(out)]
+    res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr
+    rec = json.loads(out.read_text())
+    for w in ("base", "bursty"):
+        (point,) = rec["workloads"][w].values()
+        assert point["requests"] > 20 and point["ratio"] == pytest.approx(1.0)
+        assert all(c["ratio"] == pytest.approx(1.0) for c in point["clumps"].values() if c["requests"])
+        assert point["thirds"] == pytest.approx([1.0, 1.0, 1.0])
+    assert sum(c["requests"] for c in rec["workloads"]["bursty"]["20"]["clumps"].values()) == rec["workloads"]["bursty"]["20"]["requests"]
+    assert rec["workloads"]["bursty"]["20"]["clumps"]["3-4"]["requests"] > 0        # gamma arrivals do clump

@@ -2,7 +2,8 @@
 twin scaled to a burst measured on the server."""
 import pytest
 
-from batchlab.calibrate.twin_check import Twin, predicted_burst, predicted_knee, scaled_to_burst
+from batchlab.calibrate.twin_check import Twin, alternation, point_figures, predicted_burst, predicted_knee, scaled_to_burst, stalled
+from batchlab.core.request import Request, Status
 from batchlab.core.traffic import fixed_burst
 from batchlab.run.config import load_config
 
@@ -77,3 +78,44 @@ def test_arrivals_cost_the_running_streams_what_the_twin_charges_them_and_a_fini
         arrival_cost(t.replay, 7)
     done = finish_cost(t.replay)
     assert done["finish_s"] == pytest.approx(0.0, abs=1e-9) and done["finish_steps"] == pytest.approx(0.0, abs=1e-9)
+
+
+def stamped(arrival: float, times: list[float]) -> Request:
+    r = Request(f"r{arrival}", 8, len(times), arrival)
+    r.token_times, r.status = list(times), Status.FINISHED
+    return r
+
+
+def test_a_stall_is_a_long_silence_with_a_stream_mid_decode():
+    steady = [0.1 + 0.005 * k for k in range(40)]                     # 0.100 ... 0.295, 5 ms apart
+    paused = steady[:20] + [t + 0.05 for t in steady[20:]]            # 55 ms between tokens 19 and 20
+    assert stalled([stamped(0.0, steady)]) == {"stalls": 0, "stalled_s": 0.0}
+    got = stalled([stamped(0.0, paused)])
+    assert got["stalls"] == 1 and got["stalled_s"] == pytest.approx(0.055)
+    # the same silence between one request's last token and the next's first is an idle server, not a stall
+    apart = [stamped(0.0, steady), stamped(0.3, [0.35 + 0.005 * k for k in range(10)])]
+    assert stalled(apart)["stalls"] == 0
+    # the window counts silences that start inside it
+    assert stalled([stamped(0.0, paused)], window=(0.0, 0.1))["stalls"] == 0
+    assert stalled([]) == {"stalls": 0, "stalled_s": 0.0}
+
+
+def test_a_points_figures_count_the_requests_after_the_warm_up():
+    reqs = [stamped(0.0, [0.1, 0.2, 0.3]), stamped(2.5, [2.51, 2.52, 2.53]), stamped(3.0, [3.02, 3.03, 3.04])]
+    got = point_figures(reqs, warmup_s=2.0, duration_s=10.0)
+    assert got["requests"] == 2
+    assert got["tpot_p50"] == pytest.approx(0.01) and got["ttft_p50"] == pytest.approx(0.015)
+    assert got["stalls"] == 0
+
+
+def test_alternated_pairs_give_the_workloads_ratio_on_both_sides_and_set_the_fresh_servers_pair_apart():
+    def pt(server, twin):
+        return {"server": {"tpot_p50": server}, "twin": {"tpot_p50": twin}}
+    points = [pt(9.0, 5.0), pt(9.0, 6.0),                  # a fresh server: slow on base
+              pt(5.0, 5.0), pt(6.0, 6.0), pt(6.0, 5.0), pt(7.5, 6.0)]
+    got = alternation(points)
+    assert [r["server"] for r in got["pairs"]] == pytest.approx([1.0, 1.2, 1.25])
+    assert got["server_ratio"] == pytest.approx(1.225) and got["twin_ratio"] == pytest.approx(1.2)
+    assert got["base_twin_over_server"] == pytest.approx((1.0 + 5 / 6) / 2)
+    assert got["other_twin_over_server"] == pytest.approx((1.0 + 0.8) / 2)
+    assert got["first_base_over_next"] == pytest.approx(9.0 / 5.0)
