@@ -929,6 +929,14 @@ def twin_probe(d: dict) -> str:
     return "\n".join(lines + _twin_requests(d["conditions"])).strip("\n")
 
 
+def twin_whatif(d: dict) -> str:
+    """The what-if alone: the server restarted at other caps against the twin of one profile."""
+    w = d["conditions"]["quiet"]["whatif"]
+    warm = w.get("warm_bursts", 0)
+    head = [f"Each server sent {warm} saturated bursts, unrecorded, before its measured ones.", ""] if warm else []
+    return "\n".join(head + _twin_whatif(w, d.get("server", "vllm"))).strip("\n")
+
+
 def twin_alternate(d: dict) -> str:
     """Base traffic and a held-out workload alternately on one server from its start, each trace
     also on the twin: per point, and the workloads' ratio on both over the later pairs."""
@@ -940,7 +948,9 @@ def twin_alternate(d: dict) -> str:
         w, pts = a["with"], a["points"]
         hosted = all("host" in p for p in pts)
         rates = {p["workload"]: p["rate"] for p in pts}
-        lines += [f"`{w}` and `base` alternately on {SERVER_NAMES[d.get('server', 'vllm')]} from its start ({cond}; "
+        warm = a.get("warm_bursts", 0)
+        after = f" after {warm} saturated warm-up bursts" if warm else ""
+        lines += [f"`{w}` and `base` alternately on {SERVER_NAMES[d.get('server', 'vllm')]} from its start{after} ({cond}; "
                   f"`{a['command']}`; req/s `base` {rates['base']:g}, `{w}` {rates[w]:g}; twin `{a['twin']}`):", "",
                   "| point | workload | started after | server p50 TPOT | twin p50 TPOT | twin / server | stood still "
                   "(gaps ≥ 30 ms mid-decode): server; twin | server kernel time | page faults |"
@@ -962,7 +972,8 @@ def twin_alternate(d: dict) -> str:
         t = by["tpot_p50"]
         lines += ["", f"Over the {len(t['pairs']) - 1} pairs after the first, `{w}` over `base` (median): {said}. The "
                   f"twin's p50 TPOT over the server's: {t['base_twin_over_server']:.2f} on `base`, "
-                  f"{t['other_twin_over_server']:.2f} on `{w}`. The first point, on the fresh server, ran "
+                  f"{t['other_twin_over_server']:.2f} on `{w}`. The first point, "
+                  f"{'after the warm-up' if warm else 'on the fresh server'}, ran "
                   f"{t['first_base_over_next']:.2f}× the next `base` point's p50 TPOT.", ""]
     return "\n".join(lines).strip("\n")
 
@@ -1266,7 +1277,8 @@ RENDER = {"sim_speed": sim_speed, "hf_dynamic_vs_naive": hf_dynamic_vs_naive, "e
           "twin_contention_vllm": twin_contention, "twin_contention_batchlab": twin_contention,
           "twin_vllm_probe": twin_probe, "twin_batchlab_probe": twin_probe, "twin_vllm_clump": twin_probe, "twin_vllm_stay": twin_probe,
           "twin_vllm_alternate": twin_alternate, "twin_vllm_alternate_host": twin_alternate,
-          "twin_vllm_per_request": per_request,
+          "twin_vllm_per_request": per_request, "twin_vllm_alternate_warm": twin_alternate,
+          "twin_vllm_whatif_warm": twin_whatif,
           "torch_thread_ab": torch_thread_ab,
           "busy_threads": busy_threads}
 # Result files written by a benchmark with other settings (serving-max-num-seqs-128.json, ...) use its renderer.

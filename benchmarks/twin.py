@@ -29,9 +29,11 @@ every what-if cap.
    server from its start, --alternate-pairs pairs at the validation's middle rates, each trace
    also on the twin; per point the medians, the time the streams stood still with work in hand,
    the server's kernel time and page faults, the time the hypervisor stole, and the host's speed
-   just before (a fixed piece of work timed on the client's core). A workload's own error keeps its size in every
-   pair; a server that changes while a validation runs its workloads one after another does not.
-   Runs before every other part, on the fresh server.
+   just before (a fixed piece of work timed on the client's core). A workload's own error keeps
+   its size in every pair; a server that changes while a validation runs its workloads one after
+   another does not. Runs before every other part, right after the warm-up.
+Every server gets --warm-bursts saturated bursts, unrecorded, as soon as it answers (with 0, the
+parts see it fresh: on vLLM its first half-minute of traffic ran about 1.3x slow).
 6. requests: what one request costs the others, --request-rounds rounds on the server and once on
    the twin: 16 streams decoding alone and with 30 short requests arriving among them (the time
    one arrival adds), the same 30 in five clumps of six (what arriving together adds), and in
@@ -121,6 +123,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="knee: a saturated burst before each search, and the twin scaled to match it")
     ap.add_argument("--contention-rounds", type=int, default=3, help="contention: rounds of quiet / server core / every core")
     ap.add_argument("--request-rounds", type=int, default=5, help="requests: rounds of the arrival and finish probes")
+    ap.add_argument("--warm-bursts", type=int, default=2,
+                    help="saturated bursts sent to every server after it starts, before any part measures "
+                         "(a fresh server's first traffic runs slow while it first touches its memory)")
     ap.add_argument("--alternate-with", default="bursty", help="alternate: the held-out workload run between base points")
     ap.add_argument("--alternate-pairs", type=int, default=4, help="alternate: pairs of points (base, then the other)")
     ap.add_argument("--predict-only", action="store_true",
@@ -145,6 +150,7 @@ class Campaign:
         self.record = json.loads(self.json.read_text()) if self.json.is_file() else {}
         self.record |= {"server": args.server, "config": os.path.relpath(args.config, ROOT), "cpus": os.cpu_count(),
                         "pinned": bool(self.cpus), "slo": self.cfg.slo.model_dump(exclude_none=True)}
+        self.warm_bursts = args.warm_bursts          # recorded by each part measured after them
         self.cond = self.record.setdefault("conditions", {}).setdefault(args.condition, {})
         self.command = command
         self.moved = False                  # --front-end-on-engine: its twin is written for this profile
@@ -166,8 +172,17 @@ class Campaign:
             cfg = self.cfg.model_copy(update={"backend": self.cfg.backend.model_copy(
                 update={"base_url": running.url, "model": running.model})})
             b = self.cfg.backend
-            yield cfg, OpenAIBackend(running.url, running.model, timeout_s=b.timeout_s, prompt_format=b.prompt_format,
-                                     length_control=b.length_control)
+            backend = OpenAIBackend(running.url, running.model, timeout_s=b.timeout_s, prompt_format=b.prompt_format,
+                                    length_control=b.length_control)
+            self.warm(backend)
+            yield cfg, backend
+
+    def warm(self, backend) -> None:
+        """--warm-bursts saturated bursts, unrecorded: the largest batches and prompt passes the
+        server will run, so what it allocates the first time is allocated before any part measures."""
+        for k in range(self.args.warm_bursts):
+            got = compare.saturated(backend, *BURST)
+            print(f"warm-up: burst {k + 1} of {self.args.warm_bursts}: {got['tok_s']:.0f} tok/s", flush=True)
 
     def started(self, chosen):
         """vLLM or transformers serve from their environment, or `batchlab serve` (continuous batching
@@ -191,7 +206,7 @@ class Campaign:
 
     def save(self, part: str, figures: dict) -> None:
         self.cond[part] = {"twin": os.path.relpath(self.twin_file(), ROOT), "profile": self.profile_id()} | figures | {
-            "command": self.command, "load_1min_after": os.getloadavg()[0]}
+            "command": self.command, "load_1min_after": os.getloadavg()[0], "warm_bursts": self.warm_bursts}
         self.json.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(self.json, json.dumps(self.record, indent=2, default=float) + "\n")
 
@@ -478,6 +493,8 @@ def run(c: Campaign, parts: list[str]) -> None:
     if "alternate" in parts and a.alternate_with not in c.cfg.validation.workloads:
         raise ConfigError(f"--alternate-with {a.alternate_with}: not one of the config's held-out workloads "
                           f"({', '.join(c.cfg.validation.workloads) or 'none'})")
+    if a.warm_bursts < 0:
+        raise ConfigError(f"--warm-bursts: want 0 or more, got {a.warm_bursts}")
     if a.alternate_pairs < 1:
         raise ConfigError(f"--alternate-pairs: want at least 1, got {a.alternate_pairs}")
     if "contention" in parts and not c.cpus:     # NOTE: before the server starts, not after

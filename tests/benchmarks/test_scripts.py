@@ -54,6 +54,7 @@ def test_the_serving_script_answers_help():
     ("twin.py", ["--parts", "alternate", "--alternate-with", "spiky", "--out", "/nonexistent/twin"],
      "--alternate-with spiky: not one of the config's held-out workloads"),
     ("twin.py", ["--parts", "alternate", "--alternate-pairs", "0", "--out", "/nonexistent/twin"], "--alternate-pairs: want at least 1"),
+    ("twin.py", ["--warm-bursts", "-1", "--out", "/nonexistent/twin"], "--warm-bursts: want 0 or more"),
     ("twin.py", ["--parts", "contention", "--condition", "busy"], "run it with --condition quiet"),
     ("twin.py", ["--predict-only", "--out", "/nonexistent/twin"], "no twin at /nonexistent/twin/twin.yaml"),
     ("corrections.py", ["old=/nonexistent/validate"], "old: /nonexistent/validate is not a finished validation"),
