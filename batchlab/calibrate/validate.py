@@ -365,10 +365,7 @@ def validate(cfg: RunConfig, profile_paths: list[str], out: Path, progress=None,
     names = ["base", *cfg.validation.workloads]
     executor = make_executor(cfg.executor)     # NOTE: first, so a Ray started here serves every half
     try:
-        measured = {}
-        for name in names:
-            say = (lambda m, n=name: progress(f"{n}: {m}")) if progress else None
-            measured[name] = measure_workload(cfg, name, profiles, out / name, say)
+        measured = measure_workloads(cfg, names, profiles, out, progress)
         drifts = {name: dict(m.drift) for name, m in measured.items()}
         ratios: dict[str, dict[str, list[float]]] = {}
         lives: dict[str, dict[str, Live]] = {}
@@ -411,6 +408,37 @@ class Measured:
     drift: dict[str, Drift]
 
 
+def measure_workloads(cfg: RunConfig, names: list[str], profiles: dict[str, Profile], out: Path,
+                      progress=None) -> dict[str, Measured]:
+    """Every workload's real side, in `validation.order` (each kept under out/NAME as it comes).
+    mirrored: every workload's reference burst and real runs in turn, then the rest (rerun, the
+    later reference bursts, saturation) in the reverse order, so a machine drifting over the
+    validation moves each workload's pair of runs alike rather than landing on the last one."""
+    def say(name: str):
+        return (lambda m: progress(f"{name}: {m}")) if progress else None
+    order = names
+    if cfg.validation.order == "mirrored":
+        for name in names:
+            lent = LentBackend(cfg.workload(name))
+            try:
+                first_run(cfg, name, out / name, lent, say(name))
+            finally:
+                lent.close()
+        order = names[::-1]
+    measured = {name: measure_workload(cfg, name, profiles, out / name, say(name)) for name in order}
+    return {name: measured[name] for name in names}
+
+
+def first_run(cfg: RunConfig, name: str, where: Path, real_backend: LentBackend, say=None) -> pd.DataFrame:
+    """A workload's reference burst before its runs (with `validation.drift`) and its real runs;
+    what is kept in `where` already is not run again."""
+    wc = cfg.workload(name)
+    if cfg.validation.drift:
+        where.mkdir(parents=True, exist_ok=True)
+        reference(where / "reference.csv", "before", sorted({level_of(s) for s in cfg.strategies}), real_backend, say)
+    return _sweep(wc, where / "real", real_backend, say)
+
+
 def measure_workload(cfg: RunConfig, name: str, profiles: dict[str, Profile], where: Path, say=None) -> Measured:
     """One workload's real runs (and rerun), the reference bursts around them and its saturation
     bursts; each kept in `where` as it comes, so a killed validation resumes where it stopped."""
@@ -419,10 +447,7 @@ def measure_workload(cfg: RunConfig, name: str, profiles: dict[str, Profile], wh
     levels = sorted({level_of(s) for s in cfg.strategies})
     real_backend, ref = LentBackend(wc), where / "reference.csv"
     try:
-        if drift_on:
-            where.mkdir(parents=True, exist_ok=True)
-            reference(ref, "before", levels, real_backend, say)
-        real = _sweep(wc, where / "real", real_backend, say)
+        real = first_run(cfg, name, where, real_backend, say)
         rerun = None
         if noise:
             if drift_on:

@@ -353,3 +353,34 @@ def test_the_drift_factors_uncertainty_is_its_medians_standard_error_not_one_bur
     assert d.sigma(prof) < math.hypot(0.05, d.spread)                   # narrower than one burst's spread
     lo, hi = d.side(prof, -1.0)[0], d.side(prof, 1.0)[0]
     assert (hi - lo) / 2 == pytest.approx(d.scale * d.sigma(prof))
+
+
+def test_mirrored_order_runs_every_first_run_then_the_reruns_backwards_and_judges_the_same(tmp_path, monkeypatch):
+    """mirrored moves when each run happens, not what it measures: on the deterministic toy the
+    cells are those of the workload-by-workload order."""
+    import batchlab.calibrate.validate as val
+    sets = BASE + ["strategies=[continuous]", "validation.workloads={bursty: {arrival: gamma, burstiness: 0.25}, "
+                                              "long: {prompt_len: 200}}"]
+    runs, sweep = [], val._sweep
+
+    def recorded(wc, path, real, say):
+        runs.append(f"{path.parent.name}/{path.name}")
+        return sweep(wc, path, real, say)
+
+    monkeypatch.setattr(val, "_sweep", recorded)
+    mirrored = validate(load_config(None, sets + ["validation.order=mirrored"]), [toy_profile(tmp_path)], tmp_path / "m")
+    assert runs == ["base/real", "bursty/real", "long/real",           # every first run in turn
+                    "long/real", "long/rerun", "bursty/real", "bursty/rerun", "base/real", "base/rerun"]   # kept ones resumed
+    refs = pd.read_csv(tmp_path / "m" / "base" / "reference.csv")
+    assert list(refs["when"]) == ["before", "between", "after"]         # each timed once, resumed or not
+    assert list(dict.fromkeys(mirrored.cells["workload"])) == ["base", "bursty", "long"]
+    runs.clear()
+    plain = validate(load_config(None, sets), [toy_profile(tmp_path)], tmp_path / "w")
+    assert runs == ["base/real", "base/rerun", "bursty/real", "bursty/rerun", "long/real", "long/rerun"]
+    pd.testing.assert_frame_equal(mirrored.cells.reset_index(drop=True), plain.cells.reset_index(drop=True))
+    assert "order: mirrored" in (tmp_path / "m" / "validate.yaml").read_text()
+
+
+def test_an_unknown_order_is_refused_when_the_config_loads():
+    with pytest.raises(ConfigError, match="order"):
+        load_config(None, BASE + ["validation.order=shuffled"])

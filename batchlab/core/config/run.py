@@ -59,6 +59,11 @@ class ValidateConfig(Model):
     live: bool = True
     """Scale each workload's replays by the live factor: real over replayed p50 TPOT on the *other*
     workloads (closed-burst profiles read below live traffic); needs two workloads or more."""
+    order: Literal["workload", "mirrored"] = "workload"
+    """`workload`: each workload's runs, rerun and saturation bursts before the next workload's;
+    `mirrored`: every workload's first runs in turn, then the reruns (and the rest) in the reverse
+    order, so a machine that drifts over the validation moves every workload's two runs alike
+    rather than landing on the last workload's."""
     first_token: Literal["delay", "factor", "off"] = "delay"
     """What p50 TTFT still misses on the *other* workloads after the live factor, put into each
     workload's replays: `delay`, seconds added to every request before the scheduler sees it;
