@@ -52,6 +52,17 @@ def test_a_failed_probe_says_what_the_server_lacks(error, says):
     assert "nothing was written" in str(e.value) and refusal(error) == str(e.value)
 
 
+def test_a_chunk_merged_once_is_tolerated_and_a_server_that_merges_is_refused():
+    r = Request("r", 4, 61, 0.0)
+    r.token_times = [0.01 * k for k in range(61)]                  # 61 tokens produced
+    stamps = [0.01 * k for k in range(60)]                        # one chunk carried two of them
+    assert stream_checked(r, stamps) == stamps + [stamps[-1]]
+    with pytest.raises(ConfigError, match="merges tokens into chunks"):
+        stream_checked(r, stamps[::2])                            # two tokens a chunk throughout
+    with pytest.raises(ConfigError, match="merges tokens into chunks"):
+        stream_checked(r, stamps[:58])                            # three missing of 61: more than 2 %
+
+
 def profile(fake: FakeServer, tmp_path):
     cfg = load_config(None, ["backend.kind=openai", "backend.base_url=http://fake/v1", "backend.model=fake",
                              "strategies=[server]", "traffic.duration_s=2", "traffic.warmup_s=0", "traffic.rates=[5]"])
