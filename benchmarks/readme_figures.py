@@ -1277,7 +1277,7 @@ RENDER = {"sim_speed": sim_speed, "hf_dynamic_vs_naive": hf_dynamic_vs_naive, "e
           "twin_contention_vllm": twin_contention, "twin_contention_batchlab": twin_contention,
           "twin_vllm_probe": twin_probe, "twin_batchlab_probe": twin_probe, "twin_vllm_clump": twin_probe, "twin_vllm_stay": twin_probe,
           "twin_vllm_alternate": twin_alternate, "twin_vllm_alternate_host": twin_alternate,
-          "twin_vllm_per_request": per_request, "twin_vllm_alternate_warm": twin_alternate,
+          "twin_vllm_per_request": per_request, "twin_vllm_per_request_s71": per_request, "twin_vllm_alternate_warm": twin_alternate,
           "twin_vllm_whatif_warm": twin_whatif,
           "torch_thread_ab": torch_thread_ab,
           "busy_threads": busy_threads}
