@@ -37,7 +37,8 @@ parts see it fresh: on vLLM its first half-minute of traffic ran about 1.3x slow
 6. requests: what one request costs the others, --request-rounds rounds on the server and once on
    the twin: 16 streams decoding alone and with 30 short requests arriving among them (the time
    one arrival adds), the same 30 in five clumps of six (what arriving together adds), and in
-   clumps of six that decode 48 tokens beside the streams (what clumps that stay add), and 16
+   clumps of six that decode 48 tokens beside the streams (what clumps that stay add), the 30
+   one by one with 384-token prompts (what a long prompt adds), and 16
    streams one of which finishes every other step (what a finish adds
    to the next step); calibrate/twin_check.py.
 --condition busy runs 2 and 3 with a background load on both cores (baselines/background.py).
@@ -74,6 +75,7 @@ from batchlab.calibrate.blackbox import ProbeGrid
 from batchlab.calibrate.server import profile_server
 from batchlab.calibrate.twin_check import (
     CLUMP,
+    LONG_ARRIVAL,
     STAY,
     Twin,
     alternation,
@@ -404,14 +406,15 @@ class Campaign:
             rounds.append(self.costs(run))
             print(f"requests: round {k}: an arrival {1e3 * rounds[-1]['arrival_s']:.2f} ms "
                   f"({rounds[-1]['arrival_steps']:.2f} steps), in clumps of {CLUMP} {1e3 * rounds[-1]['clump_arrival_s']:.2f} ms, "
-                  f"staying {1e3 * rounds[-1]['stay_arrival_s']:.2f} ms, a finish {1e3 * rounds[-1]['finish_s']:.2f} ms", flush=True)
+                  f"staying {1e3 * rounds[-1]['stay_arrival_s']:.2f} ms, a long prompt {1e3 * rounds[-1]['long_arrival_s']:.2f} ms, "
+                  f"a finish {1e3 * rounds[-1]['finish_s']:.2f} ms", flush=True)
         self.save("requests", {"rounds": rounds, "predicted": self.costs(self.twin().replay)})
 
     @staticmethod
     def costs(run) -> dict:
         """One round of the request probes on `run` (a server's client or a twin's replay)."""
         return (arrival_cost(run) | arrival_cost(run, CLUMP) | arrival_cost(run, CLUMP, STAY, "stay_")
-                | finish_cost(run))
+                | arrival_cost(run, 1, LONG_ARRIVAL, "long_") | finish_cost(run))
 
     def contention_check(self, backend) -> None:
         """Saturated bursts quiet and beside the background load (the server's core, every core), in

@@ -101,6 +101,7 @@ LONG, LONG_PROMPT, LONG_OUTPUT = 16, 32, 400
 ARRIVALS, SHORT, ARRIVAL_SPAN = 30, (32, 2), (0.2, 0.7)
 CLUMP = 6                   # arrivals at one instant in the clumped probe (five clumps of six)
 STAY = (32, 48)             # clumped arrivals that stay: 48 tokens each, decoding beside the streams
+LONG_ARRIVAL = (384, 2)     # arrivals with long prompts (the held-out long-prompt workload's middle)
 FINISH_BASE = 32
 Run = Callable[[list[TraceItem]], list[Request]]     # a trace -> its requests, on a server or a twin
 
@@ -137,7 +138,8 @@ def arrival_cost(run: Run, clump: int = 1, short: tuple[int, int] = SHORT, prefi
     / ARRIVALS, in seconds and in steps of the decode alone (a unit the machine's speed cancels from).
     clump > 1: the same ARRIVALS come `clump` at a time (ARRIVALS / clump instants over the same
     span), keys prefixed `prefix`: what arriving together costs beyond arriving one by one; `short`
-    the arrivals' prompt and output lengths (STAY: requests that decode beside the streams a while)."""
+    the arrivals' prompt and output lengths (STAY: requests that decode beside the streams a while;
+    LONG_ARRIVAL: long prompts), keys prefixed too where they are not SHORT."""
     if clump < 1 or ARRIVALS % clump:
         raise ValueError(f"clump must divide {ARRIVALS} arrivals (got {clump})")
     longs = [TraceItem(0.0, LONG_PROMPT, LONG_OUTPUT) for _ in range(LONG)]
@@ -150,8 +152,9 @@ def arrival_cost(run: Run, clump: int = 1, short: tuple[int, int] = SHORT, prefi
     extra = (together - alone) / ARRIVALS
     out = {"arrival_s": extra, "arrival_steps": extra / (alone / (LONG_OUTPUT - 1)),
            "decode_with_s": together, "decode_alone_s": alone}
-    if clump > 1:
-        return {f"{prefix}{k}": v for k, v in out.items()} | {f"{prefix}size": clump, f"{prefix}output": short[1]}
+    if clump > 1 or short != SHORT:
+        return {f"{prefix}{k}": v for k, v in out.items()} | {f"{prefix}size": clump, f"{prefix}output": short[1],
+                                                              f"{prefix}prompt": short[0]}
     return out | context_growth(solo)
 
 

@@ -74,6 +74,9 @@ def test_arrivals_cost_the_running_streams_what_the_twin_charges_them_and_a_fini
     staying = arrival_cost(t.replay, 6, (32, 48), "stay_")
     assert staying["stay_output"] == 48 and staying["stay_arrival_s"] > clumped["clump_arrival_s"]   # more rows decode
     assert clumped["clump_decode_alone_s"] == pytest.approx(base["decode_alone_s"])
+    long = arrival_cost(t.replay, 1, (384, 2), "long_")
+    assert long["long_prompt"] == 384 and long["long_size"] == 1 and "arrival_s" not in long
+    assert long["long_arrival_s"] > base["arrival_s"]                   # more prompt tokens in its step
     with pytest.raises(ValueError, match="must divide 30"):
         arrival_cost(t.replay, 7)
     done = finish_cost(t.replay)
