@@ -1025,6 +1025,11 @@ def _twin_requests(conditions: dict) -> list[str]:
                         f"**{1e3 * med('stay_arrival_s'):.1f} ms** each ({med('stay_arrival_steps'):.2f} steps) on the "
                         f"server (median; per round {ms('stay_arrival_s')} ms), **{1e3 * twin['stay_arrival_s']:.1f} ms** "
                         f"({twin['stay_arrival_steps']:.2f} steps) on the twin.")
+        if "long_arrival_s" in twin:
+            out[-1] += (f" One by one with {twin['long_prompt']}-token prompts they add **{1e3 * med('long_arrival_s'):.1f} ms** "
+                        f"each ({med('long_arrival_steps'):.2f} steps) on the server (median; per round "
+                        f"{ms('long_arrival_s')} ms), **{1e3 * twin['long_arrival_s']:.1f} ms** "
+                        f"({twin['long_arrival_steps']:.2f} steps) on the twin.")
     return out
 
 
@@ -1276,6 +1281,7 @@ RENDER = {"sim_speed": sim_speed, "hf_dynamic_vs_naive": hf_dynamic_vs_naive, "e
           "plan_cpu": plan_cpu, "same_point": same_point, "corrections": corrections,
           "twin_contention_vllm": twin_contention, "twin_contention_batchlab": twin_contention,
           "twin_vllm_probe": twin_probe, "twin_batchlab_probe": twin_probe, "twin_vllm_clump": twin_probe, "twin_vllm_stay": twin_probe,
+          "twin_vllm_long": twin_probe,
           "twin_vllm_alternate": twin_alternate, "twin_vllm_alternate_host": twin_alternate,
           "twin_vllm_per_request": per_request, "twin_vllm_per_request_s71": per_request, "twin_vllm_alternate_warm": twin_alternate,
           "twin_vllm_whatif_warm": twin_whatif,
