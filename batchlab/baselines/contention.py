@@ -20,6 +20,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 PROC = Path("/proc")
 
 
@@ -99,7 +101,6 @@ def host_speed(repeats: int = 5) -> dict[str, float]:
     """The host's speed now, on this process's core: the median seconds of a fixed piece of
     interpreter work and of a fixed float64 matrix product loop. NOTE: not a server's speed, but
     the same figure taken before every point of a run says whether the machine changed under it."""
-    import numpy as np
     a = np.random.default_rng(0).random((128, 128))
 
     def interp():

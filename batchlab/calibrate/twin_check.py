@@ -209,7 +209,7 @@ def alternation(points: list[dict[str, Any]], key: str = "tpot_p50") -> dict[str
     """Points of two workloads run alternately on one server (base first in every pair), each
     with the twin's figures on the same trace: per pair, the other workload's `key` over base's on
     the server and on the twin, and per point the twin's over the server's. Medians over the pairs
-    after the first, which runs on a fresh server and is reported apart: its base point over the
+    after the first, which runs on the freshest server and is reported apart: its base point over the
     next one (the nearest in time, so a machine drifting over the run moves both alike)."""
     pairs = [(points[i], points[i + 1]) for i in range(0, len(points) - 1, 2)]
     rows = [{"server": o["server"][key] / b["server"][key], "twin": o["twin"][key] / b["twin"][key],
