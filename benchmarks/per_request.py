@@ -22,6 +22,7 @@ import pandas as pd
 
 from batchlab.calibrate.twin_check import Twin
 from batchlab.core.files import write_atomic
+from batchlab.core.metrics import per_request
 from batchlab.core.traffic import build_trace
 from batchlab.errors import ConfigError, user_errors
 from batchlab.run.config import load_config
@@ -30,24 +31,17 @@ CLUMP_S = 0.05                     # arrivals this close to a request's own coun
 CLUMPS = ((1, 1), (2, 2), (3, 4), (5, 8), (9, 10**9))
 
 
-def tpot(first: np.ndarray, last: np.ndarray, n: np.ndarray) -> np.ndarray:
-    return (last - first) / np.maximum(n - 1, 1)
-
-
 def replayed(twin: Twin, traffic, rate: float) -> pd.DataFrame:
     """The point's trace on the twin: per finished request its id and TPOT."""
-    reqs = twin.replay(build_trace(traffic, rate), traffic, None, rate)
-    done = [r for r in reqs if len(r.token_times) > 1]
-    return pd.DataFrame({"request_id": [r.request_id for r in done],
-                         "twin_tpot": [(r.token_times[-1] - r.token_times[0]) / (len(r.token_times) - 1) for r in done]})
+    done = [r for r in twin.replay(build_trace(traffic, rate), traffic, None, rate) if r.output_len > 1]
+    return pd.DataFrame({"request_id": [r.request_id for r in done], "twin_tpot": [per_request(r)["tpot"] for r in done]})
 
 
 def by_request(real: pd.DataFrame, twin: pd.DataFrame) -> pd.DataFrame:
     """The finished, counted requests of one real point beside their replays: ratio twin / server
     TPOT, clump size and when in the run each arrived."""
-    real = real[(real["status"] == "finished") & (real["warmup"] == 0) & (real["output_len"] > 1)].copy()
-    real["server_tpot"] = tpot(real["first_token_time"].to_numpy(), real["completion_time"].to_numpy(),
-                               real["output_len"].to_numpy())
+    real = real[(real["status"] == "finished") & (real["warmup"] == 0) & (real["output_len"] > 1)]
+    real = real.assign(server_tpot=real["tpot"])            # the kept per-request TPOT (core/metrics.py per_request)
     m = real.merge(twin, on="request_id", how="inner")
     a = np.sort(m["arrival_time"].to_numpy())
     m["clump"] = (np.searchsorted(a, m["arrival_time"] + CLUMP_S, side="right")

@@ -1015,21 +1015,17 @@ def _twin_requests(conditions: dict) -> list[str]:
                         f"per 100 tokens of context on the server ({1e3 * med('growth_per_100_s'):.2f} ms on a "
                         f"{1e3 * med('step_at_start_s'):.1f}-ms step; median), **{100 * twin['growth_per_100_share']:.1f} %** "
                         f"on the twin ({1e3 * twin['growth_per_100_s']:.2f} ms on {1e3 * twin['step_at_start_s']:.1f} ms).")
+        def cost(p: str) -> str:
+            """A probe variant's cost per arrival: on the server (median and per round), on the twin."""
+            return (f"**{1e3 * med(p + 'arrival_s'):.1f} ms** each ({med(p + 'arrival_steps'):.2f} steps) on the server "
+                    f"(median; per round {ms(p + 'arrival_s')} ms), **{1e3 * twin[p + 'arrival_s']:.1f} ms** "
+                    f"({twin[p + 'arrival_steps']:.2f} steps) on the twin.")
         if "clump_arrival_s" in twin:
-            out[-1] += (f" The same arrivals {twin.get('clump_size') or twin['clump']} at a time add **{1e3 * med('clump_arrival_s'):.1f} ms** each "
-                        f"({med('clump_arrival_steps'):.2f} steps) on the server (median; per round "
-                        f"{ms('clump_arrival_s')} ms), **{1e3 * twin['clump_arrival_s']:.1f} ms** "
-                        f"({twin['clump_arrival_steps']:.2f} steps) on the twin.")
+            out[-1] += f" The same arrivals {twin.get('clump_size') or twin['clump']} at a time add {cost('clump_')}"
         if "stay_arrival_s" in twin:
-            out[-1] += (f" {twin['stay_size']} at a time that stay for {twin['stay_output']} tokens each add "
-                        f"**{1e3 * med('stay_arrival_s'):.1f} ms** each ({med('stay_arrival_steps'):.2f} steps) on the "
-                        f"server (median; per round {ms('stay_arrival_s')} ms), **{1e3 * twin['stay_arrival_s']:.1f} ms** "
-                        f"({twin['stay_arrival_steps']:.2f} steps) on the twin.")
+            out[-1] += f" {twin['stay_size']} at a time that stay for {twin['stay_output']} tokens each add {cost('stay_')}"
         if "long_arrival_s" in twin:
-            out[-1] += (f" One by one with {twin['long_prompt']}-token prompts they add **{1e3 * med('long_arrival_s'):.1f} ms** "
-                        f"each ({med('long_arrival_steps'):.2f} steps) on the server (median; per round "
-                        f"{ms('long_arrival_s')} ms), **{1e3 * twin['long_arrival_s']:.1f} ms** "
-                        f"({twin['long_arrival_steps']:.2f} steps) on the twin.")
+            out[-1] += f" One by one with {twin['long_prompt']}-token prompts they add {cost('long_')}"
     return out
 
 
