@@ -7,6 +7,9 @@
              + admit * admitted_requests   (per request starting its prompt: slot, cache and bookkeeping set-up)
              + warmup * warm               (request-level decode: a call's first steps run slower, fading
                                             linearly to nothing after WARM_STEPS steps)
+             + mix * prefill_tokens * decode_rows   (a prompt computed beside decoding rows costs more per
+                                            token the more rows there are: a server measured from outside
+                                            shows it, a profile of prompts alone cannot)
              + shape(tokens)               (a measured profile's correction by the tokens the pass computes:
                                             small matrix products run below the machine's rate, so cost
                                             bends with size where the terms above are straight lines)
@@ -32,10 +35,10 @@ from batchlab.errors import ConfigError
 # The fitted coefficients, in the order of `features()`. NOTE: overhead and weight read cannot be
 # told apart from step times, so a fit reports their sum as overhead_s (weight_s = 0).
 COEFFS = ("overhead_s", "kv_s_per_token", "prefill_s_per_token", "decode_s_per_row", "prefill_step_s",
-          "attn_s_per_pair", "admit_s", "warmup_s")
+          "attn_s_per_pair", "admit_s", "warmup_s", "mix_s_per_token_row")
 # The terms added after the first five (each measured with and without on held-out traffic):
 # zero in presets and in profiles fitted before them, so those simulate exactly as they did.
-LATER_TERMS = ("attn_s_per_pair", "admit_s", "warmup_s")
+LATER_TERMS = ("attn_s_per_pair", "admit_s", "warmup_s", "mix_s_per_token_row")
 WARM_STEPS = 32            # request-level decode steps over which a call's warm-up fades out
 # Every timing a step-time model holds, in seconds (besides the shape correction's knots): what a
 # machine running faster or slower scales
@@ -49,7 +52,7 @@ def features(context_tokens: float, prefill_tokens: float, decode_rows: float, a
              admitted: float = 0.0, warm: float = 0.0) -> tuple[float, ...]:
     """The step-time model's regressors for one step: t_step = sum(coefficient x feature)."""
     return (1.0, float(context_tokens), float(prefill_tokens), float(decode_rows), float(prefill_tokens > 0),
-            float(attn_pairs), float(admitted), float(warm))
+            float(attn_pairs), float(admitted), float(warm), float(prefill_tokens) * float(decode_rows))
 
 
 def attention_pairs(chunk: int, computed: int) -> float:
@@ -80,6 +83,7 @@ class StepCost:
     attn_s_per_pair: float = 0.0  # per (prompt token, token it attends to): attention's quadratic part
     admit_s: float = 0.0          # per request whose prompt starts in the step
     warmup_s: float = 0.0         # request-level decode: extra time of a call's first step, fading (warm_weight)
+    mix_s_per_token_row: float = 0.0   # per prompt token x decode row computed in one step, beyond both alone
     frontend_s: float = 0.0       # per request, before any step: a server's front end (HTTP, tokenizing), not a step
     # NOTE: where the front end runs on the processor the steps run on (a server computing on the
     # CPU), its work takes the engine's time: requests pass the front end one after another, and
@@ -125,6 +129,8 @@ class StepCost:
             t = t + self.admit_s * admitted
         if self.warmup_s:
             t = t + self.warmup_s * warm
+        if self.mix_s_per_token_row:
+            t = t + self.mix_s_per_token_row * prefill_tokens * decode_rows
         if self.shape_s:
             t = t + self.shape(prefill_tokens + decode_rows)
         return t

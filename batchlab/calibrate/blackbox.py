@@ -3,8 +3,10 @@
 Three probes, each a short trace sent through the load target (the client every run uses):
 - decode: a burst of b requests (prompt p, n tokens each, exact lengths); while all b decode
   together, the gaps between one stream's chunks are the server's decode steps at batch b;
-- prefill: one or two requests sent beside a stream decoding alone; the stream's gap that ends
-  with their first token is one step holding those prompts and one decode row;
+- prefill: a request sent beside b streams decoding together (b over `streams`; two requests
+  beside one stream); the streams' gap that ends with its first token is one step holding that
+  prompt and b decode rows (a prompt beside sixteen rows costs a server more per prompt token
+  than beside one: vLLM on a CPU, 85 against 60 us);
 - idle: one request to an idle server; its time to first token less the fitted prefill step is
   the front end (HTTP, tokenizing, streaming: what happens before the engine has the request).
   The prefill probes measure it a second way, without the fit: a prompt that came in step j of
@@ -52,6 +54,7 @@ class ProbeGrid:
     repeats: int = 3                             # measured passes over the grid (medians)
     warmup: int = 1                              # unmeasured passes first
     gap_s: float = 0.2                           # idle time before each probe
+    streams: tuple[int, ...] = (1, 4, 16)        # prefill: decoding streams a prompt is sent beside
 
 
 @dataclass
@@ -73,7 +76,8 @@ class Prober:
         self.tag = 0
         self.nonce = secrets.randbits(48)    # this profile's prompts: a prefix cache has seen none of them
         self.decode: dict[tuple[int, int, int], list[float]] = defaultdict(list)
-        self.mixed: dict[tuple[int, int], list[tuple[int, float]]] = defaultdict(list)   # (rows, prompt) -> (context, gap)
+        self.mixed: dict[tuple[int, int, int], list[tuple[int, float]]] = defaultdict(list)   # (streams, rows, prompt) -> (context, gap)
+        self.pace: dict[int, float] = {}   # streams -> this pass's decode step with that many streams (shortest context)
         self.idle: dict[int, list[float]] = defaultdict(list)                     # prompt -> TTFT
         self.beside: list[float] = []      # a prompt beside a stream: its time before the scheduler (midpoint)
         self.phase = random.Random(self.nonce)     # moves each prefill probe's send by up to one step
@@ -113,26 +117,40 @@ class Prober:
         for b in g.batch_sizes:
             for p in g.contexts:
                 got = await self.send([(0.0, p, g.new_tokens)] * b)
+                gaps = decode_gaps([s for _, s in got], p)
+                if p == min(g.contexts) and gaps:
+                    self.pace[b] = statistics.median(gap for _, gap in gaps)
                 if keep:
-                    for k, gap in decode_gaps([s for _, s in got], p):
+                    for k, gap in gaps:
                         self.decode[(b, p, k)].append(gap)
 
+    def beside_shapes(self) -> list[tuple[int, int]]:
+        """(decoding streams, prompts sent together) of each prefill probe: one prompt beside each
+        stream count, and two beside the fewest streams (what a second admission adds)."""
+        return [(b, 1) for b in self.grid.streams] + [(min(self.grid.streams), 2)]
+
     async def prefill_pass(self, keep: bool) -> None:
-        g, base = self.grid, min(self.grid.contexts)
+        g = self.grid
         for p in g.prompts:
-            for rows in (1, 2):
-                at = 1.5 * self.ref_ttft + (12 + self.phase.random()) * self.ref_gap   # a dozen steps decoded by then
-                steps = int((at + 3 * self.ref_ttft) / max(self.ref_gap, 1e-4)) + 24
-                got = await self.send([(0.0, base, min(steps, 1024))] + [(at, p, 2)] * rows)
-                step = mixed_step([s for _, s in got], self.ref_gap)
-                if keep and step is not None:
-                    j, gap = step
-                    self.mixed[(rows, p)].append((base + j, gap))
-                    self.beside += [before_scheduler(got[0][1], j, r.arrival_time) for r, _ in got[1:]]
+            for streams, rows in self.beside_shapes():
+                await self.beside_probe(streams, rows, p, keep)
             got = await self.send([(0.0, p, 2)])
             if keep:
                 r, s = got[0]
                 self.idle[p].append(s[0] - r.arrival_time)
+
+    async def beside_probe(self, streams: int, rows: int, p: int, keep: bool) -> None:
+        """`rows` prompts of p tokens sent once `streams` streams have decoded a dozen steps together."""
+        base = min(self.grid.contexts)
+        pace = self.pace.get(streams, self.ref_gap)       # the decode pass before measured this stream count
+        at = 1.5 * self.ref_ttft + (12 + self.phase.random()) * pace   # a dozen steps decoded by then
+        steps = int((at + 3 * self.ref_ttft) / max(pace, 1e-4)) + 24
+        got = await self.send([(0.0, base, min(steps, 1024))] * streams + [(at, p, 2)] * rows)
+        step = mixed_step([s for _, s in got], pace, streams)
+        if keep and step is not None:
+            j, gap = step
+            self.mixed[(streams, rows, p)].append((streams * (base + j), gap))
+            self.beside += [before_scheduler(got[0][1], j, r.arrival_time) for r, _ in got[streams:]]
 
 
 async def measure(target: LoadTarget, clock: Clock, grid: ProbeGrid, progress=None) -> Prober:
@@ -151,19 +169,20 @@ async def measure(target: LoadTarget, clock: Clock, grid: ProbeGrid, progress=No
 
 def most_samples(grid: ProbeGrid) -> int:
     """Step samples the grid can give at most: one per decode window of each (batch, context), as
-    decode_gaps cuts a stream of `new_tokens` chunks, and one per prompt and row count beside a stream."""
-    return len(grid.batch_sizes) * len(grid.contexts) * len(range(0, grid.new_tokens - WINDOW, WINDOW)) + 2 * len(grid.prompts)
+    decode_gaps cuts a stream of `new_tokens` chunks, and one per prompt and prefill probe shape."""
+    return (len(grid.batch_sizes) * len(grid.contexts) * len(range(0, grid.new_tokens - WINDOW, WINDOW))
+            + (len(grid.streams) + 1) * len(grid.prompts))
 
 
 def fit_profile(pr: Prober) -> BlackBoxProfile:
     """The step-time fit of the probes' medians, and the front end from the idle probes."""
     samples = [StepSample(b * (p + k), 0, b, statistics.median(v), "decode") for (b, p, k), v in sorted(pr.decode.items())]
-    # NOTE: one sample per prompt and row count, the median over the passes: the stream's context
-    # at the probe moves by a few tokens from pass to pass, and a sample per context was one
-    # unrepeated timing, so a single slow step (other work on the machine) set the prompt terms
-    samples += [StepSample(statistics.median(c for c, _ in v) + rows * p, rows * p, 1, statistics.median(g for _, g in v),
+    # NOTE: one sample per probe shape, the median over the passes: the streams' context at the
+    # probe moves by a few tokens from pass to pass, and a sample per context was one unrepeated
+    # timing, so a single slow step (other work on the machine) set the prompt terms
+    samples += [StepSample(statistics.median(c for c, _ in v) + rows * p, rows * p, b, statistics.median(g for _, g in v),
                            "prefill", attn_pairs=rows * attention_pairs(p, 0), admitted=rows)
-                for (rows, p), v in sorted(pr.mixed.items())]
+                for (b, rows, p), v in sorted(pr.mixed.items())]
     if not any(s.kind == "prefill" for s in samples):
         raise ConfigError("no prefill step could be told apart in the stream beside it (every probe's first token came "
                           "in another step than the stream's): the server may batch prompts on their own; nothing was written")
@@ -234,12 +253,13 @@ def before_scheduler(stream: list[float], j: int, sent: float) -> float:
     return (stream[j - 2] + stream[j - 1]) / 2 - sent
 
 
-def mixed_step(streams: list[list[float]], gap: float) -> tuple[int, float] | None:
-    """The background stream's (token index, duration) of the step that ended with the new
-    prompts' first tokens, if they all came in one step with it (None: they did not). The
-    duration is the stream's time over the three steps to it, less two decode steps at the
-    stream's own pace before the probes (robust to a burst of late chunks, as decode_gaps is)."""
-    bg, firsts = streams[0], [s[0] for s in streams[1:]]
+def mixed_step(streams: list[list[float]], gap: float, background: int = 1) -> tuple[int, float] | None:
+    """The background streams' (token index, duration) of the step that ended with the new
+    prompts' first tokens, if they all came in one step with it (None: they did not); the first
+    `background` streams decode together, the rest are the prompts. The duration is the first
+    stream's time over the three steps to it, less two decode steps at its own pace before the
+    probes (robust to a burst of late chunks, as decode_gaps is)."""
+    bg, firsts = streams[0], [s[0] for s in streams[background:]]
     j = int(np.argmin([abs(t - firsts[0]) for t in bg]))
     if j < 3 + WINDOW or max(abs(bg[j] - f) for f in firsts) > 0.5 * gap:
         return None

@@ -205,6 +205,8 @@ def _ints(text: str, flag: str) -> tuple[int, ...]:
 @click.option("--batch-sizes", default="1,2,4,8,16,32", show_default=True)
 @click.option("--contexts", default="16,64,128,256", show_default=True, help="Decode: prompt lengths to decode from.")
 @click.option("--prompts", default="16,64,256,512", show_default=True, help="Prefill: prompt lengths at batch 1.")
+@click.option("--streams", default="1,4,16", show_default=True,
+              help="A server (backend.kind openai): decoding streams each prefill probe's prompt is sent beside.")
 @click.option("--new-tokens", type=int, default=12, show_default=True, help="Tokens per burst.")
 @click.option("--repeats", type=int, default=3, show_default=True, help="Measured passes (medians).")
 @click.option("--warmup", type=int, default=1, show_default=True, help="Unmeasured passes over the grid.")
@@ -216,18 +218,18 @@ def _ints(text: str, flag: str) -> tuple[int, ...]:
 @click.option("--out", "out", required=True, type=click.Path(dir_okay=False), help="Profile JSON to write.")
 @click.option("--twin", "twin", default=None, type=click.Path(dir_okay=False),
               help="A server (backend.kind openai): where its twin's run config goes (default: beside --out, NAME.twin.yaml).")
-def profile_cmd(config, overrides, preset, strategy, batch_sizes, contexts, prompts, new_tokens, repeats, warmup, gap_ms,
-                refit_src, without, out, twin):
+def profile_cmd(config, overrides, preset, strategy, batch_sizes, contexts, prompts, streams, new_tokens, repeats,
+                warmup, gap_ms, refit_src, without, out, twin):
     """Measure a backend's step times, fit the simulator's model, save it as a profile JSON. A
     server (backend.kind openai) is profiled from the client, and its twin's config written too."""
     user_errors(_profile_main)(config, overrides, preset, strategy, batch_sizes, contexts, prompts,
-                               new_tokens, repeats, warmup, gap_ms, refit_src, without, out, twin)
+                               new_tokens, repeats, warmup, gap_ms, refit_src, without, out, twin, streams)
 
 
-def _profile_server(cfg, grid: Grid, path: Path, twin: str | None) -> None:
+def _profile_server(cfg, grid: Grid, path: Path, twin: str | None, streams: str) -> None:
     """A server (backend.kind openai) measured from the client, once its grid is known to give enough samples."""
     from batchlab.calibrate.server import profile_server
-    probes = ProbeGrid(*astuple(grid)[:6], gap_s=grid.gap_s or ProbeGrid.gap_s)
+    probes = ProbeGrid(*astuple(grid)[:6], gap_s=grid.gap_s or ProbeGrid.gap_s, streams=_ints(streams, "--streams"))
     if most_samples(probes) < len(COEFFS):
         raise ConfigError(f"the grid gives at most {most_samples(probes)} step samples from a server's streams; the "
                           f"step-time model has {len(COEFFS)} terms to fit: add batch sizes, contexts or prompts, "
@@ -237,7 +239,7 @@ def _profile_server(cfg, grid: Grid, path: Path, twin: str | None) -> None:
 
 
 def _profile_main(config, overrides, preset, strategy, batch_sizes, contexts, prompts, new_tokens, repeats, warmup,
-                  gap_ms, refit_src, without, out, twin=None):
+                  gap_ms, refit_src, without, out, twin=None, streams="1,4,16"):
     path = Path(out)
     if without and refit_src is None:
         raise ConfigError("--without goes with --refit (a measured profile fits every term)")
@@ -259,7 +261,7 @@ def _profile_main(config, overrides, preset, strategy, batch_sizes, contexts, pr
                           "add batch sizes, contexts or prompts, or raise --new-tokens")
     cfg = load_user_config(config, overrides)
     if cfg.backend.role == TARGET:
-        return _profile_server(cfg, grid, path, twin)
+        return _profile_server(cfg, grid, path, twin, streams)
     cfg = cfg.model_copy(update={"strategies": [strategy]})
     backend = make_backend(cfg)
     load_before = os.getloadavg()[0]
@@ -276,7 +278,7 @@ def _profile_main(config, overrides, preset, strategy, batch_sizes, contexts, pr
                f"kv {1e6 * c.kv_s_per_token:.3f} us/context token, prefill {1e6 * c.prefill_s_per_token:.2f} us/token, "
                f"decode {1e3 * c.decode_s_per_row:.3f} ms/row, prefill pass {1e3 * c.prefill_step_s:.3f} ms, "
                f"attention {1e9 * c.attn_s_per_pair:.3f} ns/pair, admission {1e3 * c.admit_s:.3f} ms/request, "
-               f"warm-up {1e3 * c.warmup_s:.3f} ms; "
+               f"warm-up {1e3 * c.warmup_s:.3f} ms, prompt beside rows {1e9 * c.mix_s_per_token_row:.3f} ns/token-row; "
                f"error rms {100 * f.rms_rel_error:.1f}%, "
                f"max {100 * f.max_rel_error:.1f}%")
     click.echo(f"wrote {path}")

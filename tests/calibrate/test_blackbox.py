@@ -13,7 +13,8 @@ from batchlab.run.config import load_config  # noqa: E402
 from batchlab.run.sweep import run_sweep  # noqa: E402
 from tests.calibrate.fake_server import FakeServer  # noqa: E402
 
-SMALL = ProbeGrid(batch_sizes=(1, 3), contexts=(16,), prompts=(16, 64), new_tokens=16, repeats=1, warmup=0, gap_s=0.01)
+SMALL = ProbeGrid(batch_sizes=(1, 3), contexts=(16,), prompts=(16, 64), new_tokens=16, repeats=1, warmup=0, gap_s=0.01,
+                  streams=(1, 3))
 
 
 def test_a_late_burst_of_chunks_leaves_the_window_mean_at_the_step():
@@ -125,12 +126,30 @@ def test_the_grid_bounds_the_samples_a_server_gives(tmp_path):
     """The bound `batchlab profile` checks before it measures holds for what a profile measured."""
     import json
     profile(FakeServer(), tmp_path)
-    assert 8 <= len(json.loads((tmp_path / "p.json").read_text())["samples"]) <= most_samples(SMALL)
+    assert 9 <= len(json.loads((tmp_path / "p.json").read_text())["samples"]) <= most_samples(SMALL)
+
+
+def test_prompts_are_probed_beside_each_stream_count(tmp_path):
+    """A prefill sample per prompt beside one stream and beside three: the step holds the prompt and
+    every stream's decode row, its context the streams' tokens and the prompt."""
+    import json
+    profile(FakeServer(), tmp_path)
+    beside = [s for s in json.loads((tmp_path / "p.json").read_text())["samples"] if s["kind"] == "prefill"]
+    shapes = {(s["decode_rows"], s["admitted"], s["prefill_tokens"]) for s in beside}
+    assert {(3, 1, 16), (3, 1, 64)} & shapes and {(1, 1, 16), (1, 1, 64)} & shapes
+    for s in beside:     # each stream decoded at least a dozen steps past its 16-token prompt before the prompt came
+        assert s["context_tokens"] - s["prefill_tokens"] >= s["decode_rows"] * (16 + 7)
+
+
+def test_the_mixed_step_beside_several_streams_is_read_from_the_first_of_them():
+    bg = [0.01 * k for k in range(1, 13)] + [0.12 + 0.03] + [0.15 + 0.01 * k for k in range(1, 10)]
+    prompt = [bg[12] + 0.0001, bg[13]]
+    assert mixed_step([bg, bg, bg, prompt], gap=0.01, background=3) == mixed_step([bg, prompt], gap=0.01)
 
 
 def test_probes_that_give_too_few_samples_are_one_line_not_a_fit_error():
     from types import SimpleNamespace
-    probes = SimpleNamespace(decode={(1, 16, 2): [0.01], (2, 16, 2): [0.012]}, mixed={(1, 16): [(16, 0.02)]}, beside=[],
+    probes = SimpleNamespace(decode={(1, 16, 2): [0.01], (2, 16, 2): [0.012]}, mixed={(1, 1, 16): [(16, 0.02)]}, beside=[],
                              idle={16: [0.03]}, reference=[0.01])
     with pytest.raises(ConfigError, match="the probes gave 3 step samples") as e:
         fit_profile(probes)
@@ -141,12 +160,12 @@ def test_a_prompt_beside_a_stream_gives_one_sample_per_prompt_the_median_over_pa
     """The stream's context at the probe moves from pass to pass; one slow timing must not set a sample."""
     from types import SimpleNamespace
     decode = {(b, 16, k): [0.010 + 0.001 * b + 0.00001 * k] for b in (1, 2, 4, 8) for k in (2, 6, 10)}
-    mixed = {(1, 64): [(30, 0.020), (33, 0.021), (31, 0.090)], (1, 256): [(30, 0.040), (32, 0.041), (34, 0.039)],
-             (2, 64): [(30, 0.030), (31, 0.031), (36, 0.029)]}
+    mixed = {(1, 1, 64): [(30, 0.020), (33, 0.021), (31, 0.090)], (1, 1, 256): [(30, 0.040), (32, 0.041), (34, 0.039)],
+             (1, 2, 64): [(30, 0.030), (31, 0.031), (36, 0.029)], (4, 1, 64): [(120, 0.030), (124, 0.032), (128, 0.031)]}
     prof = fit_profile(SimpleNamespace(decode=decode, mixed=mixed, idle={64: [0.03]}, reference=[0.01], beside=[0.004, 0.006]))
     prefill = [s for s in prof.samples if s.kind == "prefill"]
-    assert [(s.admitted, s.prefill_tokens, s.context_tokens, s.seconds) for s in prefill] == [
-        (1, 64, 31 + 64, 0.021), (1, 256, 32 + 256, 0.040), (2, 128, 31 + 128, 0.030)]
+    assert [(s.decode_rows, s.admitted, s.prefill_tokens, s.context_tokens, s.seconds) for s in prefill] == [
+        (1, 1, 64, 31 + 64, 0.021), (1, 1, 256, 32 + 256, 0.040), (1, 2, 128, 31 + 128, 0.030), (4, 1, 64, 124 + 64, 0.031)]
     assert prof.frontend_beside_s == 0.005          # the median of the prompts' times before the scheduler
 
 

@@ -8,8 +8,8 @@ from batchlab.backends.presets import load_cost
 from batchlab.calibrate.fit import COEFFS, StepSample, fit_step_times, nnls
 
 TRUE = {"overhead_s": 3e-3, "kv_s_per_token": 2e-7, "prefill_s_per_token": 5e-5, "decode_s_per_row": 4e-4,
-        "prefill_step_s": 2e-3, "attn_s_per_pair": 2e-9, "admit_s": 3e-4, "warmup_s": 1e-3}
-OLD = dict(TRUE, attn_s_per_pair=0.0, admit_s=0.0, warmup_s=0.0)      # the model before issue 13
+        "prefill_step_s": 2e-3, "attn_s_per_pair": 2e-9, "admit_s": 3e-4, "warmup_s": 1e-3, "mix_s_per_token_row": 2e-6}
+OLD = dict(TRUE, attn_s_per_pair=0.0, admit_s=0.0, warmup_s=0.0, mix_s_per_token_row=0.0)   # the first five terms only
 
 
 def synthetic(coef, noise=0.0, seed=0):
@@ -25,6 +25,10 @@ def synthetic(coef, noise=0.0, seed=0):
         for p in (16, 128, 512):
             rows.append(dict(context_tokens=b * p, prefill_tokens=b * p, decode_rows=b,
                              attn_pairs=b * attention_pairs(p, 0), admitted=b, kind="prefill"))
+    for b in (1, 16):            # iteration-level: one prompt computed beside b decoding rows
+        for p in (16, 128, 512):
+            rows.append(dict(context_tokens=b * 40 + p, prefill_tokens=p, decode_rows=b,
+                             attn_pairs=attention_pairs(p, 0), admitted=1, kind="prefill"))
     out = []
     for row in rows:
         t = StepCost(**{k: coef.get(k, 0.0) for k in TRUE}, weight_s=0.0, kv_bytes_per_token=1,

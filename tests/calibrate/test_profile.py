@@ -104,10 +104,13 @@ def test_cli_profiles_a_sim_backend_and_the_profile_drives_the_simulator(tmp_pat
     (["--batch-sizes", "1,x", "--out", "p.json"], "--batch-sizes"),
     (["missing.yaml", "--out", "p.json"], "config file not found"),
     (["--new-tokens", "1", "--out", "p.json"], "--new-tokens"),
-    # a server's streams give one sample per 4-token window: 4 new tokens give none, 2 prompts 4 at most
+    # a server's streams give one sample per 4-token window: 4 new tokens give none; a prompt beside
+    # one and three streams, and two beside one: 3 a prompt, 6 at most
     (["--set", "backend.kind=openai", "--set", "backend.base_url=http://127.0.0.1:9/v1", "--set", "backend.model=m",
       "--set", "strategies=[server]", "--batch-sizes", "1,2,4", "--contexts", "16", "--prompts", "16,64",
-      "--new-tokens", "4", "--out", "p.json"], "the grid gives at most 4 step samples"),
+      "--streams", "1,3", "--new-tokens", "4", "--out", "p.json"], "the grid gives at most 6 step samples"),
+    (["--set", "backend.kind=openai", "--set", "backend.base_url=http://127.0.0.1:9/v1", "--set", "backend.model=m",
+      "--set", "strategies=[server]", "--streams", "1,0", "--out", "p.json"], "--streams"),
 ])
 def test_cli_bad_input_is_one_line_and_exit_2(args, needle, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
@@ -123,9 +126,9 @@ def test_profiles_the_tiny_hf_model_on_both_paths(strategy, tiny_model_dir):
     from batchlab.backends.hf_backend import HFBackend
     backend = HFBackend(HFOptions(model=str(tiny_model_dir), device="cpu", dtype="float32",
                                       memory_budget_bytes=1 << 26, warmup_batches=0))
-    grid = Grid(batch_sizes=(1, 2), contexts=(8,), prompts=(16,), new_tokens=3, repeats=1, warmup=0)
+    grid = Grid(batch_sizes=(1, 2, 3), contexts=(8,), prompts=(16,), new_tokens=3, repeats=1, warmup=0)
     prof = profile_backend(backend, strategy, grid)
-    assert len(prof.samples) == 2 * 3 + 2 and all(s.seconds > 0 for s in prof.samples)
+    assert len(prof.samples) == 3 * 3 + 2 and all(s.seconds > 0 for s in prof.samples)
     assert prof.cost.kv_budget_bytes == 1 << 26 and prof.cost.kv_bytes_per_token > 0
     assert all(v >= 0 for v in prof.fit.coefficients.values())
 
