@@ -994,6 +994,32 @@ def per_request(d: dict) -> str:
     return "\n".join(lines)
 
 
+def beside_rows(d: dict) -> str:
+    """A black-box profile's prompts beside 1, 4 and 16 decoding streams, fitted with and without
+    the prompt-token x decode-row term."""
+    w, wo = d["fits"]["with"], d["fits"]["without"]
+    lines = [f"`{d['command']}`: every prefill step the profile measured, and what the step model "
+             "predicts for it fitted with every term and with the prompt-token × decode-row term held at zero "
+             f"(fitted: {1e9 * w['coefficients']['mix_s_per_token_row']:.1f} ns per prompt token and row; "
+             f"whole fit rms {100 * w['fit_rms_rel_error']:.1f} % against {100 * wo['fit_rms_rel_error']:.1f} %):", "",
+             "| streams | prompts | prompt tokens | streams' context | measured ms | with the term | without |",
+             "|---|---|---|---|---|---|---|"]
+    for r in d["prefill"]:
+        lines.append(f"| {r['streams']:.0f} | {r['prompts']:.0f} | {r['prompt_tokens']:.0f} | "
+                     f"{r.get('streams_context', 0):.0f} | {1e3 * r['measured_s']:.2f} | {1e3 * r['with_s']:.2f} | "
+                     f"{1e3 * r['without_s']:.2f} |")
+    errs = "; ".join(f"beside {b}: {100 * e['with']:.1f} % / {100 * e['without']:.1f} %"
+                     for b, e in d["prefill_error_by_streams"].items())
+    lines += ["", f"Median error of the prefill steps, with / without the term: {errs}."]
+    if "arrival_costs" in d:
+        c = d["arrival_costs"]
+        lines += ["", f"On the twin (`{d['twin']}`), one arrival among 16 decoding streams costs them "
+                  f"{1e3 * c['with']['arrival_s']:.1f} ms with the term ({1e3 * c['without']['arrival_s']:.1f} without), "
+                  f"a 384-token prompt {1e3 * c['with']['long_arrival_s']:.1f} ms "
+                  f"({1e3 * c['without']['long_arrival_s']:.1f} without)."]
+    return "\n".join(lines)
+
+
 def _twin_requests(conditions: dict) -> list[str]:
     """What one request costs the others, per round on the server and on the twin."""
     out = []
@@ -1279,7 +1305,8 @@ RENDER = {"sim_speed": sim_speed, "hf_dynamic_vs_naive": hf_dynamic_vs_naive, "e
           "twin_vllm_probe": twin_probe, "twin_batchlab_probe": twin_probe, "twin_vllm_clump": twin_probe, "twin_vllm_stay": twin_probe,
           "twin_vllm_long": twin_probe,
           "twin_vllm_alternate": twin_alternate, "twin_vllm_alternate_host": twin_alternate,
-          "twin_vllm_per_request": per_request, "twin_vllm_per_request_s71": per_request, "twin_vllm_alternate_warm": twin_alternate,
+          "beside_rows_vllm": beside_rows, "twin_vllm_per_request": per_request, "twin_vllm_per_request_s71": per_request,
+          "twin_vllm_per_request_s81": per_request, "twin_vllm_alternate_warm": twin_alternate,
           "twin_vllm_whatif_warm": twin_whatif,
           "torch_thread_ab": torch_thread_ab,
           "busy_threads": busy_threads}

@@ -7,9 +7,9 @@
              + admit * admitted_requests   (per request starting its prompt: slot, cache and bookkeeping set-up)
              + warmup * warm               (request-level decode: a call's first steps run slower, fading
                                             linearly to nothing after WARM_STEPS steps)
-             + mix * prefill_tokens * decode_rows   (a prompt computed beside decoding rows costs more per
-                                            token the more rows there are: a server measured from outside
-                                            shows it, a profile of prompts alone cannot)
+             + mix * prefill_tokens * decode_rows   (a prompt computed beside decoding rows, beyond what each
+                                            costs alone: fitted where prompts were probed beside several
+                                            rows, as a server's profile does; vLLM on a CPU fits it at 0)
              + shape(tokens)               (a measured profile's correction by the tokens the pass computes:
                                             small matrix products run below the machine's rate, so cost
                                             bends with size where the terms above are straight lines)

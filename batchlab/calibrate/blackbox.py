@@ -3,10 +3,11 @@
 Three probes, each a short trace sent through the load target (the client every run uses):
 - decode: a burst of b requests (prompt p, n tokens each, exact lengths); while all b decode
   together, the gaps between one stream's chunks are the server's decode steps at batch b;
-- prefill: a request sent beside b streams decoding together (b over `streams`; two requests
-  beside one stream); the streams' gap that ends with its first token is one step holding that
-  prompt and b decode rows (a prompt beside sixteen rows costs a server more per prompt token
-  than beside one: vLLM on a CPU, 85 against 60 us);
+- prefill: a request sent beside b streams decoding together (b over `streams`, and the most
+  streams from the longest context too; two requests beside one stream); the streams' gap that
+  ends with its first token is one step holding that prompt and b decode rows. Prompts beside
+  one stream alone could not tell whether a prompt costs more beside many rows or a long
+  context (cost.py's prompt-token x decode-row term is fitted from these);
 - idle: one request to an idle server; its time to first token less the fitted prefill step is
   the front end (HTTP, tokenizing, streaming: what happens before the engine has the request).
   The prefill probes measure it a second way, without the fit: a prompt that came in step j of
@@ -76,8 +77,10 @@ class Prober:
         self.tag = 0
         self.nonce = secrets.randbits(48)    # this profile's prompts: a prefix cache has seen none of them
         self.decode: dict[tuple[int, int, int], list[float]] = defaultdict(list)
-        self.mixed: dict[tuple[int, int, int], list[tuple[int, float]]] = defaultdict(list)   # (streams, rows, prompt) -> (context, gap)
-        self.pace: dict[int, float] = {}   # streams -> this pass's decode step with that many streams (shortest context)
+        # (streams, prompts, prompt tokens, streams' prompt) -> (context, gap) of each pass
+        self.mixed: dict[tuple[int, int, int, int], list[tuple[int, float]]] = defaultdict(list)
+        self.pace: dict[tuple[int, int], float] = {}   # (streams, their prompt) -> this pass's decode step
+        self.start: dict[tuple[int, int], float] = {}  # (streams, their prompt) -> this pass's last first token
         self.idle: dict[int, list[float]] = defaultdict(list)                     # prompt -> TTFT
         self.beside: list[float] = []      # a prompt beside a stream: its time before the scheduler (midpoint)
         self.phase = random.Random(self.nonce)     # moves each prefill probe's send by up to one step
@@ -118,38 +121,46 @@ class Prober:
             for p in g.contexts:
                 got = await self.send([(0.0, p, g.new_tokens)] * b)
                 gaps = decode_gaps([s for _, s in got], p)
-                if p == min(g.contexts) and gaps:
-                    self.pace[b] = statistics.median(gap for _, gap in gaps)
+                self.start[(b, p)] = max(s[0] - r.arrival_time for r, s in got)
+                if gaps:
+                    self.pace[(b, p)] = statistics.median(gap for _, gap in gaps)
                 if keep:
                     for k, gap in gaps:
                         self.decode[(b, p, k)].append(gap)
 
-    def beside_shapes(self) -> list[tuple[int, int]]:
-        """(decoding streams, prompts sent together) of each prefill probe: one prompt beside each
-        stream count, and two beside the fewest streams (what a second admission adds)."""
-        return [(b, 1) for b in self.grid.streams] + [(min(self.grid.streams), 2)]
+    def beside_shapes(self) -> list[tuple[int, int, int]]:
+        """(decoding streams, prompts sent together, the streams' prompt) of each prefill probe: one
+        prompt beside each stream count, two beside the fewest streams (what a second admission
+        adds), and one beside the most streams decoding from the longest context (what the rows'
+        context adds to a step holding a prompt)."""
+        g = self.grid
+        shapes = [(b, 1, min(g.contexts)) for b in g.streams] + [(min(g.streams), 2, min(g.contexts))]
+        return shapes + ([(max(g.streams), 1, max(g.contexts))] if len(g.contexts) > 1 else [])
 
     async def prefill_pass(self, keep: bool) -> None:
         g = self.grid
         for p in g.prompts:
-            for streams, rows in self.beside_shapes():
-                await self.beside_probe(streams, rows, p, keep)
+            for streams, rows, context in self.beside_shapes():
+                await self.beside_probe(streams, rows, p, context, keep)
             got = await self.send([(0.0, p, 2)])
             if keep:
                 r, s = got[0]
                 self.idle[p].append(s[0] - r.arrival_time)
 
-    async def beside_probe(self, streams: int, rows: int, p: int, keep: bool) -> None:
-        """`rows` prompts of p tokens sent once `streams` streams have decoded a dozen steps together."""
-        base = min(self.grid.contexts)
-        pace = self.pace.get(streams, self.ref_gap)       # the decode pass before measured this stream count
-        at = 1.5 * self.ref_ttft + (12 + self.phase.random()) * pace   # a dozen steps decoded by then
-        steps = int((at + 3 * self.ref_ttft) / max(pace, 1e-4)) + 24
+    async def beside_probe(self, streams: int, rows: int, p: int, base: int, keep: bool) -> None:
+        """`rows` prompts of p tokens sent once `streams` streams from `base`-token prompts have
+        decoded a dozen steps together."""
+        # NOTE: the decode pass before measured this shape; the streams' own prompts can take
+        # several steps (sixteen of 256 tokens are two steps of vLLM's 2048-token budget)
+        pace = self.pace.get((streams, base), self.ref_gap)
+        started = max(self.ref_ttft, self.start.get((streams, base), 0.0))
+        at = 1.5 * started + (12 + self.phase.random()) * pace   # a dozen steps decoded by then
+        steps = int((at + 3 * started) / max(pace, 1e-4)) + 24
         got = await self.send([(0.0, base, min(steps, 1024))] * streams + [(at, p, 2)] * rows)
         step = mixed_step([s for _, s in got], pace, streams)
         if keep and step is not None:
             j, gap = step
-            self.mixed[(streams, rows, p)].append((streams * (base + j), gap))
+            self.mixed[(streams, rows, p, base)].append((streams * (base + j), gap))
             self.beside += [before_scheduler(got[0][1], j, r.arrival_time) for r, _ in got[streams:]]
 
 
@@ -171,7 +182,7 @@ def most_samples(grid: ProbeGrid) -> int:
     """Step samples the grid can give at most: one per decode window of each (batch, context), as
     decode_gaps cuts a stream of `new_tokens` chunks, and one per prompt and prefill probe shape."""
     return (len(grid.batch_sizes) * len(grid.contexts) * len(range(0, grid.new_tokens - WINDOW, WINDOW))
-            + (len(grid.streams) + 1) * len(grid.prompts))
+            + (len(grid.streams) + 1 + (len(grid.contexts) > 1)) * len(grid.prompts))
 
 
 def fit_profile(pr: Prober) -> BlackBoxProfile:
@@ -182,7 +193,7 @@ def fit_profile(pr: Prober) -> BlackBoxProfile:
     # timing, so a single slow step (other work on the machine) set the prompt terms
     samples += [StepSample(statistics.median(c for c, _ in v) + rows * p, rows * p, b, statistics.median(g for _, g in v),
                            "prefill", attn_pairs=rows * attention_pairs(p, 0), admitted=rows)
-                for (b, rows, p), v in sorted(pr.mixed.items())]
+                for (b, rows, p, _), v in sorted(pr.mixed.items())]
     if not any(s.kind == "prefill" for s in samples):
         raise ConfigError("no prefill step could be told apart in the stream beside it (every probe's first token came "
                           "in another step than the stream's): the server may batch prompts on their own; nothing was written")

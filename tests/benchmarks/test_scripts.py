@@ -59,6 +59,7 @@ def test_the_serving_script_answers_help():
     ("twin.py", ["--predict-only", "--out", "/nonexistent/twin"], "no twin at /nonexistent/twin/twin.yaml"),
     ("corrections.py", ["old=/nonexistent/validate"], "old: /nonexistent/validate is not a finished validation"),
     ("per_request.py", ["/nonexistent/validate", "--twin", "t.yaml"], "/nonexistent/validate: not a kept validation"),
+    ("beside_rows.py", ["/nonexistent/profile.json"], "not a measured profile"),
 ])
 def test_bad_input_is_one_line_exit_2_and_nothing_written(tmp_path, script, args, says):
     out = tmp_path / "result.json"
@@ -160,3 +161,35 @@ def test_per_request_reads_a_twin_that_is_the_real_runs_own_simulator_as_exact_i
         assert point["thirds"] == pytest.approx([1.0, 1.0, 1.0])
     assert sum(c["requests"] for c in rec["workloads"]["bursty"]["20"]["clumps"].values()) == rec["workloads"]["bursty"]["20"]["requests"]
     assert rec["workloads"]["bursty"]["20"]["clumps"]["3-4"]["requests"] > 0        # gamma arrivals do clump
+
+
+def test_beside_rows_finds_the_prompt_by_row_term_a_server_has_and_charges_long_prompts_for_it(tmp_path):
+    """Samples made by a step model with a prompt-token x decode-row term: the fit with the term
+    predicts every prefill step exactly, the fit without it misses beside sixteen streams, and
+    the twin with it charges a long prompt among running streams more than the twin without."""
+    from dataclasses import asdict
+
+    from batchlab.backends.cost import StepCost, attention_pairs
+    from batchlab.calibrate.fit import StepSample
+    cost = StepCost(3e-3, 0.0, 5e-7, 4e-5, 2.4e-4, kv_bytes_per_token=1, kv_budget_bytes=1 << 30, prefill_step_s=9e-4,
+                    attn_s_per_pair=1e-7, admit_s=1e-3, mix_s_per_token_row=1.5e-6)
+    shapes = [(b, b * (ctx + k), 0, b, 0.0, 0) for b in (1, 2, 4, 8, 16, 32) for ctx in (16, 128) for k in (2, 10, 18)]
+    shapes += [(b, b * 30 + r * p, r * p, b, r * attention_pairs(p, 0), r)
+               for p in (16, 64, 256, 512) for b, r in ((1, 1), (4, 1), (16, 1), (1, 2))]
+    samples = [StepSample(ctx, pre, rows, cost.step_time(ctx, pre, rows, pairs, adm),
+                          "prefill" if pre else "decode", attn_pairs=pairs, admitted=adm)
+               for _, ctx, pre, rows, pairs, adm in shapes]
+    profile = tmp_path / "p.json"
+    cost.to_json(profile, level="iteration", samples=[asdict(s) for s in samples])
+    (tmp_path / "twin.yaml").write_text(f"backend:\n  kind: sim\n  profile: {profile}\nstrategies: [continuous]\n")
+    out = tmp_path / "beside.json"
+    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "beside_rows.py"), str(profile), "--twin",
+                          str(tmp_path / "twin.yaml"), "--json", str(out)], cwd=ROOT, capture_output=True, text=True,
+                         timeout=600)
+    assert res.returncode == 0, res.stderr
+    rec = json.loads(out.read_text())
+    err = rec["prefill_error_by_streams"]
+    assert all(e["with"] < 1e-6 for e in err.values()) and err["16"]["without"] > 0.01
+    assert rec["fits"]["with"]["coefficients"]["mix_s_per_token_row"] == pytest.approx(1.5e-6, rel=1e-4)
+    costs = rec["arrival_costs"]
+    assert costs["with"]["long_arrival_s"] > costs["without"]["long_arrival_s"]

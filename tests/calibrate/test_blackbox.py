@@ -149,7 +149,7 @@ def test_the_mixed_step_beside_several_streams_is_read_from_the_first_of_them():
 
 def test_probes_that_give_too_few_samples_are_one_line_not_a_fit_error():
     from types import SimpleNamespace
-    probes = SimpleNamespace(decode={(1, 16, 2): [0.01], (2, 16, 2): [0.012]}, mixed={(1, 1, 16): [(16, 0.02)]}, beside=[],
+    probes = SimpleNamespace(decode={(1, 16, 2): [0.01], (2, 16, 2): [0.012]}, mixed={(1, 1, 16, 16): [(16, 0.02)]}, beside=[],
                              idle={16: [0.03]}, reference=[0.01])
     with pytest.raises(ConfigError, match="the probes gave 3 step samples") as e:
         fit_profile(probes)
@@ -160,12 +160,14 @@ def test_a_prompt_beside_a_stream_gives_one_sample_per_prompt_the_median_over_pa
     """The stream's context at the probe moves from pass to pass; one slow timing must not set a sample."""
     from types import SimpleNamespace
     decode = {(b, 16, k): [0.010 + 0.001 * b + 0.00001 * k] for b in (1, 2, 4, 8) for k in (2, 6, 10)}
-    mixed = {(1, 1, 64): [(30, 0.020), (33, 0.021), (31, 0.090)], (1, 1, 256): [(30, 0.040), (32, 0.041), (34, 0.039)],
-             (1, 2, 64): [(30, 0.030), (31, 0.031), (36, 0.029)], (4, 1, 64): [(120, 0.030), (124, 0.032), (128, 0.031)]}
+    mixed = {(1, 1, 64, 16): [(30, 0.020), (33, 0.021), (31, 0.090)], (1, 1, 256, 16): [(30, 0.040), (32, 0.041), (34, 0.039)],
+             (1, 2, 64, 16): [(30, 0.030), (31, 0.031), (36, 0.029)], (4, 1, 64, 16): [(120, 0.030), (124, 0.032), (128, 0.031)],
+             (4, 1, 64, 256): [(1080, 0.040), (1084, 0.042), (1088, 0.041)]}
     prof = fit_profile(SimpleNamespace(decode=decode, mixed=mixed, idle={64: [0.03]}, reference=[0.01], beside=[0.004, 0.006]))
     prefill = [s for s in prof.samples if s.kind == "prefill"]
     assert [(s.decode_rows, s.admitted, s.prefill_tokens, s.context_tokens, s.seconds) for s in prefill] == [
-        (1, 1, 64, 31 + 64, 0.021), (1, 1, 256, 32 + 256, 0.040), (1, 2, 128, 31 + 128, 0.030), (4, 1, 64, 124 + 64, 0.031)]
+        (1, 1, 64, 31 + 64, 0.021), (1, 1, 256, 32 + 256, 0.040), (1, 2, 128, 31 + 128, 0.030), (4, 1, 64, 124 + 64, 0.031),
+        (4, 1, 64, 1084 + 64, 0.041)]
     assert prof.frontend_beside_s == 0.005          # the median of the prompts' times before the scheduler
 
 
