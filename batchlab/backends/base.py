@@ -176,6 +176,7 @@ class EngineFacts:
     max_context: int | None = None         # tokens of context (prompt + output) a request may use (None: no limit)
     arrival_delay_s: float = 0.0           # seconds from a request's arrival until the engine may see it (a front end)
     frontend_engine_s: float = 0.0         # engine seconds each request's front end takes (one on the engine's cores)
+    frontend_engine_s_per_token: float = 0.0   # and per prompt token besides
 
     @property
     def memory(self) -> MemoryBudget | None:

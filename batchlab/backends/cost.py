@@ -42,10 +42,11 @@ LATER_TERMS = ("attn_s_per_pair", "admit_s", "warmup_s", "mix_s_per_token_row")
 WARM_STEPS = 32            # request-level decode steps over which a call's warm-up fades out
 # Every timing a step-time model holds, in seconds (besides the shape correction's knots): what a
 # machine running faster or slower scales
-TIME_TERMS = ("overhead_s", "weight_s") + COEFFS[1:] + ("frontend_s",)
+TIME_TERMS = ("overhead_s", "weight_s") + COEFFS[1:] + ("frontend_s", "frontend_s_per_token")
 # The timings a request pays before its first token and never after: its prompt's pass (per token,
 # per prefill step, attention over the prompt, admission) and the server's front end
-FIRST_TOKEN_TERMS = ("prefill_s_per_token", "prefill_step_s", "attn_s_per_pair", "admit_s", "frontend_s")
+FIRST_TOKEN_TERMS = ("prefill_s_per_token", "prefill_step_s", "attn_s_per_pair", "admit_s", "frontend_s",
+                     "frontend_s_per_token")
 
 
 def features(context_tokens: float, prefill_tokens: float, decode_rows: float, attn_pairs: float = 0.0,
@@ -90,6 +91,8 @@ class StepCost:
     # the step running meanwhile is longer by the front end's time (EngineFacts.frontend_engine_s),
     # instead of each arrival being delayed while the engine runs on (a GPU server)
     frontend_on_engine: bool = False
+    frontend_s_per_token: float = 0.0   # per prompt token, beside frontend_s: front-end work that grows with the prompt
+                                        # (only for a front end on the engine, where requests pass it one at a time)
     first_token_s: float = 0.0    # per request, a delay before the scheduler sees it, never the engine's time: a server's
                                   # time before its scheduler beyond its front end, as a profile reads it, and what a
                                   # validation measured the first token still missing (first_token_moved)
@@ -102,10 +105,19 @@ class StepCost:
         delay beyond any front end (first_token_s)."""
         return (0.0 if self.frontend_on_engine else self.frontend_s) + self.first_token_s
 
+    def __post_init__(self):
+        if self.frontend_s_per_token and not self.frontend_on_engine:
+            raise ValueError("a front end's time per prompt token is charged on the engine: set frontend_on_engine")
+
     @property
     def frontend_engine_s(self) -> float:
         """Engine time each request's front end takes, for a front end on the engine's processor."""
         return self.frontend_s if self.frontend_on_engine else 0.0
+
+    @property
+    def frontend_engine_s_per_token(self) -> float:
+        """Engine time the front end takes per prompt token, beside frontend_engine_s."""
+        return self.frontend_s_per_token if self.frontend_on_engine else 0.0
 
     def shape(self, tokens):
         """The shape correction for a pass computing `tokens` (prompt tokens + decode rows; numpy

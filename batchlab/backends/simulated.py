@@ -156,7 +156,8 @@ class SimulatedBackend(Engine):
         return EngineFacts(frozenset({"request", "iteration"}), decode_windows=self.decode_windows,   # see _window
                            kv_bytes_per_token=self.cost.kv_bytes_per_token,
                            kv_budget_bytes=self.cost.kv_budget_bytes, vocab_size=self.vocab,
-                           arrival_delay_s=self.cost.arrival_delay_s, frontend_engine_s=self.cost.frontend_engine_s)
+                           arrival_delay_s=self.cost.arrival_delay_s, frontend_engine_s=self.cost.frontend_engine_s,
+                           frontend_engine_s_per_token=self.cost.frontend_engine_s_per_token)
 
     def batch_step_times(self, prompt_lens: list[int], output_lens: list[int]) -> np.ndarray:
         """Durations of each step of a padded request-level batch, as generate() runs it: every

@@ -84,14 +84,16 @@ class Inbox:
     arrival_delay_s), though it counts from its arrival: its stamps are never shifted."""
 
     def __init__(self, planned: Iterable[Request] = (), live: bool = False, flush_idle_s: float | None = None,
-                 delay_s: float = 0.0, engine_s: float = 0.0):
+                 delay_s: float = 0.0, engine_s: float = 0.0, engine_s_per_token: float = 0.0):
         self.delay_s = delay_s
         self.planned = deque(sorted(planned, key=lambda r: (r.arrival_time, r.index)))
-        # A front end on the engine's processor (engine_s per request) takes planned requests one
-        # after another: each is handed over when the front end is done with it, and the engine
-        # owes the front end's time (`owed`, charged by the driver to the engine's next step).
-        self.engine_s, self.owed = engine_s, 0.0
-        self.due: deque[float] = deque(_serial(self.planned, engine_s)) if engine_s else deque()
+        # A front end on the engine's processor (engine_s per request, engine_s_per_token per
+        # prompt token besides) takes planned requests one after another: each is handed over when
+        # the front end is done with it, and the engine owes the front end's time (`owed`, charged
+        # by the driver to the engine's next step).
+        self.engine_s, self.per_token, self.owed = engine_s, engine_s_per_token, 0.0
+        self.serial = bool(engine_s or engine_s_per_token)
+        self.due: deque[float] = deque(_serial(self.planned, self.front_s)) if self.serial else deque()
         self.waiting: list[tuple[float, int, Request]] = []   # past that front end, waiting delay_s more: a heap
         self.later: list[tuple[float, int, Request]] = []   # planned while running (session turns): a heap
         self.live: deque[Request] = deque()
@@ -129,8 +131,9 @@ class Inbox:
     @property
     def next_arrival(self) -> float | None:
         """When the next planned request is handed over (its arrival plus the front end's delay)."""
-        if self.engine_s:
-            times = [t for t in (self.due[0] if self.due else None, self.later[0][0] + self.engine_s if self.later else None,
+        if self.serial:
+            times = [t for t in (self.due[0] if self.due else None,
+                                 self.later[0][0] + self.front_s(self.later[0][2]) if self.later else None,
                                  self.waiting[0][0] if self.waiting else None) if t is not None]
             return min(times) if times else None
         nxt = self.planned[0].arrival_time if self.planned else None
@@ -157,7 +160,7 @@ class Inbox:
         if it has been idle since (a front end on its processor then ran for free)."""
         # NOTE: due when arrival + delay <= now, the sum `next_arrival` wakes the loop at: testing
         # arrival <= now - delay instead can miss by one ulp, and the loop then wakes forever
-        if self.engine_s:
+        if self.serial:
             return self._release_serial(now, scheduler, occupancy, idle_from)
         d = self.delay_s
         while self.later and self.later[0][0] + d <= now:  # merged with the trace by (arrival, index)
@@ -173,26 +176,31 @@ class Inbox:
     def _release_serial(self, now: float, scheduler: Scheduler, occupancy: Occupancy | None,
                         idle_from: float | None) -> None:
         """release() behind a front end on the engine's processor: planned requests when the front
-        end is done with them (`due`); a session's later turn engine_s after its arrival (it is
-        not queued behind the trace: a simplification, turns being few). The engine owes the part
+        end is done with them (`due`); a session's later turn its front end's time after its
+        arrival (it is not queued behind the trace: a simplification, turns being few). The engine owes the part
         of each front end's work done while it was busy; none of what fell in its idle time. A
         delay_s besides (off the engine) holds each request that much longer after its front end:
         what is owed is settled when the front end is done (the loop wakes then), not at hand-over."""
-        d, x = self.engine_s, self.delay_s
+        x = self.delay_s
         busy_until = now if idle_from is None else idle_from
         while self.planned and self.due[0] <= now:
-            done = self.due.popleft()
+            done, r = self.due.popleft(), self.planned.popleft()
+            d = self.front_s(r)
             self.owed += min(d, max(0.0, busy_until - (done - d)))
-            r = self.planned.popleft()
             heapq.heappush(self.waiting, (done + x, r.index, r))
-        while self.later and self.later[0][0] + d <= now:
-            self.owed += min(d, max(0.0, busy_until - self.later[0][0]))
+        while self.later and self.later[0][0] + self.front_s(self.later[0][2]) <= now:
             at, i, r = heapq.heappop(self.later)
+            d = self.front_s(r)
+            self.owed += min(d, max(0.0, busy_until - at))
             heapq.heappush(self.waiting, (at + d + x, i, r))
         while self.waiting and self.waiting[0][0] <= now:
             self._hand(heapq.heappop(self.waiting)[2], scheduler, occupancy)
         while self.live:
             self._hand(self.live.popleft(), scheduler, occupancy)
+
+    def front_s(self, r: Request) -> float:
+        """The engine time request r's front end takes."""
+        return self.engine_s + self.per_token * r.prompt_len
 
     @staticmethod
     def _hand(r: Request, scheduler: Scheduler, occupancy: Occupancy | None) -> None:
@@ -201,13 +209,13 @@ class Inbox:
         scheduler.add(r)
 
 
-def _serial(planned: Iterable[Request], engine_s: float) -> list[float]:
-    """When a front end that takes engine_s per request, one at a time, is done with each of
-    the planned requests (in their order): the later of its arrival and the previous one's end,
-    plus engine_s."""
+def _serial(planned: Iterable[Request], front_s: Callable[[Request], float]) -> list[float]:
+    """When a front end that takes front_s(r) of each request, one at a time, is done with each
+    of the planned requests (in their order): the later of its arrival and the previous one's
+    end, plus its own time."""
     done, out = float("-inf"), []
     for r in planned:
-        done = max(r.arrival_time, done) + engine_s
+        done = max(r.arrival_time, done) + front_s(r)
         out.append(done)
     return out
 

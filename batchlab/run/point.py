@@ -65,7 +65,8 @@ async def drive_trace(cfg: RunConfig, strategy: str, trace: list[TraceItem], bac
     talks = follow_ups(cfg.traffic, trace, requests, clock, t0, facts.vocab_size, backend.prepare)
     scheduler = make_scheduler(strategy, cfg, given(cfg, facts, live=False, sessions=talks is not None))
     await drive(scheduler, backend, clock, Inbox(runnable(requests), delay_s=facts.arrival_delay_s,
-                                                engine_s=facts.frontend_engine_s), occupancy=occupancy,
+                                                engine_s=facts.frontend_engine_s,
+                                                engine_s_per_token=facts.frontend_engine_s_per_token), occupancy=occupancy,
                 next_turn=talks.next_turn if talks else None)
     return (talks.requests() if talks else requests), t0
 

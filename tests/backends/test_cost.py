@@ -71,6 +71,15 @@ def test_a_front_end_on_the_engine_is_engine_time_not_a_delay():
     assert shared.step_time(100, 64, 8, admitted=2) == beside.step_time(100, 64, 8, admitted=2)   # steps alike
 
 
+def test_a_front_end_per_prompt_token_is_engine_time_and_scales_with_the_machine():
+    from dataclasses import replace
+    shared = replace(COST, frontend_s=1e-3, frontend_on_engine=True, frontend_s_per_token=2e-5)
+    assert (shared.frontend_engine_s, shared.frontend_engine_s_per_token) == (1e-3, 2e-5)
+    assert shared.scaled(2.0).frontend_s_per_token == pytest.approx(4e-5)
+    with pytest.raises(ValueError, match="set frontend_on_engine"):
+        replace(COST, frontend_s_per_token=2e-5)          # a delay off the engine has no per-token part
+
+
 def test_a_scaled_model_times_every_step_by_the_factor_and_keeps_its_sizes():
     from dataclasses import replace
 

@@ -171,6 +171,19 @@ def test_a_front_end_on_the_engines_processor_takes_requests_one_at_a_time():
     assert sum(backend.charged) == pytest.approx(0.5)
 
 
+def test_a_front_end_on_the_engine_takes_longer_for_longer_prompts():
+    # 0.1 s a request and 0.01 s a prompt token: prompts of 5 and 20 tokens take 0.15 and 0.3 s
+    reqs = make_requests([0.0, 0.0, 10.0], [1, 1, 1], prompt_len=5)
+    reqs[1].prompt_len = 20
+    inbox = Inbox(reqs, engine_s=0.1, engine_s_per_token=0.01)
+    assert list(inbox.due) == pytest.approx([0.15, 0.45, 10.15])
+    backend, clock = OwingBackend(step=1.0), VirtualClock()
+    clock.run(drive(continuous(), backend, clock, inbox))
+    assert [r.token_times[0] for r in reqs] == pytest.approx([1.15, 2.15, 11.15])
+    # the second's front end ran 0.15..0.45 while the first's step (0.15..1.15) ran: all of it owed
+    assert sum(backend.charged) == pytest.approx(0.3)
+
+
 def test_without_a_front_end_on_the_engine_nothing_is_charged():
     reqs, clock = make_requests([0.0, 0.0], [2, 2]), VirtualClock()
     backend = OwingBackend()
