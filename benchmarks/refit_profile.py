@@ -55,7 +55,7 @@ def grouped(rows: list[dict]) -> list[StepSample]:
 
 def front_end(record: dict, how: str) -> dict:
     """The record's front end and the delay beyond it, charged as `how` says (see the module's doc)."""
-    idle, beside = float(record["frontend_s"]), record.get("frontend_beside_s")
+    idle, beside = float(record.get("frontend_idle_s", record["frontend_s"])), record.get("frontend_beside_s")
     if beside is None:
         raise ConfigError("--front-end: this profile has no reading beside a stream (frontend_beside_s): "
                           "profile the server again")

@@ -8,7 +8,9 @@ limits, pinned to core 1 while this client has core 0, and is restarted for ever
 every what-if cap.
 1. profile: `batchlab profile` on the server (black box) writes OUT/profile.json and OUT/twin.yaml,
    once: later conditions reuse it, because the question is what a profile taken on a quiet
-   machine predicts.
+   machine predicts. Its front end is priced from what arrivals cost the server's streams
+   (calibrate/front_end.py); OUT/twin-front-end-idle.yaml is the same profile with the idle
+   front-end reading on the engine instead, for judging a validation on both.
 2. knee: the rate the server sustains under the config's SLO, searched --sustain-repeats times as
    benchmarks/serving.py searches it, and the rate the twin predicts by the same search and verdict
    on the same seeded traces (calibrate/twin_check.py). With --speed-probe, a saturated burst on
@@ -73,6 +75,7 @@ from batchlab.baselines.loadtest import open_loop
 from batchlab.calibrate.accuracy import sides
 from batchlab.calibrate.blackbox import ProbeGrid
 from batchlab.calibrate.server import profile_server
+from batchlab.calibrate.twin import front_end_parts
 from batchlab.calibrate.twin_check import (
     CLUMP,
     LONG_ARRIVAL,
@@ -240,12 +243,31 @@ class Campaign:
         if "profile" in self.record:         # an earlier profile's figures stay, beside the new one's
             self.record.setdefault("earlier_profiles", []).append(self.record["profile"])
         self.record["profile"] = {"grid": prof["grid"], "fit_rms_rel_error": prof["fit_rms_rel_error"],
-                                  "fit_samples": prof["fit_samples"], "frontend_s": prof["frontend_s"],
+                                  "fit_samples": prof["fit_samples"],
+                                  "frontend_s": prof.get("frontend_idle_s", prof["frontend_s"]),
+                                  "front_end_priced": prof.get("front_end_priced"),
                                   "frontend_spread": prof.get("frontend_spread"),
                                   "frontend_beside_s": prof.get("frontend_beside_s"),
                                   "limits": prof["limits"], "load_1min": prof["setup"]["load_avg_1min"],
                                   "decode_step_s_at_1": twin.backend.cost().step_time(0, 0, 1)}
+        if prof.get("front_end_priced"):
+            self.write_idle_twin(prof)
         self.save("profiled", {})
+
+    def write_idle_twin(self, prof: dict) -> None:
+        """twin-front-end-idle.yaml: the same profile with its front end as profiles charged it
+        before the arrival probe priced it (the idle reading, all of it on the engine, and what the
+        reading beside a stream holds beyond it as a delay), so a validation can be judged on both
+        (benchmarks/corrections.py DIR@TWIN)."""
+        idle, beside = prof["frontend_idle_s"], prof.get("frontend_beside_s")
+        front, beyond = front_end_parts(idle, beside)
+        path = self.out / "profile-front-end-idle.json"
+        write_atomic(path, json.dumps(prof | {"frontend_on_engine": True, "frontend_s": front, "frontend_s_per_token": 0.0,
+                                              "first_token_s": beyond}, indent=2) + "\n")
+        tree = yaml.safe_load((self.out / "twin.yaml").read_text())
+        tree["backend"]["profile"] = str(path.resolve())
+        write_atomic(self.out / "twin-front-end-idle.yaml", "# twin.yaml's profile with the idle front-end reading on the "
+                     "engine instead of the front end the arrivals priced.\n" + yaml.safe_dump(tree, sort_keys=False))
 
     def knee(self, cfg, backend) -> None:
         a, bracket = self.args, self.bracket()

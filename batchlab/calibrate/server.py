@@ -12,8 +12,10 @@ from pathlib import Path
 
 from batchlab.backends import make_backend
 from batchlab.backends.base import LoadTarget
-from batchlab.calibrate.blackbox import ProbeGrid, fit_profile, measure
+from batchlab.calibrate.blackbox import ProbeGrid, fit_profile, measure, refusal
+from batchlab.calibrate.front_end import ArrivalProbe, arrival_costs
 from batchlab.calibrate.twin import limits, started_record, write_twin
+from batchlab.calibrate.twin_check import ARRIVALS, Run
 from batchlab.calibrate.validate import SERVER, burst_seconds
 from batchlab.core.clock import RealClock
 from batchlab.core.config import RunConfig
@@ -21,9 +23,12 @@ from batchlab.errors import ConfigError
 
 
 def profile_server(cfg: RunConfig, grid: ProbeGrid, profile_path: Path, twin_path: Path, progress=None,
-                   target: LoadTarget | None = None, transport=None) -> RunConfig:
+                   target: LoadTarget | None = None, transport=None,
+                   arrivals: ArrivalProbe | None = ArrivalProbe()) -> RunConfig:
     """Profile the server `cfg` names; write its profile and twin config; return the twin.
-    `target` and `transport` replace the client and its HTTP transport (tests fake a server)."""
+    `target` and `transport` replace the client and its HTTP transport (tests fake a server);
+    `arrivals`: the probe that prices the front end's engine time (None: the idle reading is the
+    front end, on the engine only for a server that says it computes on the CPU)."""
     from batchlab.backends.openai_client import api_key, check_server, server_config, server_metrics
     key = api_key(cfg.backend.api_key_env)
     for line in check_server(cfg.backend.base_url, cfg.backend.model, key, transport=transport):
@@ -35,6 +40,13 @@ def profile_server(cfg: RunConfig, grid: ProbeGrid, profile_path: Path, twin_pat
     clock = RealClock()
     try:
         probes = clock.run(measure(target, clock, grid, progress))
+        costs = None
+        if arrivals:
+            if progress:
+                progress(f"arrivals: {ARRIVALS} among {arrivals.streams[0]} streams, prompts of "
+                         f"{', '.join(map(str, arrivals.prompts))} tokens, {arrivals.rounds} rounds")
+            costs = arrival_costs(_run_on(target, clock), arrivals)
+            clock.run(probes.check_reference(True))      # a server that changed during them is refused too
         # NOTE: a validation's drift is taken against this timing, so it measures the machine, not the fit
         reference = burst_seconds(target, SERVER, cfg)
     finally:
@@ -44,11 +56,11 @@ def profile_server(cfg: RunConfig, grid: ProbeGrid, profile_path: Path, twin_pat
     if started[0] != started[1]:
         raise ConfigError("profile: the server restarted during the profile (its process start time changed); "
                           "nothing was written")
-    prof = replace(fit_profile(probes), reference_burst_s=reference)
+    prof = replace(fit_profile(probes), reference_burst_s=reference, arrivals=costs)
     found = limits(cfg, after, started_record(cfg.backend.base_url), server_config(cfg.backend.base_url, key, transport))
     setup = target.describe() | {"load_avg_1min": [load_before, os.getloadavg()[0]], "cpu_count": os.cpu_count(),
                                  "server_metrics": {k: v for k, v in after.items() if k != "process_start_time_seconds"}}
-    twin = write_twin(cfg, prof, grid, setup, found, profile_path, twin_path)
+    twin = write_twin(cfg, prof, grid, setup, found, profile_path, twin_path, arrivals)
     if progress:
         c, f = twin.backend.cost(), prof.fit
         progress(f"fit ({f.num_samples} steps, rms error {100 * f.rms_rel_error:.1f}%): decode step "
@@ -58,3 +70,13 @@ def profile_server(cfg: RunConfig, grid: ProbeGrid, profile_path: Path, twin_pat
                                    "beyond the front end delays each request off the engine)"))
         progress(f"wrote {profile_path} and {twin_path}: `batchlab run {twin_path}` simulates the server")
     return twin
+
+
+def _run_on(target: LoadTarget, clock: RealClock) -> Run:
+    """A trace sent through the client on the wall clock; a failed request is one line."""
+    def run(trace):
+        reqs, _ = clock.run(target.run_trace(trace, clock))
+        if failed := next((r for r in reqs if r.error), None):
+            raise ConfigError(refusal(failed.error))
+        return reqs
+    return run

@@ -21,6 +21,8 @@ import yaml
 
 from batchlab.backends.cost import StepCost
 from batchlab.calibrate.blackbox import BlackBoxProfile, ProbeGrid
+from batchlab.calibrate.front_end import ArrivalProbe, bare, front_end, with_front_end
+from batchlab.calibrate.twin_check import Twin
 from batchlab.core.config import RunConfig
 from batchlab.core.files import write_atomic
 from batchlab.run.config import validate
@@ -77,8 +79,11 @@ def _published(metrics: dict[str, Any]) -> dict[str, Limit]:
 
 
 def write_twin(cfg: RunConfig, prof: BlackBoxProfile, grid: ProbeGrid, setup: dict[str, Any],
-               found: dict[str, Limit], profile_path: Path, twin_path: Path) -> RunConfig:
-    """Write the profile JSON and twin.yaml (the profile first: the config names it); returns the twin."""
+               found: dict[str, Limit], profile_path: Path, twin_path: Path,
+               arrivals: ArrivalProbe | None = None) -> RunConfig:
+    """Write the profile JSON and twin.yaml (the profile first: the config names it); returns the
+    twin. With the server's arrival costs (prof.arrivals, from `arrivals`), the front end's engine
+    time is priced from them (calibrate/front_end.py); else the idle reading is the front end."""
     kv = found.get("num_kv_blocks")
     block = int(found["block_size"].value)
     base = StepCost(0, 0, 0, 0, 0, kv_bytes_per_token=1,
@@ -88,16 +93,22 @@ def write_twin(cfg: RunConfig, prof: BlackBoxProfile, grid: ProbeGrid, setup: di
                    name=f"twin of {cfg.backend.model}",
                    description=f"black-box profile of {cfg.backend.model} at {cfg.backend.base_url} "
                                f"(fit rms error {100 * prof.fit.rms_rel_error:.1f}%)")
+    tree = twin_tree(cfg, profile_path, found)
+    twin = validate(tree, f"{twin_path}: ")
+    priced = {}
+    if prof.arrivals and arrivals:
+        fe = front_end(prof.arrivals, Twin(twin, cost=bare(cost)).replay, front + beyond, arrivals)
+        cost = with_front_end(cost, fe)
+        priced = {"front_end_priced": fe.record() | {"probe": asdict(arrivals), "rounds_s": prof.arrivals}}
     pred = prof.fit.predict(prof.samples)
     rows = [asdict(s) | {"fit_seconds": float(p)} for s, p in zip(prof.samples, pred)]
     profile_path.parent.mkdir(parents=True, exist_ok=True)
     cost.to_json(profile_path, level="iteration", **prof.fit.summary(), grid=asdict(grid), setup=setup,
-                 samples=rows, frontend_spread=prof.frontend_spread, frontend_beside_s=prof.frontend_beside_s,
+                 samples=rows, frontend_idle_s=prof.frontend_s, frontend_spread=prof.frontend_spread,
+                 frontend_beside_s=prof.frontend_beside_s, **priced,
                  reference_gaps_s=prof.reference_s,
                  reference_burst_s=prof.reference_burst_s,
                  limits={k: asdict(v) for k, v in found.items()})
-    tree = twin_tree(cfg, profile_path, found)
-    twin = validate(tree, f"{twin_path}: ")
     write_atomic(twin_path, _header(cfg, found) + yaml.safe_dump(tree, sort_keys=False))
     return twin
 

@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from batchlab.backends.cost import StepCost
 from batchlab.backends.simulated import SimulatedBackend
 from batchlab.calibrate.validate import sim_cost
 from batchlab.core.config import RunConfig, SLOConfig, TrafficConfig
@@ -44,17 +45,18 @@ class Twin:
     every step cost (a machine measured slower than at the profile: validate's drift factor)."""
     cfg: RunConfig
     scale: float = 1.0
+    cost: StepCost | None = None          # the step costs, where not the config's profile (one being fitted)
 
     def with_limits(self, **limits: Any) -> Twin:
         """The same twin with continuous-section limits replaced (e.g. max_num_seqs=8)."""
         section = self.cfg.continuous.model_copy(update=limits)
-        return Twin(self.cfg.model_copy(update={"continuous": section}), self.scale)
+        return replace(self, cfg=self.cfg.model_copy(update={"continuous": section}))
 
     def replay(self, trace: list[TraceItem], traffic: TrafficConfig | None = None, slo: SLOConfig | None = None,
                rate: float = 1.0) -> list[Request]:
         """The trace on the twin, in virtual time: its requests, times from the run's start."""
         cfg = self.cfg.model_copy(update={"traffic": traffic or self.cfg.traffic, "slo": slo or self.cfg.slo})
-        backend = SimulatedBackend(sim_cost(cfg, cfg.backend.cost(), self.scale))
+        backend = SimulatedBackend(sim_cost(cfg, self.cost or cfg.backend.cost(), self.scale))
         return run_point(cfg, cfg.strategies[0], rate, 0, backend, trace).requests
 
 
@@ -112,13 +114,13 @@ def _unique(items: list[TraceItem], tag: str) -> list[TraceItem]:
     return [replace(t, content=(((tag, nonce, i), t.prompt_len),)) for i, t in enumerate(items)]
 
 
-def _first_long(requests: list[Request]) -> Request:
-    return min((r for r in requests if r.max_new_tokens == LONG_OUTPUT), key=lambda r: r.index)
+def _first_long(requests: list[Request], output: int = LONG_OUTPUT) -> Request:
+    return min((r for r in requests if r.max_new_tokens == output), key=lambda r: r.index)
 
 
-def _decode(requests: list[Request]) -> tuple[float, float]:
+def _decode(requests: list[Request], output: int = LONG_OUTPUT) -> tuple[float, float]:
     """The first long stream's first token (seconds after it arrived) and its decode's span."""
-    first = _first_long(requests)
+    first = _first_long(requests, output)
     return first.token_times[0] - first.arrival_time, first.token_times[-1] - first.token_times[0]
 
 
@@ -140,22 +142,34 @@ def arrival_cost(run: Run, clump: int = 1, short: tuple[int, int] = SHORT, prefi
     span), keys prefixed `prefix`: what arriving together costs beyond arriving one by one; `short`
     the arrivals' prompt and output lengths (STAY: requests that decode beside the streams a while;
     LONG_ARRIVAL: long prompts), keys prefixed too where they are not SHORT."""
-    if clump < 1 or ARRIVALS % clump:
-        raise ValueError(f"clump must divide {ARRIVALS} arrivals (got {clump})")
-    longs = [TraceItem(0.0, LONG_PROMPT, LONG_OUTPUT) for _ in range(LONG)]
-    solo = run(_unique(longs, "alone"))
-    start, alone = _decode(solo)
-    lo, hi = (start + f * alone for f in ARRIVAL_SPAN)
-    instants = ARRIVALS // clump
-    shorts = [TraceItem(lo + (hi - lo) * (j // clump) / max(instants - 1, 1), *short) for j in range(ARRIVALS)]
-    _, together = _decode(run(_unique(longs + shorts, f"with-{clump}-{short[1]}")))
-    extra = (together - alone) / ARRIVALS
+    extra, alone, together, solo = arrival_seconds(run, clump, short)
     out = {"arrival_s": extra, "arrival_steps": extra / (alone / (LONG_OUTPUT - 1)),
            "decode_with_s": together, "decode_alone_s": alone}
     if clump > 1 or short != SHORT:
         return {f"{prefix}{k}": v for k, v in out.items()} | {f"{prefix}size": clump, f"{prefix}output": short[1],
                                                               f"{prefix}prompt": short[0]}
     return out | context_growth(solo)
+
+
+def arrival_seconds(run: Run, clump: int = 1, short: tuple[int, int] = SHORT,
+                    streams: tuple[int, int, int] = (LONG, LONG_PROMPT, LONG_OUTPUT)
+                    ) -> tuple[float, float, float, list[Request]]:
+    """arrival_cost's measurement: (seconds one arrival added, the decode's span alone and with
+    the arrivals, the requests of the run alone). `streams`: how many streams decode, from what
+    prompt, for how many tokens (more than any arrival asks for)."""
+    count, prompt, output = streams
+    if clump < 1 or ARRIVALS % clump:
+        raise ValueError(f"clump must divide {ARRIVALS} arrivals (got {clump})")
+    if output <= short[1]:
+        raise ValueError(f"the streams must decode longer than the arrivals ({output} tokens against {short[1]})")
+    longs = [TraceItem(0.0, prompt, output) for _ in range(count)]
+    solo = run(_unique(longs, "alone"))
+    start, alone = _decode(solo, output)
+    lo, hi = (start + f * alone for f in ARRIVAL_SPAN)
+    instants = ARRIVALS // clump
+    shorts = [TraceItem(lo + (hi - lo) * (j // clump) / max(instants - 1, 1), *short) for j in range(ARRIVALS)]
+    _, together = _decode(run(_unique(longs + shorts, f"with-{clump}-{short[1]}")), output)
+    return (together - alone) / ARRIVALS, alone, together, solo
 
 
 def finish_cost(run: Run) -> dict[str, float]:

@@ -3,7 +3,10 @@
 One engine loop batches every request in flight: a step takes step_s + per_row_s per running
 request + per_prompt_s per prompt token it computes, and every running request gets one token at
 its end (a new one's first token at the end of the step holding its prompt). A request reaches the
-engine frontend_s after it arrives. Switches make it misbehave the ways real servers do.
+engine frontend_s after it arrives; engine_per_token_s per prompt token of each new request is
+work done on the engine's processor outside the step holding its prompt (the step after it is
+that much longer): what a step model fitted from those steps cannot see. Switches make it
+misbehave the ways real servers do.
 """
 from __future__ import annotations
 
@@ -14,9 +17,10 @@ import httpx
 
 
 class FakeServer:
-    def __init__(self, step_s=0.003, per_row_s=0.0002, per_prompt_s=2e-5, frontend_s=0.002, *, usage=True, merge=1,
-                 refuse_eos=False, rate_limit=False, restart=False, vllm_config=None):
+    def __init__(self, step_s=0.003, per_row_s=0.0002, per_prompt_s=2e-5, frontend_s=0.002, *, engine_per_token_s=0.0,
+                 usage=True, merge=1, refuse_eos=False, rate_limit=False, restart=False, vllm_config=None):
         self.step_s, self.per_row_s, self.per_prompt_s, self.frontend_s = step_s, per_row_s, per_prompt_s, frontend_s
+        self.engine_per_token_s = engine_per_token_s
         self.usage, self.merge, self.refuse_eos, self.rate_limit, self.restart = usage, merge, refuse_eos, rate_limit, restart
         self.vllm_config = vllm_config          # what /server_info states (None: no such page, as without dev mode)
         self.started = 1_700_000_000.0
@@ -53,7 +57,7 @@ class FakeServer:
         return httpx.MockTransport(handle)
 
     async def _stream(self, body: dict):
-        job = {"prompt": len(body["prompt"]), "left": int(body["max_tokens"]), "queue": asyncio.Queue(), "computed": False}
+        job = {"prompt": len(body["prompt"]), "left": int(body["max_tokens"]), "queue": asyncio.Queue(), "computed": 0}
         await asyncio.sleep(self.frontend_s)
         self._ensure_engine()
         self.pending.append(job)
@@ -89,9 +93,11 @@ class FakeServer:
             self.running += self.pending
             self.pending = []
             prompts = sum(j["prompt"] for j in self.running if not j["computed"])
-            await asyncio.sleep(self.step_s + self.per_row_s * len(self.running) + self.per_prompt_s * prompts)
+            after = sum(j["prompt"] for j in self.running if j["computed"] == 1)       # computed in the last step
+            front = self.engine_per_token_s * after
+            await asyncio.sleep(self.step_s + self.per_row_s * len(self.running) + self.per_prompt_s * prompts + front)
             for j in self.running:
-                j["computed"] = True
+                j["computed"] = j["computed"] + 1
                 j["left"] -= 1
                 j["queue"].put_nowait(1)
             self.running = [j for j in self.running if j["left"] > 0]

@@ -64,12 +64,12 @@ def test_a_chunk_merged_once_is_tolerated_and_a_server_that_merges_is_refused():
         stream_checked(r, stamps[:58])                            # three missing of 61: more than 2 %
 
 
-def profile(fake: FakeServer, tmp_path):
+def profile(fake: FakeServer, tmp_path, arrivals=None):
     cfg = load_config(None, ["backend.kind=openai", "backend.base_url=http://fake/v1", "backend.model=fake",
                              "strategies=[server]", "traffic.duration_s=2", "traffic.warmup_s=0", "traffic.rates=[5]"])
     target = OpenAIBackend("http://fake/v1", "fake", transport=fake.async_transport())
     return profile_server(cfg, SMALL, tmp_path / "p.json", tmp_path / "p.twin.yaml", target=target,
-                          transport=fake.sync_transport())
+                          transport=fake.sync_transport(), arrivals=arrivals)
 
 
 def test_a_server_that_states_its_limits_gets_a_twin_with_them(tmp_path):
@@ -191,3 +191,19 @@ def test_a_profiled_twin_carries_the_beside_reading_beyond_the_front_end(tmp_pat
     rec = json.loads((tmp_path / "p.json").read_text())
     cost = twin.backend.cost()
     assert rec["frontend_beside_s"] > 0 and cost.first_token_s == pytest.approx(max(0.0, rec["frontend_beside_s"] - cost.frontend_s))
+
+
+def test_front_end_work_on_the_engine_is_priced_from_what_arrivals_cost_the_streams(tmp_path):
+    import json
+
+    from batchlab.calibrate.front_end import ArrivalProbe
+    # the fake's engine spends 0.2 ms a prompt token on each new request outside its prompt's step
+    # (12.8 ms for 64 tokens, against 3 ms steps): the step model cannot see it, the arrivals do
+    probe = ArrivalProbe(prompts=(16, 64), streams=(4, 16, 120), rounds=1)
+    twin = profile(FakeServer(engine_per_token_s=2e-4), tmp_path, arrivals=probe)
+    cost = twin.backend.cost()
+    assert cost.frontend_on_engine and 0.5 * 2e-4 < cost.frontend_s_per_token < 1.5 * 2e-4
+    priced = json.loads((tmp_path / "p.json").read_text())["front_end_priced"]
+    assert set(priced["server_s"]) == {"16", "64"} and priced["probe"]["streams"] == [4, 16, 120]
+    # what it holds before the scheduler beyond the engine's part stays a delay off the engine
+    assert cost.first_token_s == pytest.approx(max(0.0, priced["delay_s"]))
