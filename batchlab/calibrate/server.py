@@ -65,9 +65,11 @@ def profile_server(cfg: RunConfig, grid: ProbeGrid, profile_path: Path, twin_pat
         c, f = twin.backend.cost(), prof.fit
         progress(f"fit ({f.num_samples} steps, rms error {100 * f.rms_rel_error:.1f}%): decode step "
                  f"{1e3 * c.step_time(0, 0, 1):.2f} ms at batch 1, front end "
-                 f"{1e3 * prof.frontend_s:.1f} ms per request" + ("" if prof.frontend_beside_s is None else
-                 f" ({1e3 * prof.frontend_beside_s:.1f} ms before the scheduler beside a stream: what it holds "
-                                   "beyond the front end delays each request off the engine)"))
+                 f"{1e3 * prof.frontend_s:.1f} ms per request idle" + ("" if prof.frontend_beside_s is None else
+                 f", {1e3 * prof.frontend_beside_s:.1f} ms before the scheduler beside a stream"))
+        if costs:
+            progress(f"front end priced by the arrivals: {1e3 * c.frontend_s:.2f} ms + {1e6 * c.frontend_s_per_token:.1f} "
+                     f"us a prompt token of the engine's time, then {1e3 * c.first_token_s:.1f} ms off the engine")
         progress(f"wrote {profile_path} and {twin_path}: `batchlab run {twin_path}` simulates the server")
     return twin
 
