@@ -6,7 +6,8 @@ workload ran). This replays every real point of a kept validation (`benchmarks/t
 `batchlab validate --twin` directory) on the twin without corrections, pairs each finished request
 with its replay (the same trace, so the same request ids and arrivals), and reports the median
 of twin over server per-request TPOT: over all requests, by the number of requests that arrived
-within CLUMP_S of it (itself included), and by the time since the run's start in thirds.
+within CLUMP_S of it (itself included), by how many requests were on the server while it decoded
+(the load it decoded under), and by the time since the run's start in thirds.
 Nothing is sent to a server.
 Usage: python benchmarks/per_request.py DIR --twin TWIN [--workloads base,bursty] [--json OUT]
 """
@@ -29,6 +30,7 @@ from batchlab.run.config import load_config
 
 CLUMP_S = 0.05                     # arrivals this close to a request's own count as its clump
 CLUMPS = ((1, 1), (2, 2), (3, 4), (5, 8), (9, 10**9))
+IN_FLIGHT = ((0, 4), (4, 8), (8, 16), (16, 24), (24, 10**9))   # (lo, hi]: requests in flight on the server
 
 
 def replayed(twin: Twin, traffic, rate: float) -> pd.DataFrame:
@@ -40,14 +42,26 @@ def replayed(twin: Twin, traffic, rate: float) -> pd.DataFrame:
 def by_request(real: pd.DataFrame, twin: pd.DataFrame) -> pd.DataFrame:
     """The finished, counted requests of one real point beside their replays: ratio twin / server
     TPOT, clump size and when in the run each arrived."""
-    real = real[(real["status"] == "finished") & (real["warmup"] == 0) & (real["output_len"] > 1)]
+    point, real = real, real[(real["status"] == "finished") & (real["warmup"] == 0) & (real["output_len"] > 1)]
     real = real.assign(server_tpot=real["tpot"])            # the kept per-request TPOT (core/metrics.py per_request)
     m = real.merge(twin, on="request_id", how="inner")
     a = np.sort(m["arrival_time"].to_numpy())
     m["clump"] = (np.searchsorted(a, m["arrival_time"] + CLUMP_S, side="right")
                   - np.searchsorted(a, m["arrival_time"] - CLUMP_S, side="left"))
     m["ratio"] = m["twin_tpot"] / m["server_tpot"]
+    m["in_flight"] = in_flight(point, m)
     return m
+
+
+def in_flight(point: pd.DataFrame, m: pd.DataFrame) -> np.ndarray:
+    """Per request of `m`, how many of the point's requests (itself included) were on the server,
+    arrived and not yet answered, on average while it decoded (first token to completion): the
+    load it decoded under, whatever the twin predicts for it."""
+    a = point["arrival_time"].to_numpy()[None, :]
+    c = point["completion_time"].fillna(point["arrival_time"]).to_numpy()[None, :]   # failed: never held
+    s, e = m["first_token_time"].to_numpy()[:, None], m["completion_time"].to_numpy()[:, None]
+    overlap = np.clip(np.minimum(c, e) - np.maximum(a, s), 0.0, None).sum(axis=1)
+    return overlap / np.maximum(e - s, 1e-12)[:, 0]
 
 
 def figures(m: pd.DataFrame) -> dict:
@@ -57,6 +71,11 @@ def figures(m: pd.DataFrame) -> dict:
         part = m[(m["clump"] >= lo) & (m["clump"] <= hi)]
         label = str(lo) if lo == hi else (f"{lo}-{hi}" if hi < 10**9 else f"{lo}+")
         out["clumps"][label] = {"requests": len(part), "ratio": float(part["ratio"].median()) if len(part) else None}
+    out["in_flight"] = {}
+    for lo, hi in IN_FLIGHT:
+        part = m[(m["in_flight"] > lo) & (m["in_flight"] <= hi)]
+        label = f"{lo}-{hi}" if hi < 10**9 else f"{lo}+"
+        out["in_flight"][label] = {"requests": len(part), "ratio": float(part["ratio"].median()) if len(part) else None}
     edges = np.quantile(m["arrival_time"], [0, 1 / 3, 2 / 3, 1])
     for lo, hi in zip(edges[:-1], edges[1:]):
         part = m[(m["arrival_time"] >= lo) & (m["arrival_time"] <= hi)]
@@ -85,7 +104,9 @@ def main(argv: list[str] | None = None) -> None:
         out[w] = {f"{rate:g}": figures(by_request(g, replayed(twin, traffic, float(rate)))) for rate, g in real.groupby("rate")}
         for rate, f in out[w].items():
             print(f"{w} at {rate} req/s: twin / server p50 of per-request TPOT {f['ratio']:.3f} over {f['requests']}; "
-                  + ", ".join(f"clump {k}: {v['ratio']:.3f} ({v['requests']})" for k, v in f["clumps"].items() if v["requests"]))
+                  + ", ".join(f"clump {k}: {v['ratio']:.3f} ({v['requests']})" for k, v in f["clumps"].items() if v["requests"])
+                  + "; in flight " + ", ".join(f"{k}: {v['ratio']:.3f} ({v['requests']})"
+                                               for k, v in f["in_flight"].items() if v["requests"]))
     record = {"command": "python benchmarks/per_request.py " + " ".join(argv if argv is not None else sys.argv[1:]),
               "validation": args.dir, "twin": args.twin, "clump_s": CLUMP_S, "workloads": out}
     if args.json:

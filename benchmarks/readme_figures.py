@@ -1012,7 +1012,23 @@ def per_request(d: dict) -> str:
             cells = [f"{c['ratio']:.2f} ({c['requests']})" if c["requests"] else "–" for c in f["clumps"].values()]
             lines.append(f"| `{w}` | {rate} | {f['requests']} | **{f['ratio']:.2f}** | " + " | ".join(cells)
                          + f" | {', '.join(f'{x:.2f}' for x in f['thirds'])} |")
-    return "\n".join(lines)
+    return "\n".join(lines + _in_flight(d))
+
+
+def _in_flight(d: dict) -> list[str]:
+    """The same ratios by how many requests were on the server while each decoded (files that have them)."""
+    first = next(iter(next(iter(d["workloads"].values())).values()))
+    if "in_flight" not in first:
+        return []
+    labels = list(first["in_flight"])
+    lines = ["", "The same ratios by how many requests were on the server, on average, while each decoded:", "",
+             "| workload | req/s | " + " | ".join(f"{k} in flight" for k in labels) + " |",
+             "|---|---|" + "---|" * len(labels)]
+    for w, points in d["workloads"].items():
+        for rate, f in points.items():
+            cells = [f"{c['ratio']:.2f} ({c['requests']})" if c["requests"] else "–" for c in f["in_flight"].values()]
+            lines.append(f"| `{w}` | {rate} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def beside_rows(d: dict) -> str:
