@@ -159,8 +159,25 @@ def test_per_request_reads_a_twin_that_is_the_real_runs_own_simulator_as_exact_i
         assert point["requests"] > 20 and point["ratio"] == pytest.approx(1.0)
         assert all(c["ratio"] == pytest.approx(1.0) for c in point["clumps"].values() if c["requests"])
         assert point["thirds"] == pytest.approx([1.0, 1.0, 1.0])
+        assert all(c["ratio"] == pytest.approx(1.0) for c in point["in_flight"].values() if c["requests"])
+        assert sum(c["requests"] for c in point["in_flight"].values()) == point["requests"]
     assert sum(c["requests"] for c in rec["workloads"]["bursty"]["20"]["clumps"].values()) == rec["workloads"]["bursty"]["20"]["requests"]
     assert rec["workloads"]["bursty"]["20"]["clumps"]["3-4"]["requests"] > 0        # gamma arrivals do clump
+
+
+def test_in_flight_is_the_mean_count_on_the_server_over_each_decode():
+    """A decodes from 1 to 3 s; it is on the server all that time, B from 2 s on, C never: (2 + 1) / 2.
+    B decodes 3.5-4 s beside nobody but itself; a failed request (no completion) holds no place."""
+    import importlib.util
+
+    import pandas as pd
+    spec = importlib.util.spec_from_file_location("per_request", ROOT / "benchmarks" / "per_request.py")
+    per_request = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(per_request)
+    point = pd.DataFrame({"arrival_time": [0.0, 2.0, 5.0, 1.0], "first_token_time": [1.0, 3.5, 5.5, None],
+                          "completion_time": [3.0, 4.0, 6.0, None]})
+    got = per_request.in_flight(point, point.iloc[:3])
+    assert got == pytest.approx([1.5, 1.0, 1.0])
 
 
 def test_beside_rows_finds_the_prompt_by_row_term_a_server_has_and_charges_long_prompts_for_it(tmp_path):
