@@ -950,6 +950,32 @@ def twin_probe(d: dict) -> str:
     return "\n".join(lines + _twin_requests(d["conditions"])).strip("\n")
 
 
+def twin_rows(d: dict) -> str:
+    """What one arrival costs a server's running streams by how many run, one at a time and in
+    clumps, against the twin."""
+    lines = []
+    for cond, c in d["conditions"].items():
+        r = c.get("rows")
+        if not r:
+            continue
+        med = {k: statistics.median(x[k] for x in r["rounds"]) for k in r["predicted"]}
+        spread = {k: (min(x[k] for x in r["rounds"]), max(x[k] for x in r["rounds"])) for k in r["predicted"]}
+        lines += [f"{cond} (`{r['command']}`; {len(r['rounds'])} rounds on the server, each in another order; twin "
+                  f"`{r['twin']}`): what one arrival ({r['short'][0]}-token prompt, {r['short'][1]} tokens) adds to the "
+                  "running streams' time, the median over rounds (their range):", "",
+                  "| streams | one at a time: server | twin | server / twin | "
+                  f"in clumps of {r['clump']}: server | twin | server / twin |", "|---|---|---|---|---|---|---|"]
+        for n in r["streams"]:
+            cells = []
+            for k in (1, r["clump"]):
+                key = f"{n}x{k}"
+                lo, hi = spread[key]
+                cells += [f"{1e3 * med[key]:.1f} ms ({1e3 * lo:.1f}–{1e3 * hi:.1f})", f"{1e3 * r['predicted'][key]:.1f} ms",
+                          f"**{med[key] / r['predicted'][key]:.2f}**"]
+            lines.append(f"| {n} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def twin_whatif(d: dict) -> str:
     """The what-if alone: the server restarted at other caps against the twin of one profile."""
     w = d["conditions"]["quiet"]["whatif"]
@@ -1340,7 +1366,7 @@ RENDER = {"sim_speed": sim_speed, "hf_dynamic_vs_naive": hf_dynamic_vs_naive, "e
           "plan_cpu": plan_cpu, "same_point": same_point, "corrections": corrections,
           "twin_contention_vllm": twin_contention, "twin_contention_batchlab": twin_contention,
           "twin_vllm_probe": twin_probe, "twin_batchlab_probe": twin_probe, "twin_vllm_clump": twin_probe, "twin_vllm_stay": twin_probe,
-          "twin_vllm_long": twin_probe,
+          "twin_vllm_long": twin_probe, "twin_vllm_rows": twin_rows,
           "twin_vllm_alternate": twin_alternate, "twin_vllm_alternate_host": twin_alternate,
           "beside_rows_vllm": beside_rows, "twin_vllm_per_request": per_request, "twin_vllm_per_request_s71": per_request,
           "twin_vllm_per_request_s81": per_request, "twin_vllm_alternate_warm": twin_alternate,

@@ -1,6 +1,6 @@
 """Check a server's twin: profile the server from the client, then hold the twin to what the server does.
 
-    python benchmarks/twin.py configs/twin-vllm.yaml [--condition quiet|busy] [--parts profile,knee,validate,whatif,contention,requests]
+    python benchmarks/twin.py configs/twin-vllm.yaml [--condition quiet|busy] [--parts profile,knee,validate,whatif,contention,requests,rows]
 
 The server (vLLM by default; --server transformers or batchlab: `transformers serve` or
 `batchlab serve` continuous on --serve-config's model) starts with the config's `continuous`
@@ -43,6 +43,9 @@ parts see it fresh: on vLLM its first half-minute of traffic ran about 1.3x slow
    one by one with 384-token prompts (what a long prompt adds), and 16
    streams one of which finishes every other step (what a finish adds
    to the next step); calibrate/twin_check.py.
+7. rows: the arrival probe among 4, 16 and 26 streams, the arrivals one at a time and in clumps
+   of six, --request-rounds rounds on the server (each in another order) and once on the twin:
+   whether one arrival costs a server more, beyond the twin's steps, the more rows it lands among.
 --condition busy runs 2 and 3 with a background load on both cores (baselines/background.py).
 --predict-only recomputes the twin's side of 2 and 4 (after a new profile) beside the server's
 figures already measured, and starts no server.
@@ -79,10 +82,14 @@ from batchlab.calibrate.twin import front_end_parts
 from batchlab.calibrate.twin_check import (
     CLUMP,
     LONG_ARRIVAL,
+    LONG_OUTPUT,
+    LONG_PROMPT,
+    SHORT,
     STAY,
     Twin,
     alternation,
     arrival_cost,
+    arrival_seconds,
     finish_cost,
     point_figures,
     predicted_burst,
@@ -99,7 +106,8 @@ from batchlab.run.config import load_config
 from batchlab.schedulers import ContinuousConfig
 
 ROOT = Path(__file__).resolve().parents[1]
-PARTS = ("alternate", "profile", "knee", "validate", "whatif", "contention", "requests")
+PARTS = ("alternate", "profile", "knee", "validate", "whatif", "contention", "requests", "rows")
+ROWS = (4, 16, 26)                 # rows: streams the arrivals land among (26 and a clump of 6 fill a cap of 32)
 GRID = ProbeGrid(batch_sizes=(1, 2, 4, 8, 16, 32), contexts=(16, 64, 128, 256), prompts=(16, 64, 256, 512),
                  new_tokens=24, repeats=3, warmup=1)
 BURST = (384, 64, 32)              # the what-if burst: requests, prompt and output tokens
@@ -438,6 +446,26 @@ class Campaign:
         return (arrival_cost(run) | arrival_cost(run, CLUMP) | arrival_cost(run, CLUMP, STAY, "stay_")
                 | arrival_cost(run, 1, LONG_ARRIVAL, "long_") | finish_cost(run))
 
+    def row_costs(self, backend) -> None:
+        """What one short arrival costs the running streams by how many run (ROWS), arriving one at
+        a time and in clumps of CLUMP: --request-rounds rounds on the server, each in another order,
+        and once on the twin. A cost per arrival that grows with the rows beyond what the twin's
+        steps charge shows here, and clumps show whether one prompt step shares it."""
+        run, probes = functools.partial(compare.sent, backend), [(n, k) for n in ROWS for k in (1, CLUMP)]
+        rounds, inside = [], []
+        for r in range(self.args.request_rounds):
+            order = probes[r % len(probes):] + probes[:r % len(probes)]
+            got = {f"{n}x{k}": arrival_seconds(run, k, SHORT, (n, LONG_PROMPT, LONG_OUTPUT)) for n, k in order}
+            rounds.append({key: v[0] for key, v in got.items()})
+            inside.append({key: v[4] for key, v in got.items()})
+            print(f"rows: round {r}: " + ", ".join(f"{key} {1e3 * v[0]:.2f} ms ({1e3 * v[4]:.2f} within)"
+                                                   for key, v in got.items()), flush=True)
+        twin = self.twin().replay
+        on_twin = {f"{n}x{k}": arrival_seconds(twin, k, SHORT, (n, LONG_PROMPT, LONG_OUTPUT)) for n, k in probes}
+        self.save("rows", {"streams": list(ROWS), "clump": CLUMP, "short": list(SHORT), "rounds": rounds,
+                           "predicted": {key: v[0] for key, v in on_twin.items()}, "rounds_within": inside,
+                           "predicted_within": {key: v[4] for key, v in on_twin.items()}})
+
     def contention_check(self, backend) -> None:
         """Saturated bursts quiet and beside the background load (the server's core, every core), in
         rotating order, each with the share of the server's core others took; per round the slowdown
@@ -542,6 +570,8 @@ def run(c: Campaign, parts: list[str]) -> None:
             c.contention_check(backend)
         if "requests" in parts:
             c.request_costs(backend)
+        if "rows" in parts:
+            c.row_costs(backend)
     for cap in ([int(x) for x in a.caps.split(",")] if "whatif" in parts else []):
         with c.server(max_num_seqs=cap) as (_, backend):
             whatif.append(c.whatif_here(backend, cap))

@@ -142,7 +142,7 @@ def arrival_cost(run: Run, clump: int = 1, short: tuple[int, int] = SHORT, prefi
     span), keys prefixed `prefix`: what arriving together costs beyond arriving one by one; `short`
     the arrivals' prompt and output lengths (STAY: requests that decode beside the streams a while;
     LONG_ARRIVAL: long prompts), keys prefixed too where they are not SHORT."""
-    extra, alone, together, solo = arrival_seconds(run, clump, short)
+    extra, alone, together, solo, _ = arrival_seconds(run, clump, short)
     out = {"arrival_s": extra, "arrival_steps": extra / (alone / (LONG_OUTPUT - 1)),
            "decode_with_s": together, "decode_alone_s": alone}
     if clump > 1 or short != SHORT:
@@ -153,10 +153,11 @@ def arrival_cost(run: Run, clump: int = 1, short: tuple[int, int] = SHORT, prefi
 
 def arrival_seconds(run: Run, clump: int = 1, short: tuple[int, int] = SHORT,
                     streams: tuple[int, int, int] = (LONG, LONG_PROMPT, LONG_OUTPUT)
-                    ) -> tuple[float, float, float, list[Request]]:
+                    ) -> tuple[float, float, float, list[Request], float]:
     """arrival_cost's measurement: (seconds one arrival added, the decode's span alone and with
-    the arrivals, the requests of the run alone). `streams`: how many streams decode, from what
-    prompt, for how many tokens (more than any arrival asks for)."""
+    the arrivals, the requests of the run alone, and the seconds one arrival added read inside
+    the run with them: `within`). `streams`: how many streams decode, from what prompt, for how
+    many tokens (more than any arrival asks for)."""
     count, prompt, output = streams
     if clump < 1 or ARRIVALS % clump:
         raise ValueError(f"clump must divide {ARRIVALS} arrivals (got {clump})")
@@ -168,8 +169,28 @@ def arrival_seconds(run: Run, clump: int = 1, short: tuple[int, int] = SHORT,
     lo, hi = (start + f * alone for f in ARRIVAL_SPAN)
     instants = ARRIVALS // clump
     shorts = [TraceItem(lo + (hi - lo) * (j // clump) / max(instants - 1, 1), *short) for j in range(ARRIVALS)]
-    _, together = _decode(run(_unique(longs + shorts, f"with-{clump}-{short[1]}")), output)
-    return (together - alone) / ARRIVALS, alone, together, solo
+    both = run(_unique(longs + shorts, f"with-{clump}-{short[1]}"))
+    _, together = _decode(both, output)
+    return (together - alone) / ARRIVALS, alone, together, solo, within(both, output) / ARRIVALS
+
+
+def within(requests: list[Request], output: int = LONG_OUTPUT) -> float:
+    """Seconds the other requests added to the first long stream's decode, read inside one run:
+    its token gaps while none of them was on the server (the first and last ten left out) fit a
+    line in the token's position (a step grows with its rows' context); the gaps that ended while
+    one was, or within two steps after the last was answered, less that line, summed. Two runs
+    seconds apart on a shared host differ by several percent in speed, as much as thirty arrivals
+    add to a decode; within one run the machine moves far less."""
+    stream = _first_long(requests, output)
+    stamps = np.asarray(stream.token_times)
+    gaps, ends, pos = np.diff(stamps), stamps[1:], np.arange(len(stamps) - 1)
+    others = [r for r in requests if r is not stream and r.max_new_tokens != output and r.token_times]
+    lo, hi = min(r.arrival_time for r in others), max(r.token_times[-1] for r in others)
+    hi += 2 * float(np.median(gaps))
+    inside = (ends > lo) & (ends <= hi)
+    quiet = ~inside & (pos >= 10) & (pos < len(gaps) - 10)
+    slope, level = np.polyfit(pos[quiet], gaps[quiet], 1)
+    return float((gaps[inside] - (level + slope * pos[inside])).sum())
 
 
 def finish_cost(run: Run) -> dict[str, float]:

@@ -83,6 +83,33 @@ def test_arrivals_cost_the_running_streams_what_the_twin_charges_them_and_a_fini
     assert done["finish_s"] == pytest.approx(0.0, abs=1e-9) and done["finish_steps"] == pytest.approx(0.0, abs=1e-9)
 
 
+@pytest.mark.parametrize("preset", ["toy", "llama2-7b-a100"])
+def test_what_arrivals_add_read_inside_one_run_is_what_two_runs_read_on_a_twin(preset):
+    """In virtual time the machine never moves between the run alone and the run with arrivals,
+    so the within-run reading (the gaps while arrivals were there, less a line through the rest)
+    agrees with the two-run one; with a step that grows with its rows' context (the 7B preset)
+    too, because the line follows that growth."""
+    from batchlab.calibrate.twin_check import SHORT, arrival_seconds
+    t = twin(f"backend.preset={preset}")
+    for clump, short in ((1, SHORT), (6, SHORT), (1, (384, 2))):
+        extra, *_, inside = arrival_seconds(t.replay, clump, short)
+        assert inside == pytest.approx(extra, rel=0.05) and inside > 0
+
+
+def test_within_reads_a_machine_that_slows_between_runs_as_nothing():
+    """A hand-stamped stream at 11 ms a token throughout (a machine slower than in some run alone,
+    which two runs would charge to the arrivals) reads nothing inside its own run; three extra
+    milliseconds on each of five gaps while the arrivals were there read as 15 ms."""
+    from batchlab.calibrate.twin_check import within
+
+    def stream(step: float, bumped: range = range(0)) -> Request:
+        return stamped(0.0, [0.1 + step * i + 0.003 * sum(1 for j in bumped if j <= i) for i in range(400)])
+
+    arrivals = [stamped(1.5 + 0.05 * k, [1.51 + 0.05 * k, 1.52 + 0.05 * k]) for k in range(30)]
+    assert within([stream(0.011)] + arrivals, 400) == pytest.approx(0.0, abs=1e-9)
+    assert within([stream(0.011, range(200, 205))] + arrivals, 400) == pytest.approx(0.015, rel=0.02)
+
+
 def stamped(arrival: float, times: list[float]) -> Request:
     r = Request(f"r{arrival}", 8, len(times), arrival)
     r.token_times, r.status = list(times), Status.FINISHED
