@@ -952,28 +952,34 @@ def twin_probe(d: dict) -> str:
 
 def twin_rows(d: dict) -> str:
     """What one arrival costs a server's running streams by how many run, one at a time and in
-    clumps, against the twin."""
+    clumps, against the twin: read from two runs (alone, with the arrivals) and inside the one."""
     lines = []
     for cond, c in d["conditions"].items():
         r = c.get("rows")
         if not r:
             continue
-        med = {k: statistics.median(x[k] for x in r["rounds"]) for k in r["predicted"]}
-        spread = {k: (min(x[k] for x in r["rounds"]), max(x[k] for x in r["rounds"])) for k in r["predicted"]}
         lines += [f"{cond} (`{r['command']}`; {len(r['rounds'])} rounds on the server, each in another order; twin "
                   f"`{r['twin']}`): what one arrival ({r['short'][0]}-token prompt, {r['short'][1]} tokens) adds to the "
-                  "running streams' time, the median over rounds (their range):", "",
-                  "| streams | one at a time: server | twin | server / twin | "
-                  f"in clumps of {r['clump']}: server | twin | server / twin |", "|---|---|---|---|---|---|---|"]
-        for n in r["streams"]:
-            cells = []
-            for k in (1, r["clump"]):
-                key = f"{n}x{k}"
-                lo, hi = spread[key]
-                cells += [f"{1e3 * med[key]:.1f} ms ({1e3 * lo:.1f}–{1e3 * hi:.1f})", f"{1e3 * r['predicted'][key]:.1f} ms",
-                          f"**{med[key] / r['predicted'][key]:.2f}**"]
-            lines.append(f"| {n} | " + " | ".join(cells) + " |")
+                  "running streams' time, the median over rounds (their range), read from two runs (the streams "
+                  "alone, then with the arrivals) and inside the run with them:", "",
+                  "| streams | arrivals | two runs: server | twin | server / twin | inside one: server | twin | "
+                  "server / twin |", "|---|---|---|---|---|---|---|---|"]
+        for key in r["predicted"]:
+            n, k, *prompt = key.split("x")
+            what = ("one at a time" if k == "1" else f"in clumps of {k}") + (f", {prompt[0]}-token prompts" if prompt else "")
+            cells = [_rows_cells(r["rounds"], r["predicted"], key),
+                     _rows_cells(r.get("rounds_within"), r.get("predicted_within"), key)]
+            lines.append(f"| {n} | {what} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _rows_cells(rounds: list[dict] | None, twin: dict | None, key: str) -> str:
+    if not rounds:
+        return "– | – | –"
+    xs = [x[key] for x in rounds]
+    med = statistics.median(xs)
+    return (f"{1e3 * med:.1f} ms ({1e3 * min(xs):.1f} to {1e3 * max(xs):.1f}) | {1e3 * twin[key]:.1f} ms | "
+            f"**{med / twin[key]:.2f}**")
 
 
 def twin_whatif(d: dict) -> str:

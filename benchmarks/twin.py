@@ -43,8 +43,8 @@ parts see it fresh: on vLLM its first half-minute of traffic ran about 1.3x slow
    one by one with 384-token prompts (what a long prompt adds), and 16
    streams one of which finishes every other step (what a finish adds
    to the next step); calibrate/twin_check.py.
-7. rows: the arrival probe among 4, 16 and 26 streams, the arrivals one at a time and in clumps
-   of six, --request-rounds rounds on the server (each in another order) and once on the twin:
+7. rows: the arrival probe among 4, 16 and 26 streams, the arrivals one at a time, in clumps
+   of six, and one at a time with 384-token prompts, --request-rounds rounds on the server (each in another order) and once on the twin:
    whether one arrival costs a server more, beyond the twin's steps, the more rows it lands among.
 --condition busy runs 2 and 3 with a background load on both cores (baselines/background.py).
 --predict-only recomputes the twin's side of 2 and 4 (after a new profile) beside the server's
@@ -448,21 +448,25 @@ class Campaign:
 
     def row_costs(self, backend) -> None:
         """What one short arrival costs the running streams by how many run (ROWS), arriving one at
-        a time and in clumps of CLUMP: --request-rounds rounds on the server, each in another order,
-        and once on the twin. A cost per arrival that grows with the rows beyond what the twin's
-        steps charge shows here, and clumps show whether one prompt step shares it."""
-        run, probes = functools.partial(compare.sent, backend), [(n, k) for n in ROWS for k in (1, CLUMP)]
+        a time and in clumps of CLUMP, and a long-prompt one (LONG_ARRIVAL): --request-rounds rounds
+        on the server, each in another order, and once on the twin. A cost per arrival that grows
+        with the rows beyond what the twin's steps charge shows here, and clumps show whether one
+        prompt step shares it."""
+        run = functools.partial(compare.sent, backend)
+        probes = [(n, k, short) for n in ROWS for k, short in ((1, SHORT), (CLUMP, SHORT), (1, LONG_ARRIVAL))]
+        key = lambda n, k, short: f"{n}x{k}" + ("" if short == SHORT else f"x{short[0]}")  # noqa: E731
         rounds, inside = [], []
         for r in range(self.args.request_rounds):
             order = probes[r % len(probes):] + probes[:r % len(probes)]
-            got = {f"{n}x{k}": arrival_seconds(run, k, SHORT, (n, LONG_PROMPT, LONG_OUTPUT)) for n, k in order}
+            got = {key(*p): arrival_seconds(run, p[1], p[2], (p[0], LONG_PROMPT, LONG_OUTPUT)) for p in order}
             rounds.append({key: v[0] for key, v in got.items()})
             inside.append({key: v[4] for key, v in got.items()})
             print(f"rows: round {r}: " + ", ".join(f"{key} {1e3 * v[0]:.2f} ms ({1e3 * v[4]:.2f} within)"
                                                    for key, v in got.items()), flush=True)
         twin = self.twin().replay
-        on_twin = {f"{n}x{k}": arrival_seconds(twin, k, SHORT, (n, LONG_PROMPT, LONG_OUTPUT)) for n, k in probes}
-        self.save("rows", {"streams": list(ROWS), "clump": CLUMP, "short": list(SHORT), "rounds": rounds,
+        on_twin = {key(*p): arrival_seconds(twin, p[1], p[2], (p[0], LONG_PROMPT, LONG_OUTPUT)) for p in probes}
+        self.save("rows", {"streams": list(ROWS), "clump": CLUMP, "short": list(SHORT), "long": list(LONG_ARRIVAL),
+                           "rounds": rounds,
                            "predicted": {key: v[0] for key, v in on_twin.items()}, "rounds_within": inside,
                            "predicted_within": {key: v[4] for key, v in on_twin.items()}})
 
