@@ -952,34 +952,33 @@ def twin_probe(d: dict) -> str:
 
 def twin_rows(d: dict) -> str:
     """What one arrival costs a server's running streams by how many run, one at a time and in
-    clumps, against the twin: read from two runs (alone, with the arrivals) and inside the one."""
+    clumps: read from two runs (alone, with the arrivals) and inside the one, beside the twin and
+    its steps without a front end."""
     lines = []
     for cond, c in d["conditions"].items():
         r = c.get("rows")
         if not r:
             continue
         lines += [f"{cond} (`{r['command']}`; {len(r['rounds'])} rounds on the server, each in another order; twin "
-                  f"`{r['twin']}`): what one arrival ({r['short'][0]}-token prompt, {r['short'][1]} tokens) adds to the "
-                  "running streams' time, the median over rounds (their range), read from two runs (the streams "
-                  "alone, then with the arrivals) and inside the run with them:", "",
-                  "| streams | arrivals | two runs: server | twin | server / twin | inside one: server | twin | "
-                  "server / twin |", "|---|---|---|---|---|---|---|---|"]
-        for key in r["predicted"]:
+                  f"`{r['twin']}`): what one arrival ({r['short'][0]}-token prompt unless said, {r['short'][1]} tokens) "
+                  "adds to the running streams' time, the median over rounds (their range), read from two runs (the "
+                  "streams alone, then with the arrivals) and inside the run with them; the twin, and its fitted "
+                  "steps with no front end:", "",
+                  "| streams | arrivals | server, two runs | server, inside one | twin | its steps alone | "
+                  "inside one less the steps |", "|---|---|---|---|---|---|---|"]
+        for key in sorted(r["predicted"], key=lambda x: (int(x.split("x")[0]), x.count("x"), x)):
             n, k, *prompt = key.split("x")
             what = ("one at a time" if k == "1" else f"in clumps of {k}") + (f", {prompt[0]}-token prompts" if prompt else "")
-            cells = [_rows_cells(r["rounds"], r["predicted"], key),
-                     _rows_cells(r.get("rounds_within"), r.get("predicted_within"), key)]
-            lines.append(f"| {n} | {what} | " + " | ".join(cells) + " |")
+            inside = statistics.median(x[key] for x in r["rounds_within"])
+            lines.append(f"| {n} | {what} | {_spread(r['rounds'], key)} | {_spread(r['rounds_within'], key)} | "
+                         f"{1e3 * r['predicted'][key]:.1f} ms | {1e3 * r['predicted_steps'][key]:.1f} ms | "
+                         f"**{1e3 * (inside - r['predicted_steps'][key]):+.1f} ms** |")
     return "\n".join(lines)
 
 
-def _rows_cells(rounds: list[dict] | None, twin: dict | None, key: str) -> str:
-    if not rounds:
-        return "– | – | –"
+def _spread(rounds: list[dict], key: str) -> str:
     xs = [x[key] for x in rounds]
-    med = statistics.median(xs)
-    return (f"{1e3 * med:.1f} ms ({1e3 * min(xs):.1f} to {1e3 * max(xs):.1f}) | {1e3 * twin[key]:.1f} ms | "
-            f"**{med / twin[key]:.2f}**")
+    return f"{1e3 * statistics.median(xs):.1f} ms ({1e3 * min(xs):.1f} to {1e3 * max(xs):.1f})"
 
 
 def twin_whatif(d: dict) -> str:

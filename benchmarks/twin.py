@@ -77,6 +77,7 @@ from batchlab.baselines.contention import contention, host_speed, stolen_s, usag
 from batchlab.baselines.loadtest import open_loop
 from batchlab.calibrate.accuracy import sides
 from batchlab.calibrate.blackbox import ProbeGrid
+from batchlab.calibrate.front_end import bare
 from batchlab.calibrate.server import profile_server
 from batchlab.calibrate.twin import front_end_parts
 from batchlab.calibrate.twin_check import (
@@ -463,12 +464,14 @@ class Campaign:
             inside.append({key: v[4] for key, v in got.items()})
             print(f"rows: round {r}: " + ", ".join(f"{key} {1e3 * v[0]:.2f} ms ({1e3 * v[4]:.2f} within)"
                                                    for key, v in got.items()), flush=True)
-        twin = self.twin().replay
-        on_twin = {key(*p): arrival_seconds(twin, p[1], p[2], (p[0], LONG_PROMPT, LONG_OUTPUT)) for p in probes}
+        twin = self.twin()
+        steps = Twin(twin.cfg, cost=bare(twin.cfg.backend.cost())).replay     # the fitted steps, no front end
+        on = {name: {key(*p): arrival_seconds(t, p[1], p[2], (p[0], LONG_PROMPT, LONG_OUTPUT))[0] for p in probes}
+              for name, t in (("twin", twin.replay), ("steps", steps))}
+        # in virtual time the machine never moves, so the twin's reading inside one run is its two-run one
         self.save("rows", {"streams": list(ROWS), "clump": CLUMP, "short": list(SHORT), "long": list(LONG_ARRIVAL),
-                           "rounds": rounds,
-                           "predicted": {key: v[0] for key, v in on_twin.items()}, "rounds_within": inside,
-                           "predicted_within": {key: v[4] for key, v in on_twin.items()}})
+                           "rounds": rounds, "rounds_within": inside, "predicted": on["twin"],
+                           "predicted_steps": on["steps"]})
 
     def contention_check(self, backend) -> None:
         """Saturated bursts quiet and beside the background load (the server's core, every core), in
