@@ -727,11 +727,19 @@ def _priced(fe: dict | None) -> str:
     """The front end the arrival probe priced, as a clause of the profile line."""
     if not fe:
         return ""
-    costs = ", ".join(f"{p}-token prompts {1e3 * v:.1f} ms on the server, {1e3 * fe['twin_s'][p]:.1f} ms on its steps "
-                      "alone" for p, v in fe["server_s"].items())
-    return (f"; an arrival among {fe['probe']['streams'][0]} streams cost ({costs}), so the twin's front end takes "
-            f"{1e3 * fe['engine_s']:.2f} ms + {1e6 * fe['engine_s_per_token']:.1f} µs a prompt token of the engine "
-            f"and delays each request {1e3 * fe['delay_s']:.1f} ms besides")
+    if not isinstance(next(iter(fe["server_s"].values())), dict):      # one stream count, read from two runs
+        costs = ", ".join(f"{p}-token prompts {1e3 * v:.1f} ms on the server, {1e3 * fe['twin_s'][p]:.1f} ms on its "
+                          "steps alone" for p, v in fe["server_s"].items())
+        return (f"; an arrival among {fe['probe']['streams'][0]} streams cost ({costs}), so the twin's front end "
+                f"takes {1e3 * fe['engine_s']:.2f} ms + {1e6 * fe['engine_s_per_token']:.1f} µs a prompt token of the "
+                f"engine and delays each request {1e3 * fe['delay_s']:.1f} ms besides")
+    costs = "; ".join(f"among {n}: " + ", ".join(f"{p} tokens {1e3 * v:.1f} ms ({1e3 * fe['twin_s'][n][p]:.1f})"
+                                                 for p, v in by_prompt.items())
+                      for n, by_prompt in fe["server_s"].items())
+    return (f"; what an arrival cost the running streams on the server, read inside one run (on the twin's steps "
+            f"alone): {costs}; so the twin's front end takes {1e3 * fe['engine_s']:.2f} ms + "
+            f"{1e6 * fe['engine_s_per_token']:.1f} µs a prompt token + {1e6 * fe['engine_s_per_row']:.0f} µs a "
+            f"running row of the engine and delays each request {1e3 * fe['delay_s']:.1f} ms besides")
 
 
 def _twin_validate(cond: str, v: dict) -> list[str]:
@@ -970,13 +978,13 @@ def twin_rows(d: dict) -> str:
             n, k, *prompt = key.split("x")
             what = ("one at a time" if k == "1" else f"in clumps of {k}") + (f", {prompt[0]}-token prompts" if prompt else "")
             inside = statistics.median(x[key] for x in r["rounds_within"])
-            lines.append(f"| {n} | {what} | {_spread(r['rounds'], key)} | {_spread(r['rounds_within'], key)} | "
+            lines.append(f"| {n} | {what} | {_over_rounds(r['rounds'], key)} | {_over_rounds(r['rounds_within'], key)} | "
                          f"{1e3 * r['predicted'][key]:.1f} ms | {1e3 * r['predicted_steps'][key]:.1f} ms | "
                          f"**{1e3 * (inside - r['predicted_steps'][key]):+.1f} ms** |")
     return "\n".join(lines)
 
 
-def _spread(rounds: list[dict], key: str) -> str:
+def _over_rounds(rounds: list[dict], key: str) -> str:
     xs = [x[key] for x in rounds]
     return f"{1e3 * statistics.median(xs):.1f} ms ({1e3 * min(xs):.1f} to {1e3 * max(xs):.1f})"
 

@@ -10,6 +10,9 @@
              + mix * prefill_tokens * decode_rows   (a prompt computed beside decoding rows, beyond what each
                                             costs alone: fitted where prompts were probed beside several
                                             rows, as a server's profile does; vLLM on a CPU fits it at 0)
+             + admit_row * admitted_requests * decode_rows   (work an arrival costs the engine's processor
+                                            that grows with the batch it joins: not fitted from steps, priced
+                                            from what arrivals cost running streams, calibrate/front_end.py)
              + shape(tokens)               (a measured profile's correction by the tokens the pass computes:
                                             small matrix products run below the machine's rate, so cost
                                             bends with size where the terms above are straight lines)
@@ -42,11 +45,11 @@ LATER_TERMS = ("attn_s_per_pair", "admit_s", "warmup_s", "mix_s_per_token_row")
 WARM_STEPS = 32            # request-level decode steps over which a call's warm-up fades out
 # Every timing a step-time model holds, in seconds (besides the shape correction's knots): what a
 # machine running faster or slower scales
-TIME_TERMS = ("overhead_s", "weight_s") + COEFFS[1:] + ("frontend_s", "frontend_s_per_token")
+TIME_TERMS = ("overhead_s", "weight_s") + COEFFS[1:] + ("frontend_s", "frontend_s_per_token", "admit_s_per_row")
 # The timings a request pays before its first token and never after: its prompt's pass (per token,
 # per prefill step, attention over the prompt, admission) and the server's front end
 FIRST_TOKEN_TERMS = ("prefill_s_per_token", "prefill_step_s", "attn_s_per_pair", "admit_s", "frontend_s",
-                     "frontend_s_per_token")
+                     "frontend_s_per_token", "admit_s_per_row")
 
 
 def features(context_tokens: float, prefill_tokens: float, decode_rows: float, attn_pairs: float = 0.0,
@@ -97,6 +100,7 @@ class StepCost:
                                   # time before its scheduler beyond its front end, as a profile reads it, and what a
                                   # validation measured the first token still missing (first_token_moved)
     shape_s: tuple[tuple[float, float], ...] = ()   # (tokens computed, seconds) knots of the shape correction
+    admit_s_per_row: float = 0.0  # per request whose prompt starts in the step x decode rows beside it (priced, not fitted)
 
     @property
     def arrival_delay_s(self) -> float:
@@ -143,6 +147,8 @@ class StepCost:
             t = t + self.warmup_s * warm
         if self.mix_s_per_token_row:
             t = t + self.mix_s_per_token_row * prefill_tokens * decode_rows
+        if self.admit_s_per_row:
+            t = t + self.admit_s_per_row * admitted * decode_rows
         if self.shape_s:
             t = t + self.shape(prefill_tokens + decode_rows)
         return t

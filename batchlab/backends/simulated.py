@@ -275,8 +275,8 @@ class SimulatedBackend(Engine):
 
     def _prompt_terms(self, prefilling: list[tuple[Request, int]]) -> tuple[float, int]:
         """Attention pairs of the step's prompt chunks and the requests starting their prompt, for
-        the model's attention and admission terms (skipped, as free, when the model has neither)."""
-        if not prefilling or not (self.cost.attn_s_per_pair or self.cost.admit_s):
+        the model's attention and admission terms (skipped, as free, when the model has none)."""
+        if not prefilling or not (self.cost.attn_s_per_pair or self.cost.admit_s or self.cost.admit_s_per_row):
             return 0.0, 0
         pairs = sum(attention_pairs(n, r.num_computed_tokens) for r, n in prefilling)
         return pairs, sum(r.num_computed_tokens == 0 for r, _ in prefilling)

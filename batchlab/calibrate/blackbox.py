@@ -67,7 +67,7 @@ class BlackBoxProfile:
     reference_s: list[float]     # the reference burst's median decode gap at each check
     reference_burst_s: float | None = None   # validation's drift probe, timed on the server right after the probes
     frontend_beside_s: float | None = None   # median time before the scheduler of prompts sent beside a stream
-    arrivals: dict[int, list[float]] | None = None   # prompt -> what an arrival cost the streams, per round
+    arrivals: dict[tuple[int, int], list[float]] | None = None   # (streams, prompt) -> an arrival's cost, per round
 
 
 class Prober:

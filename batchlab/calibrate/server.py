@@ -43,7 +43,7 @@ def profile_server(cfg: RunConfig, grid: ProbeGrid, profile_path: Path, twin_pat
         costs = None
         if arrivals:
             if progress:
-                progress(f"arrivals: {ARRIVALS} among {arrivals.streams[0]} streams, prompts of "
+                progress(f"arrivals: {ARRIVALS} among {', '.join(map(str, arrivals.streams))} streams, prompts of "
                          f"{', '.join(map(str, arrivals.prompts))} tokens, {arrivals.rounds} rounds")
             costs = arrival_costs(_run_on(target, clock), arrivals)
             clock.run(probes.check_reference(True))      # a server that changed during them is refused too
@@ -69,7 +69,8 @@ def profile_server(cfg: RunConfig, grid: ProbeGrid, profile_path: Path, twin_pat
                  f", {1e3 * prof.frontend_beside_s:.1f} ms before the scheduler beside a stream"))
         if costs:
             progress(f"front end priced by the arrivals: {1e3 * c.frontend_s:.2f} ms + {1e6 * c.frontend_s_per_token:.1f} "
-                     f"us a prompt token of the engine's time, then {1e3 * c.first_token_s:.1f} ms off the engine")
+                     f"us a prompt token + {1e6 * c.admit_s_per_row:.0f} us a running row of the engine's time, then "
+                     f"{1e3 * c.first_token_s:.1f} ms off the engine")
         progress(f"wrote {profile_path} and {twin_path}: `batchlab run {twin_path}` simulates the server")
     return twin
 

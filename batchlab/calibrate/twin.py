@@ -21,7 +21,7 @@ import yaml
 
 from batchlab.backends.cost import StepCost
 from batchlab.calibrate.blackbox import BlackBoxProfile, ProbeGrid
-from batchlab.calibrate.front_end import ArrivalProbe, bare, front_end, with_front_end
+from batchlab.calibrate.front_end import ArrivalProbe, bare, front_end, nested, with_front_end
 from batchlab.calibrate.twin_check import Twin
 from batchlab.core.config import RunConfig
 from batchlab.core.files import write_atomic
@@ -99,7 +99,8 @@ def write_twin(cfg: RunConfig, prof: BlackBoxProfile, grid: ProbeGrid, setup: di
     if prof.arrivals and arrivals:
         fe = front_end(prof.arrivals, Twin(twin, cost=bare(cost)).replay, front + beyond, arrivals)
         cost = with_front_end(cost, fe)
-        priced = {"front_end_priced": fe.record() | {"probe": asdict(arrivals), "rounds_s": prof.arrivals}}
+        priced = {"front_end_priced": fe.record() | {"probe": asdict(arrivals), "rounds_s": nested(prof.arrivals),
+                                                     "read": "inside one run"}}
     pred = prof.fit.predict(prof.samples)
     rows = [asdict(s) | {"fit_seconds": float(p)} for s, p in zip(prof.samples, pred)]
     profile_path.parent.mkdir(parents=True, exist_ok=True)

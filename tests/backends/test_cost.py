@@ -80,6 +80,16 @@ def test_a_front_end_per_prompt_token_is_engine_time_and_scales_with_the_machine
         replace(COST, frontend_s_per_token=2e-5)          # a delay off the engine has no per-token part
 
 
+def test_an_arrival_per_running_row_is_charged_in_the_step_that_admits_it_and_scales_with_the_machine():
+    from dataclasses import replace
+    per_row = replace(COST, admit_s_per_row=2e-4)
+    assert per_row.step_time(900, 32, 20, 0.0, 1) - COST.step_time(900, 32, 20, 0.0, 1) == pytest.approx(20 * 2e-4)
+    assert per_row.step_time(900, 64, 20, 0.0, 2) - COST.step_time(900, 64, 20, 0.0, 2) == pytest.approx(40 * 2e-4)
+    assert per_row.step_time(900, 0, 20) == COST.step_time(900, 0, 20)        # a step admitting nobody: nothing
+    assert per_row.scaled(1.5).admit_s_per_row == pytest.approx(3e-4)
+    assert per_row.scaled(1.0, first=2.0).admit_s_per_row == pytest.approx(4e-4)   # paid before the first token
+
+
 def test_a_scaled_model_times_every_step_by_the_factor_and_keeps_its_sizes():
     from dataclasses import replace
 

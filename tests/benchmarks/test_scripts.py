@@ -213,9 +213,10 @@ def test_beside_rows_finds_the_prompt_by_row_term_a_server_has_and_charges_long_
 
 
 def test_price_front_end_recovers_a_front_end_added_to_the_twins_own_steps(tmp_path):
-    """Inside readings made from the toy twin's steps with no front end plus 2 ms and 10 us a prompt
-    token: the priced front end is exactly that, the delay the larger reading less the 2 ms, and
-    the new twin names the new profile. A rows file without the asked stream count is one line."""
+    """Inside readings made from the toy twin's steps with no front end plus 2 ms, 10 us a prompt
+    token and 0.1 ms a running row: the priced front end is that, the delay the larger reading
+    less the 2 ms, and the new twin names the new profile. A rows file without inside readings
+    is one line."""
     from batchlab.backends.presets import load_cost
     from batchlab.calibrate.front_end import bare
     from batchlab.calibrate.twin_check import LONG_OUTPUT, LONG_PROMPT, SHORT, Twin, arrival_seconds
@@ -225,19 +226,23 @@ def test_price_front_end_recovers_a_front_end_added_to_the_twins_own_steps(tmp_p
     (tmp_path / "twin.yaml").write_text(f"backend:\n  kind: sim\n  profile: {profile}\nstrategies: [continuous]\n")
     cfg = load_config(str(tmp_path / "twin.yaml"))
     steps = Twin(cfg, cost=bare(cfg.backend.cost())).replay
-    within = {"16x1": arrival_seconds(steps, 1, SHORT, (16, LONG_PROMPT, LONG_OUTPUT))[4] + 0.002 + 1e-5 * SHORT[0],
-              "16x1x384": arrival_seconds(steps, 1, (384, 2), (16, LONG_PROMPT, LONG_OUTPUT))[4] + 0.002 + 1e-5 * 384}
+    within = {}
+    for n in (8, 16, 26):
+        for p, key in ((SHORT[0], f"{n}x1"), (384, f"{n}x1x384")):
+            within[key] = arrival_seconds(steps, 1, (p, 2), (n, LONG_PROMPT, LONG_OUTPUT))[4] + 0.002 + 1e-5 * p + 1e-4 * n
     rows = tmp_path / "rows.json"
     rows.write_text(json.dumps({"conditions": {"quiet": {"rows": {
-        "streams": [16], "short": list(SHORT), "long": [384, 2], "rounds_within": [within, within]}}}}))
+        "streams": [8, 16, 26], "short": list(SHORT), "long": [384, 2], "rounds_within": [within, within]}}}}))
     cmd = [sys.executable, str(ROOT / "benchmarks" / "price_front_end.py"), str(tmp_path), "--rows", str(rows)]
     res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr
     priced = json.loads((tmp_path / "profile-front-end-within.json").read_text())
     assert priced["frontend_s"] == pytest.approx(0.002, rel=1e-6)
     assert priced["frontend_s_per_token"] == pytest.approx(1e-5, rel=1e-6)
+    assert priced["admit_s_per_row"] == pytest.approx(1e-4, rel=1e-6)
     assert priced["first_token_s"] == pytest.approx(0.005, rel=1e-6) and priced["frontend_on_engine"] is True
     assert load_config(str(tmp_path / "twin-front-end-within.yaml")).backend.profile == str(
         (tmp_path / "profile-front-end-within.json").resolve())
-    res = subprocess.run(cmd + ["--streams", "26"], cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert res.returncode == 2 and res.stderr.startswith("error: --streams 26") and res.stderr.count("\n") == 1
+    rows.write_text(json.dumps({"conditions": {"quiet": {"rows": {"streams": [16], "rounds": []}}}}))
+    res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 2 and res.stderr.startswith("error: --rows") and res.stderr.count("\n") == 1

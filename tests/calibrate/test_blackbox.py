@@ -199,11 +199,12 @@ def test_front_end_work_on_the_engine_is_priced_from_what_arrivals_cost_the_stre
     from batchlab.calibrate.front_end import ArrivalProbe
     # the fake's engine spends 0.2 ms a prompt token on each new request outside its prompt's step
     # (12.8 ms for 64 tokens, against 3 ms steps): the step model cannot see it, the arrivals do
-    probe = ArrivalProbe(prompts=(16, 64), streams=(4, 16, 120), rounds=1)
+    probe = ArrivalProbe(prompts=(16, 64), streams=(2, 6), stream_output=120, rounds=1)
     twin = profile(FakeServer(engine_per_token_s=2e-4), tmp_path, arrivals=probe)
     cost = twin.backend.cost()
     assert cost.frontend_on_engine and 0.5 * 2e-4 < cost.frontend_s_per_token < 1.5 * 2e-4
     priced = json.loads((tmp_path / "p.json").read_text())["front_end_priced"]
-    assert set(priced["server_s"]) == {"16", "64"} and priced["probe"]["streams"] == [4, 16, 120]
+    assert set(priced["server_s"]) == {"2", "6"} and set(priced["server_s"]["6"]) == {"16", "64"}
+    assert priced["probe"]["streams"] == [2, 6] and priced["read"] == "inside one run"
     # what it holds before the scheduler beyond the engine's part stays a delay off the engine
     assert cost.first_token_s == pytest.approx(max(0.0, priced["delay_s"]))
