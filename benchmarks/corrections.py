@@ -70,15 +70,25 @@ def judge(src: Path, twin: str | None, on: dict[str, bool], scratch: Path) -> di
             "floor": {m: float(summ.loc[m, "noise_median"]) for m in METRICS}}
 
 
-def condition(name: str, spec: str, scratch: Path) -> dict:
+def checked(name: str, spec: str) -> tuple[Path, str | None]:
+    """A NAME=DIR[@TWIN] argument's validation directory and twin config, refused before anything
+    is replayed (a run of every argument takes minutes)."""
     path, _, twin = spec.partition("@")
     src = Path(path)
     if not (src / "validate.yaml").is_file() or not (src / "accuracy.json").is_file():
         raise ConfigError(f"{name}: {src} is not a finished validation (validate.yaml and accuracy.json)")
     acc = json.loads((src / "accuracy.json").read_text())
+    if twin and not Path(twin).is_file():
+        raise ConfigError(f"{name}: no twin config at {twin}")
     twin = twin or acc.get("twin")
     if twin is None and "server" in acc.get("profiles", {}):
         raise ConfigError(f"{name}: {src} validated a server: give its twin config as {name}={path}@TWIN")
+    return src, twin
+
+
+def condition(name: str, spec: str, scratch: Path) -> dict:
+    src, twin = checked(name, spec)
+    path = spec.partition("@")[0]
     runs = []
     for bits in itertools.product(*SWITCHES.values()):
         on = dict(zip(SWITCHES, bits))
@@ -141,6 +151,8 @@ def main(argv: list[str] | None = None) -> None:
     held = [h for h in args.held_out.split(",") if h]
     if set(held) - set(specs):
         raise ConfigError(f"--held-out: no directory named {', '.join(sorted(set(held) - set(specs)))}")
+    for name, spec in specs.items():
+        checked(name, spec)
     with tempfile.TemporaryDirectory(prefix="corrections-") as tmp:
         conditions = {name: condition(name, spec, Path(tmp)) for name, spec in specs.items()}
     record = {"command": "python benchmarks/corrections.py " + " ".join(args.dirs) + (

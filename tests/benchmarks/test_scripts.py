@@ -85,6 +85,11 @@ def test_corrections_keeps_the_coverage_an_earlier_interval_rule_gave_beside_the
     on = {"drift": True, "live": True, "first_token": True}
     out.write_text(json.dumps({"command": "earlier", "conditions": {"toy": {"variants": [{"on": on, "coverage": 0.5}]}}}))
     cmd = [sys.executable, str(ROOT / "benchmarks" / "corrections.py"), f"toy={tmp_path / 'v'}", "--json", str(out)]
+    # a missing twin behind the first argument is refused before the first is replayed
+    missing = subprocess.run([*cmd[:3], f"other={tmp_path / 'v'}@{tmp_path / 'no.yaml'}", "--json", str(tmp_path / "x.json")],
+                             cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert missing.returncode == 2 and missing.stderr == f"error: other: no twin config at {tmp_path / 'no.yaml'}\n"
+    assert "toy:" not in missing.stdout and not (tmp_path / "x.json").exists()
     for _ in range(2):
         res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
         assert res.returncode == 0, res.stderr
