@@ -7,12 +7,14 @@ every probe gave step times and the fit succeeded (calibrate/blackbox.py, calibr
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
 from batchlab.backends import make_backend
 from batchlab.backends.base import LoadTarget
-from batchlab.calibrate.blackbox import ProbeGrid, fit_profile, measure, refusal
+from batchlab.backends.cost import StepCost
+from batchlab.calibrate.blackbox import BlackBoxProfile, ProbeGrid, fit_profile, measure, refusal
 from batchlab.calibrate.front_end import ArrivalProbe, arrival_costs
 from batchlab.calibrate.twin import limits, started_record, write_twin
 from batchlab.calibrate.twin_check import ARRIVALS, Run
@@ -62,17 +64,22 @@ def profile_server(cfg: RunConfig, grid: ProbeGrid, profile_path: Path, twin_pat
                                  "server_metrics": {k: v for k, v in after.items() if k != "process_start_time_seconds"}}
     twin = write_twin(cfg, prof, grid, setup, found, profile_path, twin_path, arrivals)
     if progress:
-        c, f = twin.backend.cost(), prof.fit
-        progress(f"fit ({f.num_samples} steps, rms error {100 * f.rms_rel_error:.1f}%): decode step "
-                 f"{1e3 * c.step_time(0, 0, 1):.2f} ms at batch 1, front end "
-                 f"{1e3 * prof.frontend_s:.1f} ms per request idle" + ("" if prof.frontend_beside_s is None else
-                 f", {1e3 * prof.frontend_beside_s:.1f} ms before the scheduler beside a stream"))
-        if costs:
-            progress(f"front end priced by the arrivals: {1e3 * c.frontend_s:.2f} ms + {1e6 * c.frontend_s_per_token:.1f} "
-                     f"us a prompt token + {1e6 * c.admit_s_per_row:.0f} us a running row of the engine's time, then "
-                     f"{1e3 * c.first_token_s:.1f} ms off the engine")
+        _say(progress, prof, twin.backend.cost(), priced=bool(costs))
         progress(f"wrote {profile_path} and {twin_path}: `batchlab run {twin_path}` simulates the server")
     return twin
+
+
+def _say(progress: Callable[[str], None], prof: BlackBoxProfile, c: StepCost, priced: bool) -> None:
+    """The fit and the front end, in two lines."""
+    f = prof.fit
+    progress(f"fit ({f.num_samples} steps, rms error {100 * f.rms_rel_error:.1f}%): decode step "
+             f"{1e3 * c.step_time(0, 0, 1):.2f} ms at batch 1, front end "
+             f"{1e3 * prof.frontend_s:.1f} ms per request idle" + ("" if prof.frontend_beside_s is None else
+             f", {1e3 * prof.frontend_beside_s:.1f} ms before the scheduler beside a stream"))
+    if priced:
+        progress(f"front end priced by the arrivals: {1e3 * c.frontend_s:.2f} ms + {1e6 * c.frontend_s_per_token:.1f} "
+                 f"us a prompt token + {1e6 * c.admit_s_per_row:.0f} us a running row of the engine's time, then "
+                 f"{1e3 * c.first_token_s:.1f} ms off the engine")
 
 
 def _run_on(target: LoadTarget, clock: RealClock) -> Run:
