@@ -100,7 +100,12 @@ class StepCost:
                                   # time before its scheduler beyond its front end, as a profile reads it, and what a
                                   # validation measured the first token still missing (first_token_moved)
     shape_s: tuple[tuple[float, float], ...] = ()   # (tokens computed, seconds) knots of the shape correction
-    admit_s_per_row: float = 0.0  # per request whose prompt starts in the step x decode rows beside it (priced, not fitted)
+    # Per request whose prompt starts in the step, taken as it came (not from a queue), x decode rows
+    # beside it: priced, not fitted, from arrivals joining running streams with room for them. A
+    # saturated burst's queued admissions showed no such cost: charged to them too, it made the
+    # twin's burst at 128 sequences slower than at 32 where vLLM ran faster. Arrivals that wait
+    # behind a full engine under steady traffic go unpriced too: what they cost is not measured.
+    admit_s_per_row: float = 0.0
 
     @property
     def arrival_delay_s(self) -> float:
@@ -130,10 +135,12 @@ class StepCost:
         v = np.interp(np.log(np.maximum(tokens, 1)), np.log(xs), ys)
         return v if np.ndim(v) else float(v)
 
-    def step_time(self, context_tokens, prefill_tokens, decode_rows, attn_pairs=0, admitted=0, warm=0):
+    def step_time(self, context_tokens, prefill_tokens, decode_rows, attn_pairs=0, admitted=0, warm=0, arrived=None):
         """Seconds of one forward pass, from what it contains. Scalars give one step; numpy arrays
         (of equal length, or scalars mixed in) give one time per step. The only place the model's
         terms are added up: the simulator, the tuner's closed form and the fit all go through it.
+        `arrived`: of the `admitted`, those the step took as they came rather than from a queue
+        (None: all of them); only they pay admit_s_per_row (see the field).
         NOTE: the later terms are added only when their coefficient is set, so a model without them
         gives the sums it always gave, bit for bit (decode_ends relies on it)."""
         t = (self.overhead_s + self.weight_s + self.kv_s_per_token * context_tokens
@@ -148,7 +155,7 @@ class StepCost:
         if self.mix_s_per_token_row:
             t = t + self.mix_s_per_token_row * prefill_tokens * decode_rows
         if self.admit_s_per_row:
-            t = t + self.admit_s_per_row * admitted * decode_rows
+            t = t + self.admit_s_per_row * (admitted if arrived is None else arrived) * decode_rows
         if self.shape_s:
             t = t + self.shape(prefill_tokens + decode_rows)
         return t

@@ -135,6 +135,7 @@ class SimulatedBackend(Engine):
         self._stall_clock = 0.0     # cumulative prefill seconds of all steps (see _charge_stalls)
         self._stall_mark: dict[Request, float] = {}   # decoding row -> _stall_clock when it began
         self.front_end_due = 0.0    # front-end seconds the engine's processor owes: added to the next step
+        self._last_start = -math.inf   # when the latest step began: a request handed over after it came as it arrived
 
     async def start(self, clock: Clock) -> None:
         """A new run: stall accounting starts from zero, so a point's numbers never depend on
@@ -142,6 +143,7 @@ class SimulatedBackend(Engine):
         self._stall_clock = 0.0
         self._stall_mark.clear()
         self.front_end_due = 0.0
+        self._last_start = -math.inf
 
     def front_end(self, seconds: float) -> None:
         """Front-end work done on the engine's processor since the last step: the next step is
@@ -223,7 +225,8 @@ class SimulatedBackend(Engine):
                     starting.append(r)         # first token after a (re)prefill: decoding from now
             if done >= total:
                 emit.append(r)
-        dt = self.cost.step_time(context, prefill, decode, *self._prompt_terms(prefilling))
+        pairs, admitted, arrived = self._prompt_terms(prefilling, clock.now())
+        dt = self.cost.step_time(context, prefill, decode, pairs, admitted, arrived=arrived)
         if self.front_end_due:
             dt, self.front_end_due = dt + self.front_end_due, 0.0
         self._charge_stalls(prefill, prefilling)
@@ -257,7 +260,8 @@ class SimulatedBackend(Engine):
                 prefilling.append((r, n))
             if r.max_new_tokens - had < shortest:
                 shortest = r.max_new_tokens - had
-        dt = self.cost.step_time(context, prefill, rows - len(prefilling), *self._prompt_terms(prefilling))
+        pairs, admitted, arrived = self._prompt_terms(prefilling, start)
+        dt = self.cost.step_time(context, prefill, rows - len(prefilling), pairs, admitted, arrived=arrived)
         if self.front_end_due:                 # added as step() adds it, so the sums agree bit for bit
             dt, self.front_end_due = dt + self.front_end_due, 0.0
         first = start + dt
@@ -273,13 +277,17 @@ class SimulatedBackend(Engine):
         self.busy_s += stamps[-1] - start
         return stamps, prefilling, shortest
 
-    def _prompt_terms(self, prefilling: list[tuple[Request, int]]) -> tuple[float, int]:
-        """Attention pairs of the step's prompt chunks and the requests starting their prompt, for
-        the model's attention and admission terms (skipped, as free, when the model has none)."""
+    def _prompt_terms(self, prefilling: list[tuple[Request, int]], start: float) -> tuple[float, int, int]:
+        """For the model's attention and admission terms, of a step starting at `start`: the
+        attention pairs of its prompt chunks, the requests starting their prompt, and of those the
+        ones taken as they came (handed to the scheduler after the previous step began; the rest
+        waited in its queue). Zeros, skipped as free, when the model has none of these terms."""
+        last, self._last_start = self._last_start, start
         if not prefilling or not (self.cost.attn_s_per_pair or self.cost.admit_s or self.cost.admit_s_per_row):
-            return 0.0, 0
+            return 0.0, 0, 0
         pairs = sum(attention_pairs(n, r.num_computed_tokens) for r, n in prefilling)
-        return pairs, sum(r.num_computed_tokens == 0 for r, _ in prefilling)
+        starting = [r for r, _ in prefilling if r.num_computed_tokens == 0]
+        return pairs, len(starting), sum(r.handed_time is None or r.handed_time > last for r in starting)
 
     def _past_finishes(self, chunks: list[tuple[Request, int]], start: float, repeat: int, until: float) -> list[float]:
         """Ends of steps 1 .. repeat-1 of a window that rows leave once they have all their tokens:

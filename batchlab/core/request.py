@@ -50,6 +50,10 @@ class Request:
     tenant: str | None = None
     priority: int = 0                # lower runs first (vLLM's convention)
     predicted_output: int | None = None   # an SJF predictor's guess at max_new_tokens (None: oracle)
+    # When the scheduler got it: past any front end and delay (the driver's inbox stamps it; None
+    # for a request handed to a scheduler some other way). A simulator tells by it whether a
+    # step took the request as it came or from a queue.
+    handed_time: float | None = None
 
     @property
     def output_len(self) -> int:

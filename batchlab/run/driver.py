@@ -165,13 +165,13 @@ class Inbox:
         d = self.delay_s
         while self.later and self.later[0][0] + d <= now:  # merged with the trace by (arrival, index)
             if self.planned and (self.planned[0].arrival_time, self.planned[0].index) < self.later[0][:2]:
-                self._hand(self.planned.popleft(), scheduler, occupancy)
+                self._hand(self.planned.popleft(), scheduler, occupancy, now)
             else:
-                self._hand(heapq.heappop(self.later)[2], scheduler, occupancy)
+                self._hand(heapq.heappop(self.later)[2], scheduler, occupancy, now)
         while self.planned and self.planned[0].arrival_time + d <= now:
-            self._hand(self.planned.popleft(), scheduler, occupancy)
+            self._hand(self.planned.popleft(), scheduler, occupancy, now)
         while self.live:
-            self._hand(self.live.popleft(), scheduler, occupancy)
+            self._hand(self.live.popleft(), scheduler, occupancy, now)
 
     def _release_serial(self, now: float, scheduler: Scheduler, occupancy: Occupancy | None,
                         idle_from: float | None) -> None:
@@ -194,16 +194,17 @@ class Inbox:
             self.owed += min(d, max(0.0, busy_until - at))
             heapq.heappush(self.waiting, (at + d + x, i, r))
         while self.waiting and self.waiting[0][0] <= now:
-            self._hand(heapq.heappop(self.waiting)[2], scheduler, occupancy)
+            self._hand(heapq.heappop(self.waiting)[2], scheduler, occupancy, now)
         while self.live:
-            self._hand(self.live.popleft(), scheduler, occupancy)
+            self._hand(self.live.popleft(), scheduler, occupancy, now)
 
     def front_s(self, r: Request) -> float:
         """The engine time request r's front end takes."""
         return self.engine_s + self.per_token * r.prompt_len
 
     @staticmethod
-    def _hand(r: Request, scheduler: Scheduler, occupancy: Occupancy | None) -> None:
+    def _hand(r: Request, scheduler: Scheduler, occupancy: Occupancy | None, now: float) -> None:
+        r.handed_time = now
         if occupancy is not None:
             occupancy.arrived(r)
         scheduler.add(r)

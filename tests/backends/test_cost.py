@@ -88,6 +88,9 @@ def test_an_arrival_per_running_row_is_charged_in_the_step_that_admits_it_and_sc
     assert per_row.step_time(900, 0, 20) == COST.step_time(900, 0, 20)        # a step admitting nobody: nothing
     assert per_row.scaled(1.5).admit_s_per_row == pytest.approx(3e-4)
     assert per_row.scaled(1.0, first=2.0).admit_s_per_row == pytest.approx(4e-4)   # paid before the first token
+    # only the admissions the step took as they came pay it; one from a queue does not
+    assert per_row.step_time(900, 64, 20, 0.0, 2, arrived=1) - COST.step_time(900, 64, 20, 0.0, 2) == pytest.approx(20 * 2e-4)
+    assert per_row.step_time(900, 64, 20, 0.0, 2, arrived=0) == COST.step_time(900, 64, 20, 0.0, 2)
 
 
 def test_a_scaled_model_times_every_step_by_the_factor_and_keeps_its_sizes():

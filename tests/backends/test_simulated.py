@@ -111,6 +111,29 @@ def test_a_front_end_on_the_engine_slows_its_steps_and_windows_stay_bit_identica
     assert 0 < together.busy_s - apart.busy_s <= 0.004 * len(c.requests) + 1e-9
 
 
+def _per_row_runs(trace, cap):
+    """busy_s of the trace with and without a per-row arrival price, and the priced run's backend."""
+    from dataclasses import replace
+    cfg = load_config(None, ["traffic.warmup_s=0", f"continuous.max_num_seqs={cap}"])
+    plain = load_cost("llama2-7b-a100")
+    priced = SimulatedBackend(replace(plain, admit_s_per_row=1e-3))
+    bare = SimulatedBackend(plain)
+    run_point(cfg, "continuous", 1.0, 0, priced, trace)
+    run_point(cfg, "continuous", 1.0, 0, bare, trace)
+    return priced.busy_s - bare.busy_s
+
+
+def test_a_per_row_arrival_price_is_paid_by_arrivals_taken_as_they_come_not_from_a_queue():
+    from batchlab.core.trace_item import TraceItem
+    # a burst: all at once, two at a time; the first two join no running rows, the rest wait
+    # in the queue for a slot, so nobody pays a row
+    burst = [TraceItem(0.0, 32, 20) for _ in range(6)]
+    assert _per_row_runs(burst, cap=2) == pytest.approx(0.0, abs=1e-12)
+    # one long stream, then arrivals one at a time with room for them: each pays one running row
+    spaced = [TraceItem(0.0, 32, 400)] + [TraceItem(0.5 + 0.5 * i, 32, 2) for i in range(4)]
+    assert _per_row_runs(spaced, cap=8) == pytest.approx(4 * 1e-3, rel=1e-9)
+
+
 # ---- a model's shape priced on a catalog GPU ---------------------------------------------------
 ROOF = ["backend.shape=random:llama3-8b", "backend.gpu=H100-SXM"]
 
