@@ -312,8 +312,10 @@ async def _idle(clock: Clock, inbox: Inbox, now: float, wake_at: float | None) -
 
 def _bound_window(step: Step, scheduler: Scheduler, inbox: Inbox) -> None:
     """A decode window must end at the step in flight when the next request arrives (it might
-    be admitted then) unless someone is already waiting ahead of it (FCFS: it cannot be)."""
-    if not scheduler.waiting:
+    be admitted then) unless someone is already waiting ahead of it (FCFS: it cannot be). A
+    front end on the engine's processor ends it there all the same: from that step on the
+    engine owes the front end's time, whether the request is admitted or queues."""
+    if not scheduler.waiting or inbox.serial:
         step.until = inbox.next_arrival
 
 

@@ -134,6 +134,25 @@ def test_a_per_row_arrival_price_is_paid_by_arrivals_taken_as_they_come_not_from
     assert _per_row_runs(spaced, cap=8) == pytest.approx(4 * 1e-3, rel=1e-9)
 
 
+@pytest.mark.parametrize("terms", [{"admit_s_per_row": 2e-4},
+                                   # a queue behind a front end on the engine: a window must still end at each
+                                   # hand-over, since the engine owes the front end's time from then on
+                                   {"frontend_s": 1e-3, "frontend_on_engine": True},
+                                   {"admit_s_per_row": 2e-4, "frontend_s": 1e-3, "frontend_s_per_token": 1e-5,
+                                    "frontend_on_engine": True, "first_token_s": 5e-3}])
+def test_windows_stay_bit_identical_with_arrival_prices_and_a_queue(terms):
+    from dataclasses import replace
+    cfg = load_config(None, ["traffic.duration_s=30", "traffic.warmup_s=0", "traffic.rates=[40]",
+                             "traffic.prompt_len={dist: uniform, low: 16, high: 400}",
+                             "traffic.output_len={dist: uniform, low: 4, high: 300}", "continuous.max_num_seqs=16"])
+    cost = replace(load_cost("llama2-7b-a100"), **terms)
+    a = run_point(cfg, "continuous", 40.0, 0, SimulatedBackend(cost))
+    b = run_point(cfg, "continuous", 40.0, 0, SimulatedBackend(cost, decode_windows=False))
+    assert stamps(a) == stamps(b)
+    assert sum(r.breakdown.get("wait_capacity", 0.0) > 0.01 for r in a.requests) > 100   # a queue did form
+    assert all(r.status.value == "finished" for r in a.requests)
+
+
 # ---- a model's shape priced on a catalog GPU ---------------------------------------------------
 ROOF = ["backend.shape=random:llama3-8b", "backend.gpu=H100-SXM"]
 
