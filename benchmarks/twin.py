@@ -79,7 +79,7 @@ from batchlab.calibrate.accuracy import sides
 from batchlab.calibrate.blackbox import ProbeGrid
 from batchlab.calibrate.front_end import bare
 from batchlab.calibrate.server import profile_server
-from batchlab.calibrate.twin import front_end_parts
+from batchlab.calibrate.twin import idle_reading
 from batchlab.calibrate.twin_check import (
     CLUMP,
     LONG_ARRIVAL,
@@ -268,11 +268,8 @@ class Campaign:
         before the arrival probe priced it (the idle reading, all of it on the engine, and what the
         reading beside a stream holds beyond it as a delay), so a validation can be judged on both
         (benchmarks/corrections.py DIR@TWIN)."""
-        idle, beside = prof["frontend_idle_s"], prof.get("frontend_beside_s")
-        front, beyond = front_end_parts(idle, beside)
         path = self.out / "profile-front-end-idle.json"
-        write_atomic(path, json.dumps(prof | {"frontend_on_engine": True, "frontend_s": front, "frontend_s_per_token": 0.0,
-                                              "first_token_s": beyond}, indent=2) + "\n")
+        write_atomic(path, json.dumps(idle_reading(prof), indent=2) + "\n")
         tree = yaml.safe_load((self.out / "twin.yaml").read_text())
         tree["backend"]["profile"] = str(path.resolve())
         write_atomic(self.out / "twin-front-end-idle.yaml", "# twin.yaml's profile with the idle front-end reading on the "

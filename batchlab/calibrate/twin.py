@@ -127,6 +127,16 @@ def front_end_parts(idle_s: float, beside_s: float | None) -> tuple[float, float
     return idle_s, (max(0.0, beside_s - idle_s) if beside_s is not None else 0.0)
 
 
+def idle_reading(profile: dict) -> dict:
+    """A saved profile (its JSON) with its front end as profiles charged it before the arrival
+    probe priced it: the idle reading, all of it on the engine, and what the reading beside a
+    stream holds beyond it as a delay; no price per prompt token or per running row, which only
+    the probe sets. For judging a validation on both (benchmarks/corrections.py DIR@TWIN)."""
+    front, beyond = front_end_parts(profile["frontend_idle_s"], profile.get("frontend_beside_s"))
+    return profile | {"frontend_on_engine": True, "frontend_s": front, "frontend_s_per_token": 0.0,
+                      "admit_s_per_row": 0.0, "first_token_s": beyond}
+
+
 def on_engine(found: dict[str, Limit]) -> bool:
     """Whether the server's front end shares the processor its model runs on: a server that says
     it computes on the CPU. Tokenizing and HTTP then take the engine's own cores (on one pinned

@@ -185,6 +185,21 @@ def test_the_twin_splits_the_front_end_into_the_engines_part_and_a_delay_beyond_
     assert front_end_parts(0.003, None) == (0.003, 0.0)         # a profile made before the beside reading
 
 
+def test_the_idle_reading_twin_drops_every_price_the_arrival_probe_set():
+    from batchlab.backends.cost import StepCost
+    from batchlab.calibrate.twin import idle_reading
+    priced = {"overhead_s": 0.004, "frontend_s": 0.0, "frontend_on_engine": True, "frontend_s_per_token": 5e-6,
+              "admit_s_per_row": 1.4e-4, "first_token_s": 0.005, "frontend_idle_s": 0.006, "frontend_beside_s": 0.0085}
+    idle = idle_reading(priced)
+    assert (idle["frontend_s"], idle["first_token_s"]) == pytest.approx((0.006, 0.0025))
+    assert (idle["frontend_s_per_token"], idle["admit_s_per_row"], idle["frontend_on_engine"]) == (0.0, 0.0, True)
+    assert idle["overhead_s"] == 0.004 and priced["admit_s_per_row"] == 1.4e-4      # the steps kept, the input untouched
+    steps = dict(overhead_s=0.004, weight_s=0.0, kv_s_per_token=0.0, prefill_s_per_token=0.0, decode_s_per_row=0.0,
+                 kv_bytes_per_token=1, kv_budget_bytes=1)
+    cost = StepCost(**steps, admit_s_per_row=idle["admit_s_per_row"])
+    assert cost.step_time(900, 32, 20, 0.0, 1) == StepCost(**steps).step_time(900, 32, 20, 0.0, 1)   # no row priced
+
+
 def test_a_profiled_twin_carries_the_beside_reading_beyond_the_front_end(tmp_path):
     import json
     twin = profile(FakeServer(frontend_s=0.02), tmp_path)      # 20 ms before the engine sees a request
