@@ -287,6 +287,8 @@ class SimulatedBackend(Engine):
             return 0.0, 0, 0
         pairs = sum(attention_pairs(n, r.num_computed_tokens) for r, n in prefilling)
         starting = [r for r, _ in prefilling if r.num_computed_tokens == 0]
+        if not self.cost.admit_s_per_row:      # only the per-row price asks who came from a queue
+            return pairs, len(starting), 0
         return pairs, len(starting), sum(r.handed_time is None or r.handed_time > last for r in starting)
 
     def _past_finishes(self, chunks: list[tuple[Request, int]], start: float, repeat: int, until: float) -> list[float]:

@@ -112,7 +112,7 @@ def test_a_front_end_on_the_engine_slows_its_steps_and_windows_stay_bit_identica
 
 
 def _per_row_runs(trace, cap):
-    """busy_s of the trace with and without a per-row arrival price, and the priced run's backend."""
+    """How much longer the engine was busy with a per-row arrival price than without one."""
     from dataclasses import replace
     cfg = load_config(None, ["traffic.warmup_s=0", f"continuous.max_num_seqs={cap}"])
     plain = load_cost("llama2-7b-a100")
