@@ -15,7 +15,10 @@ coverage; the rerun floor beside them. The summary counts, per combination, the 
 no latency metric is one-sided (no sign in more than 75 % of cells) and the mean of its errors.
 Where --json already holds a record whose intervals were built by another rule (accuracy.json's
 `interval`), its coverage stays beside the new one.
-Usage: python benchmarks/corrections.py NAME=DIR[@TWIN] ... [--json docs/results/corrections.json]
+--gates 0,2 judges each combination at each `validation.gate` (a correction applied only where it
+lies more than that many standard errors from none); --defaults-only judges only the combination
+`validate` applies by default (every correction on), at each gate.
+Usage: python benchmarks/corrections.py NAME=DIR[@TWIN] ... [--gates 0,2] [--defaults-only] [--json FILE]
   DIR holds validate.yaml (the config the validation ran with); TWIN is the server's twin config
   where accuracy.json does not name it.
 """
@@ -42,19 +45,20 @@ ONE_SIDED = 0.75          # a metric is one-sided when one sign holds in more th
 
 def every(on: dict) -> bool:
     """Whether a combination is every correction on as `validate` applies them by default (in a
-    record made before the first-token delay, every switch true)."""
-    return all(x in (True, "delay") for x in on.values())
+    record made before the first-token delay, every switch true), at whatever gate."""
+    return all(x in (True, "delay") for k, x in on.items() if k != "gate")
 
 
 def label(on: dict) -> str:
     names = {"drift": "drift probe", "live": "live factor", "factor": "first-token factor", "delay": "first-token delay"}
-    return " + ".join(names[k if v is True else v] for k, v in on.items() if v not in (False, "off")) or "none"
+    text = " + ".join(names[k if v is True else v] for k, v in on.items() if k in SWITCHES and v not in (False, "off"))
+    return (text or "none") + (f" (gate {on['gate']:g})" if on.get("gate") else "")
 
 
 def judge(src: Path, twin: str | None, on: dict[str, bool], scratch: Path) -> dict:
     """One combination on a scratch copy of the validation in `src`: per metric its median
     |error| and sign shares, the coverage."""
-    where = scratch / label(on).replace(" + ", "_").replace(" ", "-")
+    where = scratch / label(on).replace(" + ", "_").replace(" (gate ", "_gate-").rstrip(")").replace(" ", "-")
     shutil.copytree(src, where, ignore=shutil.ignore_patterns("validation.*", "accuracy.json", "live_*"))
     overrides = [f"validation.{k}={str(v).lower()}" for k, v in on.items()]
     cfg = load_config(str(src / "validate.yaml"), overrides)
@@ -86,12 +90,17 @@ def checked(name: str, spec: str) -> tuple[Path, str | None]:
     return src, twin
 
 
-def condition(name: str, spec: str, scratch: Path) -> dict:
+def combinations(gates: list[float], defaults_only: bool) -> list[dict]:
+    """Every switch setting (or only the default one) at each gate."""
+    ons = [dict(zip(SWITCHES, bits)) for bits in itertools.product(*SWITCHES.values())]
+    return [on | {"gate": g} for g in gates for on in ons if every(on) or not defaults_only]
+
+
+def condition(name: str, spec: str, scratch: Path, combos: list[dict]) -> dict:
     src, twin = checked(name, spec)
     path = spec.partition("@")[0]
     runs = []
-    for bits in itertools.product(*SWITCHES.values()):
-        on = dict(zip(SWITCHES, bits))
+    for on in combos:
         runs.append(judge(src, twin, on, scratch / name) | {"label": label(on)})
         print(f"{name}: {runs[-1]['label']}: " + ", ".join(
             f"{m} {100 * r['error_median']:.1f}% (below {100 * r['below']:.0f}%)" for m, r in runs[-1]["metrics"].items()),
@@ -146,7 +155,15 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--held-out", default="", metavar="NAME,...",
                     help="directories summed apart: kept out of the choice of a default, to confirm it on")
     ap.add_argument("--json", default=None, help="write the figures here (e.g. docs/results/corrections.json)")
+    ap.add_argument("--gates", default="0", metavar="K,...", help="validation.gate values to judge each combination at")
+    ap.add_argument("--defaults-only", action="store_true", help="only every correction on, at each gate")
     args = ap.parse_args(argv)
+    try:
+        gates = [float(g) for g in args.gates.split(",")]
+    except ValueError:
+        raise ConfigError(f"--gates: expected numbers separated by commas, got {args.gates!r}") from None
+    if any(not 0 <= g <= 10 for g in gates):
+        raise ConfigError("--gates: each gate is between 0 and 10 standard errors")
     specs = dict(d.split("=", 1) if "=" in d else (Path(d).name, d) for d in args.dirs)
     held = [h for h in args.held_out.split(",") if h]
     if set(held) - set(specs):
@@ -154,9 +171,11 @@ def main(argv: list[str] | None = None) -> None:
     for name, spec in specs.items():
         checked(name, spec)
     with tempfile.TemporaryDirectory(prefix="corrections-") as tmp:
-        conditions = {name: condition(name, spec, Path(tmp)) for name, spec in specs.items()}
+        combos = combinations(gates, args.defaults_only)
+        conditions = {name: condition(name, spec, Path(tmp), combos) for name, spec in specs.items()}
     record = {"command": "python benchmarks/corrections.py " + " ".join(args.dirs) + (
-        f" --held-out {args.held_out}" if held else "") + (f" --json {args.json}" if args.json else ""),
+        f" --held-out {args.held_out}" if held else "") + (f" --gates {args.gates}" if args.gates != "0" else "") + (
+        " --defaults-only" if args.defaults_only else "") + (f" --json {args.json}" if args.json else ""),
         "one_sided_above": ONE_SIDED, "conditions": conditions, "held_out": held,
         "summary": summary({n: c for n, c in conditions.items() if n not in held}),
         "summary_held_out": summary({n: c for n, c in conditions.items() if n in held})}

@@ -58,6 +58,7 @@ import argparse
 import functools
 import hashlib
 import json
+import math
 import os
 import statistics
 import sys
@@ -511,6 +512,13 @@ class Campaign:
 REMADE = ("command", "load_1min_after", "twin", "profile")
 
 
+def same_figures(a: dict, b: dict) -> bool:
+    """Two predictions with the same keys and the same numbers to 1e-9 (a replay of the same twin
+    on a different machine differs in the last bits of its floating-point sums)."""
+    return a.keys() == b.keys() and all(
+        math.isclose(a[k], b[k], rel_tol=1e-9) if isinstance(a[k], float) else a[k] == b[k] for k in a)
+
+
 def predict_again(c: Campaign, parts: list[str]) -> None:
     """The twin's figures for the knee and the what-if from the current twin, beside the server's
     figures measured earlier (kept as they are): what a new profile predicts for the same runs."""
@@ -536,9 +544,10 @@ def predict_again(c: Campaign, parts: list[str]) -> None:
     if "whatif" in parts:
         n, p, o = BURST
         for cap in kept["whatif"]["caps"]:
-            if other["whatif"]:
+            new = predicted_burst(twin, n, p, o, max_num_seqs=cap["cap"])
+            if other["whatif"] and not same_figures(new, cap["predicted"]):   # as for the knee: one the same is not kept twice
                 cap.setdefault("earlier_predictions", []).append(cap["predicted"] | {"by": kept["whatif"]["command"]})
-            cap["predicted"] = predicted_burst(twin, n, p, o, max_num_seqs=cap["cap"])
+            cap["predicted"] = new
         c.save("whatif", {k: v for k, v in kept["whatif"].items() if k not in REMADE}
                | {"measured_by": kept["whatif"].get("measured_by", kept["whatif"]["command"])})
 

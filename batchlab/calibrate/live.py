@@ -58,7 +58,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -122,6 +122,30 @@ def estimate_delay(seconds: list[float]) -> Delay:
     """The first-token delay from each cell's u (seconds): their median and its standard error."""
     v, se = _median_se(seconds)
     return Delay(float(np.median(v)), se, int(v.size)) if v.size else NO_DELAY
+
+
+def distinct(x: Live | Delay, gate: float) -> bool:
+    """Whether `x` lies more than `gate` of its standard errors from none (a factor of 1, judged on
+    its log; a delay of 0 s). `gate` 0, or no standard error (fewer than two cells), keeps it: there
+    is nothing to judge it by."""
+    if gate <= 0 or x.se <= 0:
+        return True
+    size = abs(x.seconds) if isinstance(x, Delay) else abs(math.log(x.factor))
+    return size > gate * x.se
+
+
+def gated(x: Live | Delay, gate: float) -> Live | Delay:
+    """`x` where it is `distinct` from none, else none with its standard error and cells kept: a
+    correction the noise cannot tell from none is not applied, but the interval still carries how
+    far it could be off."""
+    if distinct(x, gate):
+        return x
+    return replace(x, seconds=0.0) if isinstance(x, Delay) else replace(x, factor=1.0)
+
+
+def gated_all(per_w: dict[str, dict[str, Live]], gate: float) -> dict[str, dict[str, Live]]:
+    """`gated` on every workload's and level's factor (or delay)."""
+    return {w: {lvl: gated(x, gate) for lvl, x in per.items()} for w, per in per_w.items()}
 
 
 def _levels(ratios: dict[str, dict[str, list[float]]]) -> list[str]:

@@ -25,7 +25,7 @@ import math
 import os
 import secrets
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import click
@@ -318,13 +318,25 @@ class Drift:
         """What the replays multiply every step cost by: the machine's speed, then live traffic's."""
         return self.factor * self.live.factor
 
+    @property
+    def se(self) -> float:
+        """The drift factor's relative standard error. It is a median of `timings` bursts, so this
+        is that median's standard error, not one burst's spread: how far one run strays from the
+        machine's speed is already the interval's run term (the rerun noise), and counting it here
+        too made the intervals hold more than 90 % of the cells."""
+        return self.spread * MEDIAN_SE / math.sqrt(self.timings)
+
     def sigma(self, prof: Profile) -> float:
-        """The step costs' relative uncertainty: the fit's error, the drift factor's and the live
-        factor's. The drift factor is a median of `timings` bursts, so its uncertainty is that
-        median's standard error, not one burst's spread: how far one run strays from the machine's
-        speed is already the interval's run term (the rerun noise), and counting it here too made
-        the intervals hold more than 90 % of the cells."""
-        return math.hypot(prof.sigma, self.spread * MEDIAN_SE / math.sqrt(self.timings), self.live.se)
+        """The step costs' relative uncertainty: the fit's error, the drift factor's and the live factor's."""
+        return math.hypot(prof.sigma, self.se, self.live.se)
+
+    def gated(self, gate: float) -> Drift:
+        """This drift with its own factor set to 1 where it lies within `gate` of its standard
+        errors of 1 (the machine's speed not told apart from the profile's); its spread kept, so
+        the intervals still carry it (live.distinct: gate 0, or no spread, keeps the factor)."""
+        if gate <= 0 or self.se <= 0 or abs(math.log(self.factor)) > gate * self.se:
+            return self
+        return replace(self, factor=1.0)
 
     def side(self, prof: Profile, k: float) -> tuple[float, float, float]:
         """(every step cost's factor, the first-token terms' factor besides, the first-token delay)
@@ -366,30 +378,17 @@ def validate(cfg: RunConfig, profile_paths: list[str], out: Path, progress=None,
     executor = make_executor(cfg.executor)     # NOTE: first, so a Ray started here serves every half
     try:
         measured = measure_workloads(cfg, names, profiles, out, progress)
-        drifts = {name: dict(m.drift) for name, m in measured.items()}
-        ratios: dict[str, dict[str, list[float]]] = {}
-        lives: dict[str, dict[str, Live]] = {}
-        for _ in range(live.LIVE_PASSES if cfg.validation.live else 0):
-            ratios = live_ratios(cfg, measured, drifts, profiles, executor)
-            lives = live.leave_one_out(ratios)
-            drifts = {name: with_live(m.drift, lives.get(name, {})) for name, m in measured.items()}
-        firsts: dict[str, dict[str, list[float]]] = {}
-        first: dict[str, dict[str, Live]] = {}
-        form = cfg.validation.first_token
-        for _ in range(live.FIRST_PASSES if form != "off" else 0):
-            firsts = first_token_logs(cfg, measured, drifts, profiles, executor, form)
-            field, est, _ = FIRST_FORMS[form]
-            first = live.leave_one_out(firsts, est)
-            drifts = {name: with_live(d, first.get(name, {}), field) for name, d in drifts.items()}
-        parts = [c for name in names for c in judge_workload(cfg, name, measured[name], drifts[name], profiles,
+        fixes = corrections(cfg, measured, profiles, executor)
+        parts = [c for name in names for c in judge_workload(cfg, name, measured[name], fixes.drifts[name], profiles,
                                                              out / name, executor)]
     finally:
         executor.close()
     table = accuracy.with_errors(pd.concat(parts, ignore_index=True))
     summ = accuracy.summary(table)
     record = accuracy_record(cfg, profiles, table, summ, {name: m.drift for name, m in measured.items()}, out)
-    record["live"] = live_record({level_of(s): profile_for(s, profiles) for s in cfg.strategies}, ratios, lives, out,
-                                 (firsts, first), form)
+    record["live"] = live_record({level_of(s): profile_for(s, profiles) for s in cfg.strategies}, fixes.ratios,
+                                 fixes.lives, out, (fixes.firsts, fixes.first), cfg.validation.first_token,
+                                 cfg.validation.gate)
     record["twin"] = twin
     write_atomic(out / "validation.csv", table.to_csv(index=False))
     write_atomic(out / "accuracy.json", json.dumps(record, indent=2) + "\n")
@@ -397,6 +396,46 @@ def validate(cfg: RunConfig, profile_paths: list[str], out: Path, progress=None,
     from batchlab.calibrate.validate_plot import plot_validation
     plot_validation(table, summ, out / "validation.png")
     return Validation(table, summ)
+
+
+@dataclass
+class Corrections:
+    """What `validate` measured to correct the replays by, per workload and level: `drifts`, the
+    Drift each workload's replays run at (every correction folded in, gated), and the live and
+    first-token corrections as estimated (`lives`, `first`: before the gate) with the per-cell
+    values they came from (`ratios`, `firsts`)."""
+    drifts: dict[str, dict[str, Drift]]
+    ratios: dict[str, dict[str, list[float]]] = field(default_factory=dict)
+    lives: dict[str, dict[str, Live]] = field(default_factory=dict)
+    firsts: dict[str, dict[str, list[float]]] = field(default_factory=dict)
+    first: dict[str, dict[str, Live | Delay]] = field(default_factory=dict)
+
+
+def corrections(cfg: RunConfig, measured: dict[str, Measured], profiles: dict[str, Profile],
+                executor: Executor) -> Corrections:
+    """The drift probe's factor, then the live factor (validation.live), then the first-token
+    correction (validation.first_token), each measured with the ones before it applied, and each
+    applied only where it is more than validation.gate standard errors from none."""
+    gate, form = cfg.validation.gate, cfg.validation.first_token
+    base = {name: {lvl: d.gated(gate) for lvl, d in m.drift.items()} for name, m in measured.items()}
+    out = Corrections({name: dict(d) for name, d in base.items()})
+    for _ in range(live.LIVE_PASSES if cfg.validation.live else 0):
+        out.ratios = live_ratios(cfg, measured, out.drifts, profiles, executor)
+        out.lives = live.leave_one_out(out.ratios)
+        out.drifts = {name: with_live(d, out.lives.get(name, {})) for name, d in base.items()}
+    # NOTE: gated after the passes, not between them: the second pass steps from the first's
+    # estimate, and a factor set back to none there would be measured again from scratch
+    base = {name: with_live(d, live.gated_all(out.lives, gate).get(name, {})) for name, d in base.items()}
+    out.drifts = base
+    if form == "off":
+        return out
+    which, est, _ = FIRST_FORMS[form]
+    for _ in range(live.FIRST_PASSES):
+        out.firsts = first_token_logs(cfg, measured, out.drifts, profiles, executor, form)
+        out.first = live.leave_one_out(out.firsts, est)
+        out.drifts = {name: with_live(d, out.first.get(name, {}), which) for name, d in base.items()}
+    out.drifts = {name: with_live(d, live.gated_all(out.first, gate).get(name, {}), which) for name, d in base.items()}
+    return out
 
 
 @dataclass
@@ -542,11 +581,13 @@ def judge_workload(cfg: RunConfig, name: str, m: Measured, drift: dict[str, Drif
 
 
 def live_record(profiles: dict[str, Profile], ratios: dict[str, dict[str, list[float]]],
-                per_workload: dict[str, dict[str, Live]], out: Path, first=({}, {}), form: str = "factor") -> dict:
+                per_workload: dict[str, dict[str, Live]], out: Path, first=({}, {}), form: str = "factor",
+                gate: float = 0.0) -> dict:
     """accuracy.json's live section: each workload's leave-one-out factor (`per_workload`), the
     one pooled over every workload's `ratios`, the same two for the first-token correction (`first`:
     its values and its per-workload factors or delays, `form`), and the profiles (`profiles`: level
-    -> the one its strategies replay on) rewritten with the pooled corrections (OUT/live_<profile>)."""
+    -> the one its strategies replay on) rewritten with the pooled corrections (OUT/live_<profile>).
+    Each estimate is recorded as measured, with whether it passed `gate` (live.distinct) and so was applied."""
     if not ratios and not first[0]:
         return {}
     _, est, none = FIRST_FORMS.get(form, FIRST_FORMS["factor"])
@@ -555,11 +596,12 @@ def live_record(profiles: dict[str, Profile], ratios: dict[str, dict[str, list[f
         lv, ft = lives.get(level, LIVE_NONE), firsts.get(level, none)
         if lv.cells or ft.cells:
             dst = out / f"live_{Path(profiles[level].path).name}"
-            live.write_live_profile(profiles[level].path, dst, lv, ft)
-            written[level] = {"factor": lv.factor, "se": lv.se, "cells": lv.cells, "profile": str(dst),
-                              "first_token": asdict(ft)}
-    as_dict = lambda per_w: {w: {lvl: asdict(lv) for lvl, lv in per.items()} for w, per in per_w.items()}  # noqa: E731
-    return {"metric": live.METRIC, "method": "leave one workload out", "estimator": live.ESTIMATOR,
+            live.write_live_profile(profiles[level].path, dst, live.gated(lv, gate), live.gated(ft, gate))
+            written[level] = {"factor": lv.factor, "se": lv.se, "cells": lv.cells, "applied": live.distinct(lv, gate),
+                              "profile": str(dst), "first_token": asdict(ft) | {"applied": live.distinct(ft, gate)}}
+    as_dict = lambda per_w: {w: {lvl: asdict(lv) | {"applied": live.distinct(lv, gate)} for lvl, lv in per.items()}  # noqa: E731
+                             for w, per in per_w.items()}
+    return {"metric": live.METRIC, "method": "leave one workload out", "estimator": live.ESTIMATOR, "gate": gate,
             "per_workload": as_dict(per_workload),
             "first_token": {"metric": live.FIRST_METRIC, "form": form, "per_workload": as_dict(first[1])},
             "pooled": written}
@@ -597,7 +639,8 @@ def accuracy_record(cfg: RunConfig, profiles: dict[str, Profile], table: pd.Data
                        for m, e in err.groupby(lat["metric"], sort=False)}
     return {"profiles": {lvl: {"path": p.path, "fit_rms_rel_error": p.sigma} for lvl, p in profiles.items()},
             "workloads": {"base": {}} | cfg.validation.workloads, "noise_runs": 2 if cfg.validation.noise else 1,
-            "drift": {w: {lvl: {"factor": d.factor, "spread": d.spread, "timings": d.timings, "against": d.against}
+            "drift": {w: {lvl: {"factor": d.factor, "spread": d.spread, "timings": d.timings, "against": d.against,
+                                "applied": d.gated(cfg.validation.gate) is d}
                           for lvl, d in ds.items()} for w, ds in drifts.items()},
             "load_1min": _loads(out, ["base", *cfg.validation.workloads]),
             "reference_burst": {"rows": REFERENCE[0], "prompt": REFERENCE[1], "new_tokens": REFERENCE[2]},

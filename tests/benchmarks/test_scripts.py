@@ -58,6 +58,8 @@ def test_the_serving_script_answers_help():
     ("twin.py", ["--parts", "contention", "--condition", "busy"], "run it with --condition quiet"),
     ("twin.py", ["--predict-only", "--out", "/nonexistent/twin"], "no twin at /nonexistent/twin/twin.yaml"),
     ("corrections.py", ["old=/nonexistent/validate"], "old: /nonexistent/validate is not a finished validation"),
+    ("corrections.py", ["old=/nonexistent/validate", "--gates", "0,two"], "--gates: expected numbers separated by commas"),
+    ("corrections.py", ["old=/nonexistent/validate", "--gates", "-1"], "--gates: each gate is between 0 and 10"),
     ("per_request.py", ["/nonexistent/validate", "--twin", "t.yaml"], "/nonexistent/validate: not a kept validation"),
     ("beside_rows.py", ["/nonexistent/profile.json"], "not a measured profile"),
 ])
@@ -251,3 +253,40 @@ def test_price_front_end_recovers_a_front_end_added_to_the_twins_own_steps(tmp_p
     rows.write_text(json.dumps({"conditions": {"quiet": {"rows": {"streams": [16], "rounds": []}}}}))
     res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert res.returncode == 2 and res.stderr.startswith("error: --rows") and res.stderr.count("\n") == 1
+
+
+def test_corrections_judges_the_default_combination_at_each_gate(tmp_path):
+    """--defaults-only --gates 0,2: every correction on, once as measured and once gated; the
+    gated replay's record says so in its label and its `on`."""
+    from batchlab.backends.presets import load_cost
+    from batchlab.calibrate.validate import validate
+    from batchlab.run.config import load_config
+    profile = tmp_path / "toy.json"
+    load_cost("toy").to_json(profile, level="any", fit_rms_rel_error=0.05)
+    cfg = load_config(None, ["backend.preset=toy", "traffic.rates=[5]", "traffic.duration_s=4", "traffic.warmup_s=1",
+                             "traffic.prompt_len=32", "traffic.output_len=8", "strategies=[continuous]",
+                             "validation.workloads={long: {prompt_len: 96}}"])
+    validate(cfg, [str(profile)], tmp_path / "v")
+    out = tmp_path / "gates.json"
+    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "corrections.py"), f"toy={tmp_path / 'v'}",
+                          "--gates", "0,2", "--defaults-only", "--json", str(out)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr
+    rec = json.loads(out.read_text())
+    variants = rec["conditions"]["toy"]["variants"]
+    assert [v["label"] for v in variants] == ["drift probe + live factor + first-token delay",
+                                              "drift probe + live factor + first-token delay (gate 2)"]
+    assert [v["on"]["gate"] for v in variants] == [0.0, 2.0]
+    assert rec["command"].endswith("--gates 0,2 --defaults-only --json " + str(out))
+    assert [s["label"] for s in rec["summary"]] == [v["label"] for v in variants]
+
+
+def test_a_repeated_what_if_prediction_is_the_same_figures_to_the_last_bits_only():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("twin_script", ROOT / "benchmarks" / "twin.py")
+    twin = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(twin)
+    a = {"tok_s": 1941.8204305800464, "req_s": 60.68188845562645, "failed": 0}
+    assert twin.same_figures(a, a | {"tok_s": 1941.8204305800466})
+    assert not twin.same_figures(a, a | {"tok_s": 1942.0})
+    assert not twin.same_figures(a, a | {"failed": 1}) and not twin.same_figures(a, {"tok_s": 1941.8204305800464})

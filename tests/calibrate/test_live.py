@@ -98,3 +98,23 @@ def test_the_live_profile_carries_a_first_token_delay_beside_its_factor(tmp_path
     assert cost.first_token_s == pytest.approx(0.004) and cost.arrival_delay_s == pytest.approx(0.004)
     assert cost.prefill_s_per_token == pytest.approx(1.25 * load_cost("toy").prefill_s_per_token)   # the factor alone
     assert out["first_token_delay"] == {"seconds": 0.004, "se": 0.001, "cells": 8, "metric": live.FIRST_METRIC}
+
+
+def test_a_correction_within_the_gates_standard_errors_of_none_is_not_applied_but_keeps_its_error():
+    lv = live.Live(1.05, 0.02, 12)                           # log 1.05 = 0.049: 2.4 standard errors from none
+    assert live.distinct(lv, 2.0) and live.gated(lv, 2.0) is lv
+    assert not live.distinct(lv, 3.0)
+    assert live.gated(lv, 3.0) == live.Live(1.0, 0.02, 12)    # none, its standard error and cells kept
+    slow = live.Live(1 / 1.05, 0.02, 12)                     # the same distance below: the same verdict
+    assert live.distinct(slow, 2.0) and not live.distinct(slow, 3.0)
+    delay = live.Delay(-0.003, 0.0016, 18)                   # 1.9 standard errors
+    assert live.gated(delay, 2.0) == live.Delay(0.0, 0.0016, 18) and live.gated(delay, 1.5) is delay
+    # gate 0 applies everything; with no standard error (one cell) there is nothing to judge by
+    assert live.gated(live.Live(1.001, 0.02, 3), 0.0).factor == 1.001
+    assert live.gated(live.Live(1.001, 0.0, 1), 5.0).factor == 1.001
+
+
+def test_the_gate_applies_to_every_workloads_and_levels_estimate():
+    per = {"a": {"iteration": live.Live(1.3, 0.02, 8)}, "b": {"iteration": live.Live(1.01, 0.02, 8)}}
+    out = live.gated_all(per, 2.0)
+    assert out["a"]["iteration"].factor == 1.3 and out["b"]["iteration"].factor == 1.0

@@ -355,6 +355,23 @@ def test_the_drift_factors_uncertainty_is_its_medians_standard_error_not_one_bur
     assert (hi - lo) / 2 == pytest.approx(d.scale * d.sigma(prof))
 
 
+def test_a_drift_factor_the_probes_spread_cannot_tell_from_one_is_not_applied_but_still_widens_the_interval(tmp_path):
+    import math
+
+    from batchlab.backends.presets import load_cost
+    from batchlab.calibrate.validate import SERVER, Profile, drift_factors
+    ref = tmp_path / "reference.csv"
+    pd.DataFrame([{"when": w, "level": SERVER, "seconds": s} for w, s in
+                  (("before", 1.0), ("between", 1.2), ("after", 1.4))]).to_csv(ref, index=False)
+    prof = Profile("p.json", load_cost("toy"), 0.05, twin=None, reference_s=1.0)
+    d = drift_factors(ref, {SERVER: prof}, ["server"])[SERVER]
+    assert math.log(d.factor) / d.se == pytest.approx(1.51, abs=0.01)      # 1.2 from three timings 0.2 apart
+    assert d.gated(1.5) is d and d.gated(0.0) is d
+    off = d.gated(2.0)
+    assert off.factor == 1.0 and off.scale == 1.0
+    assert off.sigma(prof) == pytest.approx(d.sigma(prof))                 # its uncertainty still in the interval
+
+
 def test_mirrored_order_runs_every_first_run_then_the_reruns_backwards_and_judges_the_same(tmp_path, monkeypatch):
     """mirrored moves when each run happens, not what it measures: on the deterministic toy the
     cells are those of the workload-by-workload order."""

@@ -70,6 +70,11 @@ class ValidateConfig(Model):
     `factor`, a factor on the first-token terms (the prompt's pass, the front end); `off`. Needs
     two workloads. `true` is `factor` (what it meant before there were two forms), `false` `off`."""
 
+    gate: Annotated[float, Field(ge=0, le=10)] = 0.0
+    """Apply each correction above (the drift probe's factor, the live factor, the first-token
+    factor or delay) only where it lies more than this many of its own standard errors from none;
+    0 applies each as measured. One left out still widens the intervals by its standard error."""
+
     @field_validator("first_token", mode="before")
     @classmethod
     def _first_token_form(cls, v: Any) -> Any:
