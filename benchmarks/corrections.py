@@ -16,8 +16,10 @@ no latency metric is one-sided (no sign in more than 75 % of cells) and the mean
 Where --json already holds a record whose intervals were built by another rule (accuracy.json's
 `interval`), its coverage stays beside the new one.
 --gates 0,2 judges each combination at each `validation.gate` (a correction applied only where it
-lies more than that many standard errors from none); --defaults-only judges only the combination
-`validate` applies by default (every correction on), at each gate.
+lies more than that many standard errors from none); without it every combination is judged at
+gate 0 (each correction applied as measured, so its whole effect shows), while `validate` itself
+applies gate 2. --defaults-only judges only the combination `validate` applies by default (every
+correction on), at each gate.
 Usage: python benchmarks/corrections.py NAME=DIR[@TWIN] ... [--gates 0,2] [--defaults-only] [--json FILE]
   DIR holds validate.yaml (the config the validation ran with); TWIN is the server's twin config
   where accuracy.json does not name it.
