@@ -748,14 +748,25 @@ def live_lines(rec: dict, on: bool, first_on: str = "off") -> list[str]:
         if not any(measured.values()):
             lines.append(f"{name}: not measured (it needs a second workload: add one under validation.workloads)")
             continue
-        lines += [f"{name} ({w}, from the other workloads' {metric}): " + ", ".join(
-            f"{lvl} {correction(v, cells=True)}" for lvl, v in per.items()) + f"; {what}"
-            for w, per in measured.items() if per]
+        lines += [live_row(f"{name} ({w}, from the other workloads' {metric})", per, what) for w, per in measured.items() if per]
     for lvl, v in rec.get("pooled", {}).items():
         ft = v.get("first_token", {})
-        also = f", first-token {correction(ft)}" if ft.get("cells") else ""
-        lines.append(f"live factor ({lvl}, every workload): {v['factor']:.2f}x{also}; profile with it: {v['profile']}")
+        also = f", first-token {correction(ft)}{skipped(ft)}" if ft.get("cells") else ""
+        lines.append(f"live factor ({lvl}, every workload): {v['factor']:.2f}x{skipped(v)}{also}; profile with it: {v['profile']}")
     return lines
+
+
+def live_row(head: str, per: dict[str, dict], what: str) -> str:
+    """One workload's correction per level, and `what` it did, or that validation.gate left it out."""
+    mark = len(per) > 1 and not all(v.get("applied", True) for v in per.values())
+    text = ", ".join(f"{lvl} {correction(v, cells=True)}" + (skipped(v) if mark else "") for lvl, v in per.items())
+    return f"{head}: {text}; " + (what if any(v.get("applied", True) for v in per.values())
+                                  else "not applied: within validation.gate standard errors of none")
+
+
+def skipped(v: dict) -> str:
+    """' (not applied: ...)' where validation.gate left a correction out (older records: applied)."""
+    return "" if v.get("applied", True) else " (not applied: within validation.gate of none)"
 
 
 def correction(v: dict, cells: bool = False) -> str:

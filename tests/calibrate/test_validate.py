@@ -335,6 +335,24 @@ def test_the_cli_says_what_the_live_factor_did_or_why_it_could_not():
     assert not any("first-token" in line for line in live_lines(rec, True, "off")[:-1])
 
 
+def test_the_cli_says_which_corrections_the_gate_left_out():
+    from batchlab.calibrate.validate import live_lines
+    rec = {"per_workload": {"base": {"iteration": {"factor": 1.01, "se": 0.02, "cells": 8, "applied": False}},
+                            "long": {"iteration": {"factor": 1.20, "se": 0.02, "cells": 8, "applied": True},
+                                     "continuous": {"factor": 1.02, "se": 0.02, "cells": 8, "applied": False}}},
+           "pooled": {"iteration": {"factor": 1.01, "se": 0.02, "cells": 16, "applied": False, "profile": "out/live_p.json",
+                                    "first_token": {"seconds": 0.004, "se": 0.0005, "cells": 12, "applied": True}}}}
+    lines = live_lines(rec, True)
+    assert lines[0] == ("live factor (base, from the other workloads' p50 TPOT): iteration 1.01x (+-2%, 8 cells); "
+                        "not applied: within validation.gate standard errors of none")
+    # one level applied, one not: each level says so and the row says what the applied one did
+    assert lines[1] == ("live factor (long, from the other workloads' p50 TPOT): iteration 1.20x (+-2%, 8 cells), "
+                        "continuous 1.02x (+-2%, 8 cells) (not applied: within validation.gate of none); "
+                        "its replays were scaled by it")
+    assert lines[-1] == ("live factor (iteration, every workload): 1.01x (not applied: within validation.gate of none), "
+                         "first-token 4.0 ms (+-0.5 ms); profile with it: out/live_p.json")
+
+
 def test_the_drift_factors_uncertainty_is_its_medians_standard_error_not_one_bursts_spread(tmp_path):
     """One run's own departure from the machine's speed is the interval's run term; the step costs
     carry only how well the median of the n reference bursts knows that speed."""
