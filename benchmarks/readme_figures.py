@@ -214,9 +214,11 @@ def _per_workload(per_w: dict) -> str:
 
 
 def _correction(v: dict, lvl: str, se: bool = True) -> str:
+    """A factor or delay with its level, its standard error, and whether validation.gate left it out."""
+    out = "" if v.get("applied", True) else ", not applied"
     if "seconds" in v:
-        return f"{1e3 * v['seconds']:.1f} ms ({lvl}" + (f", ± {1e3 * v['se']:.1f} ms)" if se else ")")
-    return f"{v['factor']:.2f}× ({lvl}" + (f", ± {100 * v['se']:.0f} %)" if se else ")")
+        return f"{1e3 * v['seconds']:.1f} ms ({lvl}" + (f", ± {1e3 * v['se']:.1f} ms" if se else "") + out + ")"
+    return f"{v['factor']:.2f}× ({lvl}" + (f", ± {100 * v['se']:.0f} %" if se else "") + out + ")"
 
 
 def _live(rec: dict | None) -> list[str]:
@@ -301,9 +303,12 @@ def _correction_coverage(d: dict, names: list[str]) -> list[str]:
         return []
     def held(cov: dict) -> str:
         return ", ".join(f"`{n}` " + (_pct(cov[n]) if n in cov else "–") for n in names)
-    now = {n: next(v["coverage"] for v in c["variants"] if all(x in (True, "delay") for x in v["on"].values())) for n, c in conds.items()}
-    lines = ["", f"90 % intervals with the three corrections (target 85–95 %) held {held(now)}; built as "
-             f"{next(iter(conds.values()))['interval']}."]
+    full = [v for c in conds.values() for v in c["variants"] if all(x in (True, "delay") for k, x in v["on"].items() if k != "gate")]
+    lines = []
+    for gate in sorted({v["on"].get("gate", 0) for v in full}):
+        now = {n: next(v["coverage"] for v in c["variants"] if v in full and v["on"].get("gate", 0) == gate) for n, c in conds.items()}
+        lines += ["", f"90 % intervals with the three corrections{f' (gate {gate:g})' if gate else ''} (target 85–95 %) "
+                  f"held {held(now)}; built as {next(iter(conds.values()))['interval']}."]
     for e in d.get("earlier_intervals", []):
         lines += ["", f"The same cells with the intervals built as {e['interval']} (`{e['command']}`): held {held(e['coverage'])}."]
     return lines

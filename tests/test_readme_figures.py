@@ -130,6 +130,30 @@ def test_the_corrections_block_gives_the_intervals_coverage_now_and_under_an_ear
     assert "built as rule A (`old`): held `a` 97.0 %, `b` –." in text
 
 
+def test_the_corrections_block_gives_each_gates_coverage_on_its_own_line():
+    mod = figures()
+    metrics = {m: {"error_median": 0.1, "below": 0.5, "above": 0.5, "cells": 4} for m in ("e2e_p50", "ttft_p50", "tpot_p50")}
+    on = {"drift": True, "live": True, "first_token": "delay"}
+    variants = [{"on": on | {"gate": 0.0}, "label": "all", "coverage": 0.88, "metrics": metrics},
+                {"on": on | {"gate": 2.0}, "label": "all (gate 2)", "coverage": 0.92, "metrics": metrics}]
+    cond = {"dir": "d", "cells": 4, "interval": "rule B", "floor": {m: 0.1 for m in metrics}, "variants": variants}
+    d = {"command": "c", "one_sided_above": 0.75, "conditions": {"a": cond},
+         "summary": [{"label": "all", "balanced": 1, "of": 1, "mean_error": 0.1},
+                     {"label": "all (gate 2)", "balanced": 1, "of": 1, "mean_error": 0.1}]}
+    text = mod.corrections(d)
+    assert "with the three corrections (target 85–95 %) held `a` 88.0 %" in text
+    assert "with the three corrections (gate 2) (target 85–95 %) held `a` 92.0 %" in text
+
+
+def test_a_correction_the_gate_left_out_says_so():
+    mod = figures()
+    rec = {"per_workload": {"base": {"server": {"factor": 1.01, "se": 0.02, "cells": 8, "applied": False}},
+                            "long": {"server": {"factor": 1.2, "se": 0.02, "cells": 8}}},
+           "pooled": {"server": {"factor": 1.05, "se": 0.02, "cells": 16}}}
+    line = mod._live(rec)[1]
+    assert "`base` 1.01× (server, ± 2 %, not applied); `long` 1.20× (server, ± 2 %)" in line
+
+
 def test_past_the_knee_the_served_rate_is_set_beside_the_knees():
     mod = figures()
     d = _serving_result([40.0, 45.0])
