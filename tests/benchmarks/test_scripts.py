@@ -71,18 +71,25 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(tmp_path, script, args
     assert res.stderr.count("\n") == 1 and not out.exists()
 
 
-def test_corrections_keeps_the_coverage_an_earlier_interval_rule_gave_beside_the_new(tmp_path):
-    """A record at --json whose intervals were built by another rule keeps its coverage (every
-    correction on, per directory) beside the new one; run again under the same rule, nothing doubles."""
+def toy_validation(out: Path) -> None:
+    """A finished validation in `out` for corrections.py to replay: the toy preset as its profile,
+    one held-out workload beside base, a few seconds of traffic."""
     from batchlab.backends.presets import load_cost
-    from batchlab.calibrate.validate import INTERVAL, validate
+    from batchlab.calibrate.validate import validate
     from batchlab.run.config import load_config
-    profile = tmp_path / "toy.json"
+    profile = out.parent / "toy.json"
     load_cost("toy").to_json(profile, level="any", fit_rms_rel_error=0.05)
     cfg = load_config(None, ["backend.preset=toy", "traffic.rates=[5]", "traffic.duration_s=4", "traffic.warmup_s=1",
                              "traffic.prompt_len=32", "traffic.output_len=8", "strategies=[continuous]",
                              "validation.workloads={long: {prompt_len: 96}}"])
-    validate(cfg, [str(profile)], tmp_path / "v")
+    validate(cfg, [str(profile)], out)
+
+
+def test_corrections_keeps_the_coverage_an_earlier_interval_rule_gave_beside_the_new(tmp_path):
+    """A record at --json whose intervals were built by another rule keeps its coverage (every
+    correction on, per directory) beside the new one; run again under the same rule, nothing doubles."""
+    from batchlab.calibrate.validate import INTERVAL
+    toy_validation(tmp_path / "v")
     out = tmp_path / "corrections.json"
     on = {"drift": True, "live": True, "first_token": True}
     out.write_text(json.dumps({"command": "earlier", "conditions": {"toy": {"variants": [{"on": on, "coverage": 0.5}]}}}))
@@ -258,15 +265,7 @@ def test_price_front_end_recovers_a_front_end_added_to_the_twins_own_steps(tmp_p
 def test_corrections_judges_the_default_combination_at_each_gate(tmp_path):
     """--defaults-only --gates 0,2: every correction on, once as measured and once gated; the
     gated replay's record says so in its label and its `on`."""
-    from batchlab.backends.presets import load_cost
-    from batchlab.calibrate.validate import validate
-    from batchlab.run.config import load_config
-    profile = tmp_path / "toy.json"
-    load_cost("toy").to_json(profile, level="any", fit_rms_rel_error=0.05)
-    cfg = load_config(None, ["backend.preset=toy", "traffic.rates=[5]", "traffic.duration_s=4", "traffic.warmup_s=1",
-                             "traffic.prompt_len=32", "traffic.output_len=8", "strategies=[continuous]",
-                             "validation.workloads={long: {prompt_len: 96}}"])
-    validate(cfg, [str(profile)], tmp_path / "v")
+    toy_validation(tmp_path / "v")
     out = tmp_path / "gates.json"
     res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "corrections.py"), f"toy={tmp_path / 'v'}",
                           "--gates", "0,2", "--defaults-only", "--json", str(out)],
