@@ -303,10 +303,12 @@ def _correction_coverage(d: dict, names: list[str]) -> list[str]:
         return []
     def held(cov: dict) -> str:
         return ", ".join(f"`{n}` " + (_pct(cov[n]) if n in cov else "–") for n in names)
-    full = [v for c in conds.values() for v in c["variants"] if all(x in (True, "delay") for k, x in v["on"].items() if k != "gate")]
+    def every_on(on: dict) -> bool:      # every correction on as validate applies them, at whatever gate
+        return all(x in (True, "delay") for k, x in on.items() if k != "gate")
     lines = []
-    for gate in sorted({v["on"].get("gate", 0) for v in full}):
-        now = {n: next(v["coverage"] for v in c["variants"] if v in full and v["on"].get("gate", 0) == gate) for n, c in conds.items()}
+    for gate in sorted({v["on"].get("gate", 0) for c in conds.values() for v in c["variants"] if every_on(v["on"])}):
+        now = {n: next(v["coverage"] for v in c["variants"] if every_on(v["on"]) and v["on"].get("gate", 0) == gate)
+               for n, c in conds.items()}
         lines += ["", f"90 % intervals with the three corrections{f' (gate {gate:g})' if gate else ''} (target 85–95 %) "
                   f"held {held(now)}; built as {next(iter(conds.values()))['interval']}."]
     for e in d.get("earlier_intervals", []):

@@ -758,10 +758,10 @@ def live_lines(rec: dict, on: bool, first_on: str = "off") -> list[str]:
 
 def live_row(head: str, per: dict[str, dict], what: str) -> str:
     """One workload's correction per level, and `what` it did, or that validation.gate left it out."""
-    mark = len(per) > 1 and not all(v.get("applied", True) for v in per.values())
+    applied = [v.get("applied", True) for v in per.values()]
+    mark = len(per) > 1 and not all(applied)          # a level apart from the rest says so itself
     text = ", ".join(f"{lvl} {correction(v, cells=True)}" + (skipped(v) if mark else "") for lvl, v in per.items())
-    return f"{head}: {text}; " + (what if any(v.get("applied", True) for v in per.values())
-                                  else "not applied: within validation.gate standard errors of none")
+    return f"{head}: {text}; " + (what if any(applied) else "not applied: within validation.gate standard errors of none")
 
 
 def skipped(v: dict) -> str:
