@@ -134,6 +134,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--fractions", default="0.25,0.45,0.65",
                     help="validate: rates as fractions of each workload's saturated rate on the server")
     ap.add_argument("--caps", default="8,128", help="whatif: sequence caps the server is restarted with")
+    ap.add_argument("--whatif-burst", default=",".join(map(str, BURST)), metavar="N,PROMPT,OUTPUT",
+                    help="whatif: the burst measured at each cap (requests, prompt and output tokens; an output of 2 "
+                         "times the prompt passes almost alone)")
+    ap.add_argument("--batch-sizes", default=",".join(map(str, GRID.batch_sizes)),
+                    help="profile: the decode bursts' sizes (up to the server's cap: a profile of a server started "
+                         "at a larger cap can measure the steps a what-if at that cap runs)")
     ap.add_argument("--speed-probe", action="store_true",
                     help="knee: a saturated burst before each search, and the twin scaled to match it")
     ap.add_argument("--contention-rounds", type=int, default=3, help="contention: rounds of quiet / server core / every core")
@@ -166,6 +172,7 @@ class Campaign:
         self.record |= {"server": args.server, "config": os.path.relpath(args.config, ROOT), "cpus": os.cpu_count(),
                         "pinned": bool(self.cpus), "slo": self.cfg.slo.model_dump(exclude_none=True)}
         self.warm_bursts = args.warm_bursts          # recorded by each part measured after them
+        self.whatif_burst = tuple(int(x) for x in args.whatif_burst.split(","))
         self.cond = self.record.setdefault("conditions", {}).setdefault(args.condition, {})
         self.command = command
         self.moved = False                  # --front-end-on-engine: its twin is written for this profile
@@ -247,7 +254,8 @@ class Campaign:
     # --- the parts --------------------------------------------------------------------------
     def profile(self, cfg) -> None:
         print("profile: the server from the client (black box)", flush=True)
-        twin = profile_server(cfg, GRID, self.out / "profile.json", self.out / "twin.yaml", progress=print)
+        grid = replace(GRID, batch_sizes=tuple(int(b) for b in self.args.batch_sizes.split(",")))
+        twin = profile_server(cfg, grid, self.out / "profile.json", self.out / "twin.yaml", progress=print)
         self.moved = False                  # a new profile: the moved twin is written again from it
         prof = json.loads((self.out / "profile.json").read_text())
         if "profile" in self.record:         # an earlier profile's figures stay, beside the new one's
@@ -387,7 +395,7 @@ class Campaign:
         return rates
 
     def whatif_here(self, backend, cap: int) -> dict:
-        n, p, o = BURST
+        n, p, o = self.whatif_burst
         runs = [compare.saturated(backend, n, p, o) for _ in range(2)]
         print(f"whatif: cap {cap}: measured {[round(r['tok_s']) for r in runs]} tok/s, "
               f"TPOT p50 {[round(1e3 * r['tpot_p50'], 1) for r in runs]} ms", flush=True)
@@ -542,7 +550,7 @@ def predict_again(c: Campaign, parts: list[str]) -> None:
         c.save("knee", {k: v for k, v in kept["knee"].items() if k not in REMADE}
                | {"measured_by": kept["knee"].get("measured_by", kept["knee"]["command"])})
     if "whatif" in parts:
-        n, p, o = BURST
+        n, p, o = (kept["whatif"]["burst"][k] for k in ("requests", "prompt", "output"))
         for cap in kept["whatif"]["caps"]:
             new = predicted_burst(twin, n, p, o, max_num_seqs=cap["cap"])
             if other["whatif"] and not same_figures(new, cap["predicted"]):   # as for the knee: one the same is not kept twice
@@ -588,7 +596,7 @@ def run(c: Campaign, parts: list[str]) -> None:
     for cap in ([int(x) for x in a.caps.split(",")] if "whatif" in parts else []):
         with c.server(max_num_seqs=cap) as (_, backend):
             whatif.append(c.whatif_here(backend, cap))
-        c.save("whatif", {"burst": dict(zip(("requests", "prompt", "output"), BURST)), "caps": whatif})
+        c.save("whatif", {"burst": dict(zip(("requests", "prompt", "output"), c.whatif_burst)), "caps": whatif})
 
 
 @user_errors
@@ -603,6 +611,15 @@ def main(argv: list[str] | None = None) -> None:
         raise ConfigError(f"--bracket: want LO,HI in req/s, got {args.bracket!r}") from None
     if not 0 < lo < hi:
         raise ConfigError(f"--bracket: want 0 < LO < HI, got {args.bracket!r}")
+    try:
+        sizes = [int(b) for b in args.batch_sizes.split(",")]
+    except ValueError:
+        raise ConfigError(f"--batch-sizes: want whole numbers separated by commas, got {args.batch_sizes!r}") from None
+    if min(sizes) < 1:
+        raise ConfigError(f"--batch-sizes: want sizes of 1 or more, got {args.batch_sizes!r}")
+    burst = args.whatif_burst.split(",")
+    if len(burst) != 3 or not all(x.isdigit() and int(x) > 0 for x in burst):
+        raise ConfigError(f"--whatif-burst: want N,PROMPT,OUTPUT as three whole numbers above 0, got {args.whatif_burst!r}")
     if "contention" in parts and args.condition == "busy":
         raise ConfigError("--parts contention runs its own background load beside quiet bursts; "
                           "run it with --condition quiet")
