@@ -965,6 +965,53 @@ def twin_probe(d: dict) -> str:
     return "\n".join(lines + _twin_requests(d["conditions"])).strip("\n")
 
 
+def refits(d: dict) -> str:
+    """One profile fitted other ways: each variant's steps by decode batch, and its twin's bursts
+    at each sequence cap beside the server's."""
+    names = list(d["fits"])
+    lines = [f"`{d['command']}` (profile `{d['profile']}`, decode bursts of "
+             f"{', '.join(map(str, d['grid']['batch_sizes']))} rows). "
+             + "; ".join(f"{n}: rms error {_pct(f['fit_rms_rel_error'])}, {1e3 * f['overhead_s']:.2f} ms a step, "
+                         f"{1e6 * f['prefill_s_per_token']:.1f} µs a prompt token, {1e3 * f['prefill_step_s']:.2f} ms a "
+                         f"prompt pass, {1e3 * f['admit_s']:.2f} ms an admitted request, "
+                         f"{1e6 * f['admit_s_per_row']:.0f} µs an arrival's running row"
+                         for n, f in d["fits"].items()) + ".", "",
+             "| decode rows | steps | measured step | " + " | ".join(f"{n} | error" for n in names) + " |",
+             "|---|---|---|" + "---|---|" * len(names)]
+    for b in d["batches"]:
+        lines.append(f"| {b['rows']} | {b['steps']} | {_fine_ms(b['measured_s'])} | " + " | ".join(
+            f"{_fine_ms(b['variants'][n]['predicted_s'])} | {_signed(b['variants'][n]['error'])}" for n in names) + " |")
+    for w in d["whatif"]:
+        lines += ["", *_refit_bursts(w, names)]
+    return "\n".join(lines)
+
+
+def _refit_bursts(w: dict, names: list[str]) -> list[str]:
+    b = w["burst"]
+    lines = [f"Bursts of {b['requests']} requests ({b['prompt']} + {b['output']} tokens), `{w['record']}`: the server at "
+             "each cap (median of its runs) and each twin (error against the server):", "",
+             "| cap | server tok/s | " + " | ".join(names) + " | server p50 TPOT | " + " | ".join(names) + " |",
+             "|---|---|" + "---|" * len(names) + "---|" + "---|" * len(names)]
+    for c in w["caps"]:
+        m, v = c["measured"], c["variants"]
+        lines.append(f"| {c['cap']} | {m['tok_s']:.0f} | " + " | ".join(
+            f"{v[n]['tok_s']:.0f} ({_signed(v[n]['tok_s'] / m['tok_s'] - 1)})" for n in names)
+            + f" | {_fine_ms(m['tpot_p50'])} | " + " | ".join(
+            f"{_fine_ms(v[n]['tpot_p50'])} ({_signed(v[n]['tpot_p50'] / m['tpot_p50'] - 1)})" for n in names) + " |")
+    for c in w["caps"]:
+        if c["cap"] != w["base_cap"]:
+            ch = c["change"]
+            lines += ["", f"Cap {c['cap']} against cap {w['base_cap']}: " + "; ".join(
+                f"{what} {_signed(ch['measured'][key])} on the server, " + ", ".join(
+                    f"{_signed(ch[n][key])} {n}" for n in names)
+                for key, what in (("tok_s", "throughput"), ("tpot_p50", "p50 TPOT"))) + "."]
+    return lines
+
+
+def _fine_ms(seconds: float) -> str:
+    return f"{1e3 * seconds:.2f} ms"
+
+
 def twin_rows(d: dict) -> str:
     """What one arrival costs a server's running streams by how many run, one at a time and in
     clumps: read from two runs (alone, with the arrivals) and inside the one, beside the twin and
@@ -1396,7 +1443,7 @@ RENDER = {"sim_speed": sim_speed, "hf_dynamic_vs_naive": hf_dynamic_vs_naive, "e
 # Result files written by a benchmark with other settings (serving-max-num-seqs-128.json, ...) use its renderer.
 FAMILIES = {"serving-": serving, "twin_vllm_per_request_": per_request,  # before "twin_": the first prefix wins
             "engine_vs_hf_cb_": engine_vs_hf_cb, "validate_sim_": validate_sim, "twin_": twin, "four_modes_": four_modes,
-            "length_grouping_": length_grouping, "corrections_": corrections}
+            "length_grouping_": length_grouping, "corrections_": corrections, "refits_": refits}
 BLOCK = re.compile(r"(<!-- figures:([\w.-]+) -->\n)(.*?)(<!-- /figures:\2 -->)", re.S)
 
 

@@ -241,13 +241,17 @@ class StepCost:
         if not p.is_file():
             raise ConfigError(f"backend.profile not found: {p}")
         try:
-            data = json.loads(p.read_text())
-            fields = {k: data[k] for k in cls.__dataclass_fields__ if k in data}
-            if "shape_s" in fields:
-                fields["shape_s"] = tuple((float(x), float(y)) for x, y in fields["shape_s"])
-            return cls(**fields)
+            return cls.from_record(json.loads(p.read_text()))
         except (json.JSONDecodeError, TypeError, ValueError) as e:
             raise ConfigError(f"{p}: not a batchlab profile: {e}") from None
+
+    @classmethod
+    def from_record(cls, data: dict) -> "StepCost":
+        """The model a profile's JSON record holds (its other keys, samples and readings, left out)."""
+        fields = {k: data[k] for k in cls.__dataclass_fields__ if k in data}
+        if "shape_s" in fields:
+            fields["shape_s"] = tuple((float(x), float(y)) for x, y in fields["shape_s"])
+        return cls(**fields)
 
 
 def linear_cost(step_ms: float, per_seq_ms: float) -> StepCost:

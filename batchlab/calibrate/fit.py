@@ -41,6 +41,13 @@ class StepSample:
                         self.admitted, self.warm)
 
 
+def samples_from(rows: Iterable[dict]) -> list[StepSample]:
+    """The steps a profile's JSON record lists (its `samples`), each row's other keys (the fit's
+    own prediction beside it) left out."""
+    names = StepSample.__dataclass_fields__
+    return [StepSample(**{k: v for k, v in r.items() if k in names}) for r in rows]
+
+
 @dataclass(frozen=True)
 class Fit:
     coefficients: dict[str, float]   # COEFFS -> seconds per unit

@@ -21,6 +21,7 @@ import yaml
 
 from batchlab.backends.cost import StepCost
 from batchlab.calibrate.blackbox import BlackBoxProfile, ProbeGrid
+from batchlab.calibrate.fit import StepSample, fit_step_times
 from batchlab.calibrate.front_end import ArrivalProbe, bare, front_end, nested, with_front_end
 from batchlab.calibrate.twin_check import Twin
 from batchlab.core.config import RunConfig
@@ -112,6 +113,28 @@ def write_twin(cfg: RunConfig, prof: BlackBoxProfile, grid: ProbeGrid, setup: di
                  limits={k: asdict(v) for k, v in found.items()})
     write_atomic(twin_path, _header(cfg, found) + yaml.safe_dump(tree, sort_keys=False))
     return twin
+
+
+def refitted(record: dict, twin: RunConfig, samples: list[StepSample], without: tuple[str, ...] = ()) -> dict:
+    """A saved black-box profile (its JSON record) with its step-time terms fitted again on
+    `samples` (the terms in `without` held at zero) and its front end priced again from the
+    profile's own arrival readings against the new steps, as write_twin prices it: what the
+    profile would have held had it been fitted so, without asking the server again. `twin`: the
+    twin config the profile was written with (its limits replay the arrival probe)."""
+    fit = fit_step_times(samples, without)
+    front, beyond = front_end_parts(record.get("frontend_idle_s", record["frontend_s"]), record.get("frontend_beside_s"))
+    cost = replace(fit.to_cost(StepCost.from_record(record)), frontend_s=front, first_token_s=beyond,
+                   frontend_s_per_token=0.0, admit_s_per_row=0.0)
+    priced = {}
+    if (old := record.get("front_end_priced")) and "rounds_s" in old:
+        arrivals = {(int(n), int(p)): v for n, by in old["rounds_s"].items() for p, v in by.items()}
+        probe = ArrivalProbe(**{k: tuple(v) if isinstance(v, list) else v for k, v in old["probe"].items()})
+        fe = front_end(arrivals, Twin(twin, cost=bare(cost)).replay, front + beyond, probe)
+        cost = with_front_end(cost, fe)
+        priced = {"front_end_priced": fe.record() | {k: old[k] for k in ("probe", "rounds_s", "read") if k in old}}
+    rows = [asdict(s) | {"fit_seconds": float(p)} for s, p in zip(samples, fit.predict(samples))]
+    return record | asdict(cost) | fit.summary() | priced | {
+        "samples": rows, "refitted": {"without": list(without), "samples": len(samples), "from": len(record["samples"])}}
 
 
 def front_end_parts(idle_s: float, beside_s: float | None) -> tuple[float, float]:

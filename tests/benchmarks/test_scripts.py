@@ -62,6 +62,10 @@ def test_the_serving_script_answers_help():
     ("corrections.py", ["old=/nonexistent/validate", "--gates", "-1"], "--gates: each gate is between 0 and 10"),
     ("per_request.py", ["/nonexistent/validate", "--twin", "t.yaml"], "/nonexistent/validate: not a kept validation"),
     ("beside_rows.py", ["/nonexistent/profile.json"], "not a measured profile"),
+    ("refits.py", ["/nonexistent", "--rows", "32"], "want a profile's directory"),
+    ("refits.py", [str(ROOT), "--without", "magic"], "--without: unknown term magic"),
+    ("twin.py", ["--batch-sizes", "1,two"], "--batch-sizes: want whole numbers"),
+    ("twin.py", ["--whatif-burst", "384,64"], "--whatif-burst: want N,PROMPT,OUTPUT"),
 ])
 def test_bad_input_is_one_line_exit_2_and_nothing_written(tmp_path, script, args, says):
     out = tmp_path / "result.json"
@@ -289,3 +293,57 @@ def test_a_repeated_what_if_prediction_is_the_same_figures_to_the_last_bits_only
     assert twin.same_figures(a, a | {"tok_s": 1941.8204305800466})
     assert not twin.same_figures(a, a | {"tok_s": 1942.0})
     assert not twin.same_figures(a, a | {"failed": 1}) and not twin.same_figures(a, {"tok_s": 1941.8204305800464})
+
+
+def _reach_profile(tmp_path: Path, beyond: float) -> Path:
+    """A profile directory whose decode steps follow the toy preset, those of more than 32 rows
+    `beyond` times as long, with prompt passes beside one stream; its twin config beside it."""
+    from batchlab.backends.cost import attention_pairs
+    from batchlab.backends.presets import load_cost
+    toy = load_cost("toy")
+    rows = [{"context_tokens": b * (16 + k), "prefill_tokens": 0, "decode_rows": b, "kind": "decode",
+             "seconds": toy.step_time(b * (16 + k), 0, b) * (beyond if b > 32 else 1.0)}
+            for b in (1, 2, 4, 8, 16, 32, 64, 128) for k in (2, 6, 10, 14)]
+    rows += [{"context_tokens": 48 + p, "prefill_tokens": p, "decode_rows": 1, "kind": "prefill", "admitted": 1,
+              "attn_pairs": attention_pairs(p, 0), "seconds": toy.step_time(48 + p, p, 1, attention_pairs(p, 0), 1)}
+             for p in (16, 64, 256, 512)]
+    d = tmp_path / f"reach-{beyond:g}"
+    d.mkdir()
+    toy.to_json(d / "profile.json", level="iteration", samples=rows, grid={"batch_sizes": [1, 2, 4, 8, 16, 32, 64, 128]})
+    (d / "twin.yaml").write_text(f"backend:\n  kind: sim\n  profile: {d / 'profile.json'}\nstrategies: [continuous]\n"
+                                 "continuous: {max_num_seqs: 128}\n")
+    return d
+
+
+def test_refits_shows_what_a_fit_on_small_batches_misses_beyond_them(tmp_path):
+    """Steps that keep the toy's straight lines past 32 rows: every variant predicts them, and each
+    variant's twin (written beside the profile's) bursts as the profile's own. Steps 1.5x as long
+    past 32 rows: the fit on at most 32 rows reads them a third short."""
+    from batchlab.calibrate.twin_check import Twin, predicted_burst
+    from batchlab.run.config import load_config
+    straight = _reach_profile(tmp_path, 1.0)
+    own = Twin(load_config(straight / "twin.yaml"))
+    caps = [{"cap": cap, "measured": [predicted_burst(own, 48, 16, 8, max_num_seqs=cap)] * 2} for cap in (32, 8, 128)]
+    record = tmp_path / "whatif.json"
+    record.write_text(json.dumps({"conditions": {"quiet": {"whatif": {
+        "burst": {"requests": 48, "prompt": 16, "output": 8}, "caps": caps}}}}))
+    script = [sys.executable, str(ROOT / "benchmarks" / "refits.py")]
+    for d in (straight, _reach_profile(tmp_path, 1.5)):
+        res = subprocess.run([*script, str(d), "--rows", "32", "--without", "admit_s", "--whatif", str(record),
+                              "--json", str(d / "refits.json")], cwd=ROOT, capture_output=True, text=True, timeout=300)
+        assert res.returncode == 0, res.stderr
+    exact = json.loads((straight / "refits.json").read_text())
+    names = ["as profiled", "fit on ≤ 32 rows", "without admit_s"]
+    assert list(exact["fits"]) == names and exact["fits"]["without admit_s"]["admit_s"] == 0
+    assert all(abs(b["variants"][n]["error"]) < 0.01 for b in exact["batches"] for n in names)
+    (w,) = exact["whatif"]
+    assert w["base_cap"] == 32 and all(c["variants"]["as profiled"][k] == pytest.approx(m["measured"][0][k])
+                                       for c, m in zip(w["caps"], caps) for k in ("tok_s", "tpot_p50"))
+    assert str((straight / "profile-rows-le-32.json").resolve()) in (straight / "twin-rows-le-32.yaml").read_text()
+    bent = {b["rows"]: b["variants"] for b in json.loads((tmp_path / "reach-1.5" / "refits.json").read_text())["batches"]}
+    assert bent[128]["fit on ≤ 32 rows"]["error"] == pytest.approx(1 / 1.5 - 1, abs=0.02)
+    assert bent[128]["as profiled"]["error"] == pytest.approx(1 / 1.5 - 1, abs=0.02)   # the toy itself: straight lines
+    # a profile with no step beyond --rows cannot be judged: one line, nothing written
+    res = subprocess.run([*script, str(straight), "--rows", "128", "--json", str(tmp_path / "x.json")],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 2 and "no step of more than 128 rows" in res.stderr and not (tmp_path / "x.json").exists()

@@ -223,3 +223,15 @@ def test_front_end_work_on_the_engine_is_priced_from_what_arrivals_cost_the_stre
     assert priced["probe"]["streams"] == [2, 6] and priced["read"] == "inside one run"
     # what it holds before the scheduler beyond the engine's part stays a delay off the engine
     assert cost.first_token_s == pytest.approx(max(0.0, priced["delay_s"]))
+    # refitted on its own steps, the profile gives back the same terms and the same front end
+    from batchlab.backends.cost import COEFFS
+    from batchlab.calibrate.fit import samples_from
+    from batchlab.calibrate.twin import refitted
+    rec = json.loads((tmp_path / "p.json").read_text())
+    again = refitted(rec, load_config(tmp_path / "p.twin.yaml"), samples_from(rec["samples"]))
+    for k in (*COEFFS, "frontend_s", "frontend_s_per_token", "admit_s_per_row", "first_token_s"):
+        assert again[k] == pytest.approx(rec[k], rel=1e-9, abs=1e-12), k
+    # without the per-admission term: held at zero, the front end priced against the new steps
+    bare = refitted(rec, load_config(tmp_path / "p.twin.yaml"), samples_from(rec["samples"]), ("admit_s",))
+    assert bare["admit_s"] == 0 and bare["refitted"] == {"without": ["admit_s"], "samples": len(rec["samples"]),
+                                                         "from": len(rec["samples"])}

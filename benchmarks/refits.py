@@ -1,0 +1,142 @@
+"""One server's profile fitted other ways, each judged on what the server did.
+
+    python benchmarks/refits.py DIR [--rows 32] [--without admit_s] [--whatif RECORD ...] [--base-cap 32]
+                                [--json docs/results/refits_NAME.json]
+
+DIR holds a black-box profile and its twin (profile.json, twin.yaml: `batchlab profile` or
+benchmarks/twin.py writes them). Besides the profile as it was fitted, each variant fits the
+step-time model again on the profile's own measured steps, with the front end priced again from
+the profile's own arrival readings against the new steps (calibrate/twin.py `refitted`), and
+writes its profile and twin beside the originals (profile-VARIANT.json, twin-VARIANT.yaml), so a
+kept validation can be judged on it too (benchmarks/corrections.py NAME=DIR@TWIN):
+  --rows N: only the steps of at most N decode rows, what a profile of the server at a sequence
+     cap of N can batch; on a profile taken at a larger cap (benchmarks/twin.py --batch-sizes up
+     to it), the steps beyond N show how far the fit carries past the batches it saw;
+  --without TERMS: every step, the named terms held at zero (calibrate/fit.py COEFFS).
+Per decode batch size: the measured steps' median and each variant's median relative error on
+them. Per --whatif (a benchmarks/twin.py record of bursts measured at several sequence caps): each
+cap's burst on the server (median of its runs) and on every variant's twin, and each cap's change
+from --base-cap (default: the record's first cap, the profile's own server) on both sides.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+from batchlab.backends.cost import COEFFS, StepCost
+from batchlab.calibrate.fit import SHAPE, StepSample, samples_from
+from batchlab.calibrate.twin import refitted
+from batchlab.calibrate.twin_check import Twin, predicted_burst
+from batchlab.core.files import write_atomic
+from batchlab.errors import ConfigError, user_errors
+from batchlab.run.config import load_config
+
+ROOT = Path(__file__).resolve().parents[1]
+KEYS = ("tok_s", "tpot_p50", "ttft_p50")
+AS_FITTED = "as profiled"
+
+
+def variants(d: Path, prof: dict, rows: int | None, without: tuple[str, ...]) -> dict[str, Path]:
+    """Each variant's twin config, written beside the profile's own: name -> twin.yaml path."""
+    samples, out = samples_from(prof["samples"]), {AS_FITTED: d / "twin.yaml"}
+    twin_cfg = load_config(d / "twin.yaml")
+    asked = ([(f"fit on ≤ {rows} rows", f"rows-le-{rows}", [s for s in samples if s.decode_rows <= rows], ())]
+             if rows else []) + ([(f"without {', '.join(without)}", "without-" + "-".join(without), samples, without)]
+                                 if without else [])
+    for name, tag, mine, terms in asked:
+        if len(mine) == len(samples) and not terms:
+            raise ConfigError(f"the profile has no step of more than {rows} rows: profile a server started at a "
+                              "larger cap with batch sizes up to it (benchmarks/twin.py --batch-sizes)")
+        path = d / f"profile-{tag}.json"
+        write_atomic(path, json.dumps(refitted(prof, twin_cfg, mine, terms), indent=2) + "\n")
+        tree = yaml.safe_load((d / "twin.yaml").read_text())
+        tree["backend"]["profile"] = str(path.resolve())
+        write_atomic(d / f"twin-{tag}.yaml", f"# twin.yaml with the profile fitted again: {name}.\n"
+                     + yaml.safe_dump(tree, sort_keys=False))
+        out[name] = d / f"twin-{tag}.yaml"
+    return out
+
+
+def by_batch(samples: list[StepSample], costs: dict[str, StepCost]) -> list[dict]:
+    """Per decode batch size: its measured steps' median, and each variant's median prediction
+    and median relative error over the same steps."""
+    out = []
+    for b in sorted({s.decode_rows for s in samples if s.kind == "decode"}):
+        mine = [s for s in samples if s.kind == "decode" and s.decode_rows == b]
+        measured = np.array([s.seconds for s in mine])
+        row = {"rows": int(b), "steps": len(mine), "measured_s": float(np.median(measured)), "variants": {}}
+        for name, c in costs.items():
+            pred = np.array([c.step_time(s.context_tokens, 0, s.decode_rows) for s in mine])
+            row["variants"][name] = {"predicted_s": float(np.median(pred)), "error": float(np.median(pred / measured - 1))}
+        out.append(row)
+    return out
+
+
+def whatif(path: Path, twins: dict[str, Twin], base: int | None) -> dict:
+    """Every cap of a what-if record: the server's median burst figures and each twin's, and the
+    change from cap `base` on each side."""
+    w = json.loads(path.read_text())["conditions"]["quiet"]["whatif"]
+    n, p, o = (w["burst"][k] for k in ("requests", "prompt", "output"))
+    base = w["caps"][0]["cap"] if base is None else base
+    if base not in [c["cap"] for c in w["caps"]]:
+        raise ConfigError(f"--base-cap {base}: {path} has caps {', '.join(str(c['cap']) for c in w['caps'])}")
+    caps = []
+    for c in w["caps"]:
+        real = {k: statistics.median(r[k] for r in c["measured"]) for k in KEYS}
+        caps.append({"cap": c["cap"], "measured": real, "variants": {
+            name: {k: predicted_burst(t, n, p, o, max_num_seqs=c["cap"])[k] for k in KEYS} for name, t in twins.items()}})
+    ref = next(c for c in caps if c["cap"] == base)
+    for c in caps:
+        c["change"] = {"measured": {k: c["measured"][k] / ref["measured"][k] - 1 for k in KEYS}} | {
+            name: {k: v[k] / ref["variants"][name][k] - 1 for k in KEYS} for name, v in c["variants"].items()}
+    return {"record": os.path.relpath(path.resolve(), ROOT), "burst": w["burst"], "base_cap": base, "caps": caps}
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("dir", type=Path, help="a profile's directory: profile.json and twin.yaml")
+    ap.add_argument("--rows", type=int, help="a variant fitted on the steps of at most this many decode rows")
+    ap.add_argument("--without", default="", help="a variant fitted with these terms held at zero (comma-separated)")
+    ap.add_argument("--whatif", type=Path, action="append", default=[],
+                    help="a benchmarks/twin.py record of bursts at several caps (repeatable)")
+    ap.add_argument("--base-cap", type=int, help="the cap each what-if's changes are taken from (default: its first)")
+    ap.add_argument("--json", type=Path, default=ROOT / "docs" / "results" / "refits.json")
+    a = ap.parse_args(argv)
+    a.without = tuple(t for t in a.without.split(",") if t)
+    if bad := [t for t in a.without if t not in (*COEFFS[1:], SHAPE)]:
+        raise ConfigError(f"--without: unknown term {', '.join(bad)} (terms: {', '.join((*COEFFS[1:], SHAPE))})")
+    if not (a.dir / "profile.json").is_file() or not (a.dir / "twin.yaml").is_file():
+        raise ConfigError(f"{a.dir}: want a profile's directory with profile.json and twin.yaml")
+    if missing := [str(p) for p in a.whatif if not p.is_file()]:
+        raise ConfigError(f"--whatif {', '.join(missing)}: no such file")
+    if not a.rows and not a.without:
+        raise ConfigError("name a variant: --rows N, --without TERMS or both")
+    return a
+
+
+@user_errors
+def main(argv: list[str] | None = None) -> None:
+    a = parse(argv)
+    prof = json.loads((a.dir / "profile.json").read_text())
+    twins = {name: Twin(load_config(path)) for name, path in variants(a.dir, prof, a.rows, a.without).items()}
+    costs = {name: t.cfg.backend.cost() for name, t in twins.items()}
+    out = {"command": " ".join(["python benchmarks/refits.py", *(argv if argv is not None else sys.argv[1:])]),
+           "profile": os.path.relpath((a.dir / "profile.json").resolve(), ROOT), "grid": prof["grid"],
+           "fits": {name: {"fit_rms_rel_error": json.loads(Path(t.cfg.backend.profile).read_text()).get("fit_rms_rel_error")}
+                    | {k: getattr(costs[name], k) for k in (*COEFFS, "admit_s_per_row", "frontend_s", "first_token_s")}
+                    for name, t in twins.items()},
+           "batches": by_batch(samples_from(prof["samples"]), costs),
+           "whatif": [whatif(p, twins, a.base_cap) for p in a.whatif]}
+    write_atomic(a.json, json.dumps(out, indent=2) + "\n")
+    print(f"wrote {a.json}")
+
+
+if __name__ == "__main__":
+    main()
