@@ -55,7 +55,7 @@ def variants(d: Path, prof: dict, rows: int | None, without: tuple[str, ...]) ->
             raise ConfigError(f"the profile has no step of more than {rows} rows: profile a server started at a "
                               "larger cap with batch sizes up to it (benchmarks/twin.py --batch-sizes)")
         path = d / f"profile-{tag}.json"
-        write_atomic(path, json.dumps(refitted(prof, twin_cfg, mine, terms), indent=2) + "\n")
+        write_atomic(path, json.dumps(refitted(prof, mine, terms, twin_cfg), indent=2) + "\n")
         tree = yaml.safe_load((d / "twin.yaml").read_text())
         tree["backend"]["profile"] = str(path.resolve())
         write_atomic(d / f"twin-{tag}.yaml", f"# twin.yaml with the profile fitted again: {name}.\n"

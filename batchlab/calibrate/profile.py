@@ -158,8 +158,16 @@ def refit(src: Path, dst: Path, without: tuple[str, ...] = ()) -> Fit:
         raise ConfigError(f"--refit {src}: not a measured profile (no step samples): {e}") from None
     except ValueError as e:
         raise ConfigError(f"--refit {src}: {e}") from None
-    cost = fit.to_cost(StepCost.from_json(src))
     gone = f", without {', '.join(without)}" if without else ""
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    if "frontend_idle_s" in data:      # a server's profile: its front end is priced against its steps, so again
+        from batchlab.calibrate.twin import refitted
+        from batchlab.core.files import write_atomic
+        record = refitted(data, samples, without)
+        record["description"] = f"{data.get('description', record.get('name'))} refitted{gone}"
+        write_atomic(dst, json.dumps(record | {"refit_from": str(src), "without": list(without)}, indent=2))
+        return fit
+    cost = fit.to_cost(StepCost.from_json(src))
     cost = replace(cost, description=f"{data.get('description', cost.name)} refitted{gone}")
     rows = [asdict(s) | {"fit_seconds": float(p)} for s, p in zip(samples, fit.predict(samples))]
     dst.parent.mkdir(parents=True, exist_ok=True)

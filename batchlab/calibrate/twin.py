@@ -115,13 +115,16 @@ def write_twin(cfg: RunConfig, prof: BlackBoxProfile, grid: ProbeGrid, setup: di
     return twin
 
 
-def refitted(record: dict, twin: RunConfig, samples: list[StepSample], without: tuple[str, ...] = ()) -> dict:
+def refitted(record: dict, samples: list[StepSample], without: tuple[str, ...] = (), twin: RunConfig | None = None) -> dict:
     """A saved black-box profile (its JSON record) with its step-time terms fitted again on
     `samples` (the terms in `without` held at zero) and its front end priced again from the
     profile's own arrival readings against the new steps, as write_twin prices it: what the
-    profile would have held had it been fitted so, without asking the server again. `twin`: the
-    twin config the profile was written with (its limits replay the arrival probe)."""
+    profile would have held had it been fitted so, without asking the server again. The arrival
+    probe is replayed under `twin` (default: continuous batching with the limits the profile read)."""
     fit = fit_step_times(samples, without)
+    if twin is None:
+        section = {k: v["value"] for k, v in record.get("limits", {}).items() if k in ContinuousConfig.model_fields}
+        twin = validate({"strategies": [ContinuousScheduler.name], ContinuousScheduler.name: section}, "refit: ")
     front, beyond = front_end_parts(record.get("frontend_idle_s", record["frontend_s"]), record.get("frontend_beside_s"))
     cost = replace(fit.to_cost(StepCost.from_record(record)), frontend_s=front, first_token_s=beyond,
                    frontend_s_per_token=0.0, admit_s_per_row=0.0)

@@ -228,10 +228,22 @@ def test_front_end_work_on_the_engine_is_priced_from_what_arrivals_cost_the_stre
     from batchlab.calibrate.fit import samples_from
     from batchlab.calibrate.twin import refitted
     rec = json.loads((tmp_path / "p.json").read_text())
-    again = refitted(rec, load_config(tmp_path / "p.twin.yaml"), samples_from(rec["samples"]))
-    for k in (*COEFFS, "frontend_s", "frontend_s_per_token", "admit_s_per_row", "first_token_s"):
-        assert again[k] == pytest.approx(rec[k], rel=1e-9, abs=1e-12), k
+    for twin in (load_config(tmp_path / "p.twin.yaml"), None):     # None: the limits the profile read
+        again = refitted(rec, samples_from(rec["samples"]), twin=twin)
+        for k in (*COEFFS, "frontend_s", "frontend_s_per_token", "admit_s_per_row", "first_token_s"):
+            assert again[k] == pytest.approx(rec[k], rel=1e-9, abs=1e-12), k
     # without the per-admission term: held at zero, the front end priced against the new steps
-    bare = refitted(rec, load_config(tmp_path / "p.twin.yaml"), samples_from(rec["samples"]), ("admit_s",))
+    bare = refitted(rec, samples_from(rec["samples"]), ("admit_s",))
     assert bare["admit_s"] == 0 and bare["refitted"] == {"without": ["admit_s"], "samples": len(rec["samples"]),
                                                          "from": len(rec["samples"])}
+    # `batchlab profile --refit` on a server's profile does the same, its front end priced again
+    from click.testing import CliRunner
+
+    from batchlab.calibrate.profile import profile_cmd
+    res = CliRunner().invoke(profile_cmd, ["--refit", str(tmp_path / "p.json"), "--without", "admit_s",
+                                           "--out", str(tmp_path / "q.json")])
+    assert res.exit_code == 0, res.output
+    q = json.loads((tmp_path / "q.json").read_text())
+    assert q["admit_s"] == 0 and q["without"] == ["admit_s"]
+    assert q["front_end_priced"] == json.loads(json.dumps(bare["front_end_priced"]))
+    assert "refitted, without admit_s" in q["description"]
