@@ -21,7 +21,7 @@ every what-if cap.
    workload's requests): every point on the server twice (the noise floor), on the twin, and on the
    twin with its step costs moved by the fit's error (the interval); a saturated burst each.
 4. whatif: the server restarted at other sequence caps (--caps), a saturated burst at each
-   (twice), against the twin's prediction from the one profile; the profile's own cap is measured
+   (--whatif-runs times), against the twin's prediction from the one profile; the profile's own cap is measured
    on the first server as the control.
 5. contention: where a busy machine's slowdown comes from. --contention-rounds rounds of three
    saturated bursts in rotating order: quiet, the background load on the server's core only, and
@@ -137,6 +137,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--whatif-burst", default=",".join(map(str, BURST)), metavar="N,PROMPT,OUTPUT",
                     help="whatif: the burst measured at each cap (requests, prompt and output tokens; an output of 2 "
                          "times the prompt passes almost alone)")
+    ap.add_argument("--whatif-runs", type=int, default=2, help="whatif: bursts measured at each cap (their median is judged)")
     ap.add_argument("--batch-sizes", default=",".join(map(str, GRID.batch_sizes)),
                     help="profile: the decode bursts' sizes (up to the server's cap: a profile of a server started "
                          "at a larger cap can measure the steps a what-if at that cap runs)")
@@ -396,7 +397,7 @@ class Campaign:
 
     def whatif_here(self, backend, cap: int) -> dict:
         n, p, o = self.whatif_burst
-        runs = [compare.saturated(backend, n, p, o) for _ in range(2)]
+        runs = [compare.saturated(backend, n, p, o) for _ in range(self.args.whatif_runs)]
         print(f"whatif: cap {cap}: measured {[round(r['tok_s']) for r in runs]} tok/s, "
               f"TPOT p50 {[round(1e3 * r['tpot_p50'], 1) for r in runs]} ms", flush=True)
         return {"cap": cap, "measured": runs, "predicted": predicted_burst(self.twin(), n, p, o, max_num_seqs=cap)}
@@ -617,6 +618,8 @@ def main(argv: list[str] | None = None) -> None:
         raise ConfigError(f"--batch-sizes: want whole numbers separated by commas, got {args.batch_sizes!r}") from None
     if min(sizes) < 1:
         raise ConfigError(f"--batch-sizes: want sizes of 1 or more, got {args.batch_sizes!r}")
+    if args.whatif_runs < 1:
+        raise ConfigError(f"--whatif-runs: want at least 1, got {args.whatif_runs}")
     burst = args.whatif_burst.split(",")
     if len(burst) != 3 or not all(x.isdigit() and int(x) > 0 for x in burst):
         raise ConfigError(f"--whatif-burst: want N,PROMPT,OUTPUT as three whole numbers above 0, got {args.whatif_burst!r}")

@@ -66,6 +66,7 @@ def test_the_serving_script_answers_help():
     ("refits.py", [str(ROOT), "--without", "magic"], "--without: unknown term magic"),
     ("twin.py", ["--batch-sizes", "1,two"], "--batch-sizes: want whole numbers"),
     ("twin.py", ["--whatif-burst", "384,64"], "--whatif-burst: want N,PROMPT,OUTPUT"),
+    ("twin.py", ["--whatif-runs", "0"], "--whatif-runs: want at least 1"),
 ])
 def test_bad_input_is_one_line_exit_2_and_nothing_written(tmp_path, script, args, says):
     out = tmp_path / "result.json"
