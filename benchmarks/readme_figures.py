@@ -18,6 +18,8 @@ import statistics
 import sys
 from pathlib import Path
 
+from batchlab.calibrate.accuracy import FLOOR_FACTOR, TWIN_TARGETS
+
 
 def _spread(values: list[float], fmt: str = "{:.2f}") -> str:
     """'median (min–max over N)'."""
@@ -686,8 +688,6 @@ def client_vs_vllm_bench(d: dict) -> str:
     return "\n".join(lines)
 
 
-# The twin's targets: metric -> median bound, met where the error is within max(bound, 1.5x the rerun floor)
-TWIN_TARGETS = {"e2e_p50": 0.07, "tpot_p50": 0.07, "ttft_p50": 0.15}
 PUBLISHED = ("Published beside (their own hardware, their own held-out sets, no noise floor stated): BLIS "
              "(inference-sim), a twin of vLLM on 36 held-out configurations, median error E2E 6.7 %, TTFT 17.6 %, "
              "ITL 7.1 %; Vidur, under 9 % error on end-to-end latency; LLMServingSim 2.0, about 2 % once its KV "
@@ -702,7 +702,7 @@ def _twin_verdict(m: dict) -> str:
     bound = TWIN_TARGETS.get(m["metric"])
     if bound is None:
         return "–"
-    limit = max(bound, 1.5 * m["noise_median"])
+    limit = max(bound, FLOOR_FACTOR * m["noise_median"])
     return f"≤ {_pct(limit)}: " + ("**yes**" if m["error_median"] <= limit else "no")
 
 
@@ -859,7 +859,8 @@ SERVER_NAMES = {"vllm": "vLLM", "transformers": "transformers serve", "batchlab"
 def _twin_whatif(w: dict, server: str = "vllm") -> list[str]:
     b = w["burst"]
     lines = [f"What-if ({_made_by(w)}): a burst of {b['requests']} requests ({b['prompt']} + {b['output']} "
-             f"tokens) on {SERVER_NAMES[server]} restarted at each sequence cap, twice, against the twin of the one profile:", "",
+             f"tokens) on {SERVER_NAMES[server]} restarted at each sequence cap, "
+             f"{_times(len(w['caps'][0]['measured']))}, against the twin of the one profile:", "",
              "| cap | measured tok/s | twin tok/s | error | measured p50 TPOT | twin p50 TPOT | error |",
              "|---|---|---|---|---|---|---|"]
     for c in w["caps"]:
@@ -874,6 +875,10 @@ def _twin_whatif(w: dict, server: str = "vllm") -> list[str]:
         lines += ["", f"Predicted before by `{e['by']}`: " + "; ".join(
             f"cap {cap} {p['tok_s']:.0f} tok/s, p50 TPOT {1e3 * p['tpot_p50']:.1f} ms" for cap, p in caps) + "."]
     return lines + ["", _twin_direction(w["caps"])]
+
+
+def _times(n: int) -> str:
+    return {1: "once", 2: "twice"}.get(n, f"{n} times")
 
 
 def _twin_direction(caps: list[dict]) -> str:

@@ -384,7 +384,7 @@ def validate(cfg: RunConfig, profile_paths: list[str], out: Path, progress=None,
     finally:
         executor.close()
     table = accuracy.with_errors(pd.concat(parts, ignore_index=True))
-    summ = accuracy.summary(table)
+    summ = accuracy.summary(table, twin=twin is not None)
     record = accuracy_record(cfg, profiles, table, summ, {name: m.drift for name, m in measured.items()}, out)
     record["live"] = live_record({level_of(s): profile_for(s, profiles) for s in cfg.strategies}, fixes.ratios,
                                  fixes.lives, out, (fixes.firsts, fixes.first), cfg.validation.first_token,

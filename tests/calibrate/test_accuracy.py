@@ -72,6 +72,27 @@ def test_targets_fall_back_to_the_noise_floor_only_where_the_floor_is_larger(err
     assert accuracy.verdict("e2e_p50", row)["met"] == met
 
 
+@pytest.mark.parametrize(("metric", "err", "noise", "met"), [
+    ("e2e_p50", 0.065, 0.01, "yes"),       # within 7 % on a quiet machine
+    ("e2e_p50", 0.08, 0.01, "no"),
+    ("e2e_p50", 0.08, 0.058, "yes"),       # 1.5x a 5.8 % floor is 8.7 %: an engine's rule says no here
+    ("ttft_p50", 0.14, 0.02, "yes"),       # TTFT's bound is 15 %
+    ("tpot_p50", 0.12, float("nan"), "no"),   # no floor excuses nothing
+    ("ttft_p99", 0.50, 0.01, ""),          # reported against the floor alone
+])
+def test_a_server_twin_is_judged_within_its_bound_or_one_and_a_half_floors(metric, err, noise, met):
+    row = {"error_median": err, "error_p90": err, "noise_median": noise, "noise_p90": noise}
+    got = accuracy.twin_verdict(metric, row)
+    assert got["met"] == met
+    if noise == 0.058:
+        assert accuracy.verdict(metric, row)["met"] == "no" and got["target"] == "median <= max(7%, 1.5x floor) = 8.7%"
+
+
+def test_a_validation_of_a_server_twin_is_summarised_against_the_twin_targets():
+    t = accuracy.with_errors(table([1.0] * 4, [1.05] * 4, [1.074] * 4))     # floor 5 %, error 7.4 %
+    assert accuracy.summary(t, twin=True).loc[0, "met"] == "yes" and accuracy.summary(t).loc[0, "met"] == "no"
+
+
 def test_no_rerun_means_no_floor_and_a_model_only_interval():
     t = accuracy.with_errors(table([1.0, 1.0], [np.nan, np.nan], [1.05, 1.2], spread=0.05))
     assert t["noise"].isna().all()
