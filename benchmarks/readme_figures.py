@@ -18,7 +18,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from batchlab.calibrate.accuracy import FLOOR_FACTOR, TWIN_TARGETS
+from batchlab.calibrate.accuracy import twin_limit
 
 
 def _spread(values: list[float], fmt: str = "{:.2f}") -> str:
@@ -699,10 +699,9 @@ def _pct(x) -> str:
 
 
 def _twin_verdict(m: dict) -> str:
-    bound = TWIN_TARGETS.get(m["metric"])
-    if bound is None:
+    limit = twin_limit(m["metric"], m["noise_median"])
+    if limit is None:
         return "–"
-    limit = max(bound, FLOOR_FACTOR * m["noise_median"])
     return f"≤ {_pct(limit)}: " + ("**yes**" if m["error_median"] <= limit else "no")
 
 

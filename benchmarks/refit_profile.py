@@ -23,24 +23,22 @@ import json
 import statistics
 import sys
 from collections import defaultdict
-from dataclasses import asdict, fields
+from dataclasses import asdict
 from pathlib import Path
 
 import yaml
 
 from batchlab.backends.cost import COEFFS
-from batchlab.calibrate.fit import StepSample, fit_step_times
+from batchlab.calibrate.fit import StepSample, fit_step_times, samples_from
 from batchlab.calibrate.twin import front_end_parts
 from batchlab.core.files import write_atomic
 from batchlab.errors import ConfigError, user_errors
-
-KEYS = [f.name for f in fields(StepSample)]
 
 
 def grouped(rows: list[dict]) -> list[StepSample]:
     """The decode samples as they are; the prompt-pass ones, one per (admitted, prompt tokens): the
     median seconds, at the median context."""
-    out = [StepSample(**{k: r[k] for k in KEYS if k in r}) for r in rows if r["kind"] != "prefill"]
+    out = samples_from(r for r in rows if r["kind"] != "prefill")
     groups: dict[tuple[float, float], list[dict]] = defaultdict(list)
     for r in rows:
         if r["kind"] == "prefill":

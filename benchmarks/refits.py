@@ -85,8 +85,6 @@ def whatif(path: Path, twins: dict[str, Twin], base: int | None) -> dict:
     w = json.loads(path.read_text())["conditions"]["quiet"]["whatif"]
     n, p, o = (w["burst"][k] for k in ("requests", "prompt", "output"))
     base = w["caps"][0]["cap"] if base is None else base
-    if base not in [c["cap"] for c in w["caps"]]:
-        raise ConfigError(f"--base-cap {base}: {path} has caps {', '.join(str(c['cap']) for c in w['caps'])}")
     caps = []
     for c in w["caps"]:
         real = {k: statistics.median(r[k] for r in c["measured"]) for k in KEYS}
@@ -118,6 +116,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         raise ConfigError(f"--whatif {', '.join(missing)}: no such file")
     if not a.rows and not a.without:
         raise ConfigError("name a variant: --rows N, --without TERMS or both")
+    for path in a.whatif:          # NOTE: before any variant is written beside the profile
+        try:
+            caps = [c["cap"] for c in json.loads(path.read_text())["conditions"]["quiet"]["whatif"]["caps"]]
+        except (json.JSONDecodeError, KeyError, TypeError):
+            raise ConfigError(f"--whatif {path}: not a benchmarks/twin.py record with a what-if") from None
+        if a.base_cap is not None and a.base_cap not in caps:
+            raise ConfigError(f"--base-cap {a.base_cap}: {path} has caps {', '.join(map(str, caps))}")
     return a
 
 

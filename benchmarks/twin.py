@@ -174,6 +174,7 @@ class Campaign:
                         "pinned": bool(self.cpus), "slo": self.cfg.slo.model_dump(exclude_none=True)}
         self.warm_bursts = args.warm_bursts          # recorded by each part measured after them
         self.whatif_burst = tuple(int(x) for x in args.whatif_burst.split(","))
+        self.batch_sizes = tuple(int(b) for b in args.batch_sizes.split(","))
         self.cond = self.record.setdefault("conditions", {}).setdefault(args.condition, {})
         self.command = command
         self.moved = False                  # --front-end-on-engine: its twin is written for this profile
@@ -255,8 +256,7 @@ class Campaign:
     # --- the parts --------------------------------------------------------------------------
     def profile(self, cfg) -> None:
         print("profile: the server from the client (black box)", flush=True)
-        grid = replace(GRID, batch_sizes=tuple(int(b) for b in self.args.batch_sizes.split(",")))
-        twin = profile_server(cfg, grid, self.out / "profile.json", self.out / "twin.yaml", progress=print)
+        twin = profile_server(cfg, replace(GRID, batch_sizes=self.batch_sizes), self.out / "profile.json", self.out / "twin.yaml", progress=print)
         self.moved = False                  # a new profile: the moved twin is written again from it
         prof = json.loads((self.out / "profile.json").read_text())
         if "profile" in self.record:         # an earlier profile's figures stay, beside the new one's

@@ -126,13 +126,19 @@ def verdict(metric: str, row: dict) -> dict:
     return {"target": text, "met": "no"}
 
 
+def twin_limit(metric: str, noise_median: float) -> float | None:
+    """The median error a server twin's `metric` may reach: max(bound, FLOOR_FACTOR x the floor's
+    median), or None for a metric without a target. No floor (NaN) excuses nothing."""
+    bound = TWIN_TARGETS.get(metric)
+    return None if bound is None else max(bound, FLOOR_FACTOR * noise_median)
+
+
 def twin_verdict(metric: str, row: dict) -> dict:
-    """A server twin's target for `metric` (TWIN_TARGETS): the median error within
-    max(bound, FLOOR_FACTOR x the floor's median)."""
-    if metric not in TWIN_TARGETS:
+    """A server twin's target for `metric` (TWIN_TARGETS): the median error within `twin_limit`."""
+    limit = twin_limit(metric, row["noise_median"])
+    if limit is None:
         return {"target": "", "met": ""}
     bound = TWIN_TARGETS[metric]
-    limit = max(bound, FLOOR_FACTOR * row["noise_median"])
     return {"target": f"median <= max({100 * bound:g}%, {FLOOR_FACTOR:g}x floor) = {100 * limit:.1f}%",
             "met": "yes" if row["error_median"] <= limit else "no"}
 

@@ -25,7 +25,7 @@ from batchlab.backends.base import Engine
 from batchlab.backends.cost import COEFFS, StepCost, attention_pairs, warm_weight
 from batchlab.backends.presets import load_cost
 from batchlab.calibrate.blackbox import WINDOW, ProbeGrid, most_samples
-from batchlab.calibrate.fit import SHAPE, Fit, StepSample, fit_step_times
+from batchlab.calibrate.fit import SHAPE, Fit, StepSample, fit_step_times, samples_from
 from batchlab.core.clock import Clock, RealClock, VirtualClock
 from batchlab.core.request import Request
 from batchlab.errors import ConfigError, user_errors
@@ -149,10 +149,8 @@ def refit(src: Path, dst: Path, without: tuple[str, ...] = ()) -> Fit:
     """Fit a saved profile's own samples again, with the terms in `without` held at zero, and save
     the result beside it: what each term earns is the held-out error with and without it."""
     data = json.loads(src.read_text())
-    fields = set(StepSample.__dataclass_fields__)
     try:
-        rows = older_samples(data["samples"], data.get("level", "iteration"))
-        samples = [StepSample(**{k: v for k, v in row.items() if k in fields}) for row in rows]
+        samples = samples_from(older_samples(data["samples"], data.get("level", "iteration")))
         fit = fit_step_times(samples, without)
     except (KeyError, TypeError) as e:
         raise ConfigError(f"--refit {src}: not a measured profile (no step samples): {e}") from None
@@ -170,7 +168,6 @@ def refit(src: Path, dst: Path, without: tuple[str, ...] = ()) -> Fit:
     cost = fit.to_cost(StepCost.from_json(src))
     cost = replace(cost, description=f"{data.get('description', cost.name)} refitted{gone}")
     rows = [asdict(s) | {"fit_seconds": float(p)} for s, p in zip(samples, fit.predict(samples))]
-    dst.parent.mkdir(parents=True, exist_ok=True)
     keep = {k: v for k, v in data.items() if k not in asdict(cost) and k not in fit.summary()}
     cost.to_json(dst, **(keep | fit.summary() | {"samples": rows, "refit_from": str(src), "without": list(without)}))
     return fit

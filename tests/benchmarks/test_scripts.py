@@ -344,6 +344,14 @@ def test_refits_shows_what_a_fit_on_small_batches_misses_beyond_them(tmp_path):
     bent = {b["rows"]: b["variants"] for b in json.loads((tmp_path / "reach-1.5" / "refits.json").read_text())["batches"]}
     assert bent[128]["fit on ≤ 32 rows"]["error"] == pytest.approx(1 / 1.5 - 1, abs=0.02)
     assert bent[128]["as profiled"]["error"] == pytest.approx(1 / 1.5 - 1, abs=0.02)   # the toy itself: straight lines
+    # a cap the what-if never measured, or a file that is no what-if: one line, no variant written
+    fresh = _reach_profile(tmp_path, 2.0)
+    for bad, says in ((["--whatif", str(record), "--base-cap", "64"], "--base-cap 64:"),
+                      (["--whatif", str(fresh / "twin.yaml")], "not a benchmarks/twin.py record")):
+        res = subprocess.run([*script, str(fresh), "--rows", "32", *bad, "--json", str(tmp_path / "x.json")],
+                             cwd=ROOT, capture_output=True, text=True, timeout=300)
+        assert res.returncode == 2 and says in res.stderr and res.stderr.count("\n") == 1, res.stderr
+        assert sorted(f.name for f in fresh.iterdir()) == ["profile.json", "twin.yaml"]
     # a profile with no step beyond --rows cannot be judged: one line, nothing written
     res = subprocess.run([*script, str(straight), "--rows", "128", "--json", str(tmp_path / "x.json")],
                          cwd=ROOT, capture_output=True, text=True, timeout=300)
