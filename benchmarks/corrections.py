@@ -35,7 +35,7 @@ import tempfile
 from pathlib import Path
 
 from batchlab.calibrate.accuracy import sides
-from batchlab.calibrate.validate import validate
+from batchlab.calibrate.validate import INTERVAL, validate
 from batchlab.core.files import write_atomic
 from batchlab.errors import ConfigError, user_errors
 from batchlab.run.config import load_config
@@ -118,7 +118,7 @@ FIRST_RULE = ("90 %: sim +- 1.645 sqrt(model^2 + run^2); model: step costs moved
 
 
 def rule_of(text: str | None) -> str:
-    return text if text and "model:" in text else FIRST_RULE
+    return text if text and ("model:" in text or text in INTERVAL.values()) else FIRST_RULE
 
 
 def earlier_intervals(path: Path, rule: str) -> list[dict]:

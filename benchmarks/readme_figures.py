@@ -990,6 +990,26 @@ def refits(d: dict) -> str:
     return "\n".join(lines)
 
 
+def intervals(d: dict) -> str:
+    """Kept validations' cells judged by each interval rule: the share held, the width, per metric."""
+    rules = d["rules"]
+    metrics = list(next(iter(d["validations"].values()))[rules[-1]]["by_metric"])
+    lines = [f"`{d['command']}` (each validation's kept cells, nothing run again; held: the share of cells whose "
+             "interval held the real value, an honest 90 % interval holds 85–95 %; width: the median over cells "
+             "of step-cost's half width over the replay, of held-out's bound on the relative error):", "",
+             "| validation | cells | " + " | ".join(f"{r}: held | width" for r in rules) + " | "
+             + f"{rules[-1]} by metric ({', '.join(metrics)}) |",
+             "|---|---|" + "---|---|" * len(rules) + "---|"]
+    for name, v in d["validations"].items():
+        per = v[rules[-1]]["by_metric"]
+        lines.append(f"| {name} | {v[rules[0]]['cells']} | " + " | ".join(
+            f"{_pct(v[r]['coverage'])} | {_pct(v[r]['width_median'])}" for r in rules) + " | "
+            + " / ".join(_pct(per[m]) for m in metrics) + " |")
+    lines += ["", "Mean distance of the share held from 90 %: " + "; ".join(
+        f"{r} {100 * x:.1f} points" for r, x in d["mean_distance_from_90"].items()) + "."]
+    return "\n".join(lines)
+
+
 def _refit_bursts(w: dict, names: list[str]) -> list[str]:
     b = w["burst"]
     lines = [f"Bursts of {b['requests']} requests ({b['prompt']} + {b['output']} tokens), `{w['record']}`: the server at "
@@ -1447,7 +1467,8 @@ RENDER = {"sim_speed": sim_speed, "hf_dynamic_vs_naive": hf_dynamic_vs_naive, "e
 # Result files written by a benchmark with other settings (serving-max-num-seqs-128.json, ...) use its renderer.
 FAMILIES = {"serving-": serving, "twin_vllm_per_request_": per_request,  # before "twin_": the first prefix wins
             "engine_vs_hf_cb_": engine_vs_hf_cb, "validate_sim_": validate_sim, "twin_": twin, "four_modes_": four_modes,
-            "length_grouping_": length_grouping, "corrections_": corrections, "refits_": refits}
+            "length_grouping_": length_grouping, "corrections_": corrections, "refits_": refits,
+            "intervals_": intervals}
 BLOCK = re.compile(r"(<!-- figures:([\w.-]+) -->\n)(.*?)(<!-- /figures:\2 -->)", re.S)
 
 

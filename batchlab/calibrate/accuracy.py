@@ -15,10 +15,25 @@ cost scaled by (1 - s) and (1 + s), where s is the profile fit's relative RMS er
 NOTE: the difference of two runs has twice one run's variance, hence the sqrt(2). A perfect
 simulator (the expected value) would read about 0.7x the noise floor, not zero: the reference is one
 run, not the mean.
+
+That interval (`step-cost`) moves every step coherently by the fit's relative RMS error, which is
+mostly the scatter of single timed steps, not an error every step shares. The other rule
+(`held-out`) reads the width from what the simulator missed on the *other* workloads of the same
+validation, so no cell sizes its own interval:
+
+    held-out     q = t(0.95, n) * rms(error of the metric over the n cells of the other workloads)
+                 [sim / (1 + q), sim / (1 - q)]        (no upper bound where q >= 1)
+
+with t Student's quantile (cells taken as independent); those errors already hold one real run's
+noise each, as the judged cell's does. The bounds are those of the error, which is relative to the
+real value: the interval holds the real value exactly when |error| <= q (sim +- q * sim would give a
+replay above the real value more room than one below). A validation of one workload has no other:
+`step-cost`.
 """
 from __future__ import annotations
 
 import math
+from statistics import NormalDist
 
 import numpy as np
 import pandas as pd
@@ -27,6 +42,7 @@ LATENCY = ("e2e_p50", "ttft_p50", "tpot_p50", "ttft_p99")   # judged below capac
 SATURATION = ("throughput_tok_s",)                           # judged where the backend sets it
 Z90 = 1.6448536269514722                                     # two-sided 90 %: the normal's 95th percentile
 COVERAGE = (0.85, 0.95)                                      # the interval is honest if it covers this often
+RULES = ("step-cost", "held-out")                            # how with_errors sizes the interval (module docstring)
 
 # metric -> (median bound, P90 bound or None): the accuracy targets; p99 TTFT and throughput are
 # reported against the noise floor alone
@@ -53,8 +69,11 @@ def cells(real: pd.DataFrame, real_b: pd.DataFrame | None, sims: dict[str, pd.Da
     return out
 
 
-def with_errors(table: pd.DataFrame, z: float = Z90) -> pd.DataFrame:
-    """`table` (from `cells`) with error, noise, the interval and whether the real value is in it."""
+def with_errors(table: pd.DataFrame, z: float = Z90, rule: str = "step-cost") -> pd.DataFrame:
+    """`table` (from `cells`) with error, noise, the interval (by `rule`, one of RULES) and whether
+    the real value is in it."""
+    if rule not in RULES:
+        raise ValueError(f"interval rule {rule!r}: expected one of {', '.join(RULES)}")
     t = table.copy()
     for col in ("real", "real_b", "sim", "sim_lo", "sim_hi"):
         t[col] = pd.to_numeric(t[col], errors="coerce").astype(float)
@@ -65,8 +84,46 @@ def with_errors(table: pd.DataFrame, z: float = Z90) -> pd.DataFrame:
     run = t["sim"].abs() * run_sigma.fillna(0.0)
     half = z * np.sqrt(model**2 + run**2)
     t["lo"], t["hi"] = t["sim"] - half, t["sim"] + half
+    if rule == "held-out":
+        q = _held_out_bound(t, z)
+        held = q.notna()
+        t.loc[held, "lo"] = t["sim"] / (1 + q)
+        t.loc[held, "hi"] = (t["sim"] / (1 - q)).where(q < 1, np.inf)
     t["inside"] = (t["real"] >= t["lo"]) & (t["real"] <= t["hi"])
     return t
+
+
+def _held_out_bound(t: pd.DataFrame, z: float) -> pd.Series:
+    """Per cell, the `held-out` rule's bound on |error|: t(p, n) x the RMS relative error of the
+    same metric over the n cells of every other workload (NaN where there are none), p the
+    two-sided level `z` stands for."""
+    err2 = t["error"].where(np.isfinite(t["error"])) ** 2
+    ok = err2.notna()
+    total_sq = err2.fillna(0.0).groupby(t["metric"]).transform("sum")
+    total_n = ok.groupby(t["metric"]).transform("sum")
+    own_sq = err2.fillna(0.0).groupby([t["metric"], t["workload"]]).transform("sum")
+    own_n = ok.groupby([t["metric"], t["workload"]]).transform("sum")
+    n = (total_n - own_n).astype(float)
+    rms = np.sqrt((total_sq - own_sq) / n.where(n > 0))
+    p = NormalDist().cdf(z)
+    quantile = n.map(lambda k: t_quantile(p, int(k)) if k > 0 else float("nan"))
+    return quantile * rms
+
+
+def t_quantile(p: float, dof: int) -> float:
+    """Student's t quantile at p (> 0.5) with `dof` degrees of freedom: exact for 1 and 2, else
+    the Cornish-Fisher series in 1/dof (Abramowitz and Stegun 26.7.5; within 0.05 % at dof 3, the
+    smallest it serves here, and closer beyond)."""
+    if dof < 1:
+        raise ValueError("degrees of freedom must be at least 1")
+    if dof == 1:
+        return math.tan(math.pi * (p - 0.5))
+    if dof == 2:
+        return (2 * p - 1) / math.sqrt(2 * p * (1 - p))
+    x = NormalDist().inv_cdf(p)
+    g = ((x**3 + x) / 4, (5 * x**5 + 16 * x**3 + 3 * x) / 96, (3 * x**7 + 19 * x**5 + 17 * x**3 - 15 * x) / 384,
+         (79 * x**9 + 776 * x**7 + 1482 * x**5 - 1920 * x**3 - 945 * x) / 92160)
+    return x + sum(gi / dof ** (i + 1) for i, gi in enumerate(g))
 
 
 def _rms(s: pd.Series) -> float:

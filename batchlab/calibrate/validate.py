@@ -134,8 +134,12 @@ def sim_cost(cfg: RunConfig, cost: StepCost, scale: float = 1.0, first: float = 
 # the simulated sides: the calibrated replay, and the same with every step cost 1 -+ sigma
 SIDES = {"sim": 0.0, "sim_lo": -1.0, "sim_hi": 1.0}
 MEDIAN_SE = math.sqrt(math.pi / 2)   # a median of n values strays sqrt(pi / 2) / sqrt(n) of their spread (normal)
-INTERVAL = ("90 %: sim +- 1.645 sqrt(model^2 + run^2), see batchlab/calibrate/accuracy.py; model: step costs moved by "
-            "the fit's error, the live factor's standard error and the drift factor's (its median's standard error)")
+# validation.interval -> how accuracy.json says its intervals were built (benchmarks compare records by it)
+INTERVAL = {"step-cost": "90 %: sim +- 1.645 sqrt(model^2 + run^2), see batchlab/calibrate/accuracy.py; model: step "
+                         "costs moved by the fit's error, the live factor's standard error and the drift factor's "
+                         "(its median's standard error)",
+            "held-out": "90 %: sim +- t(0.95, n) |sim| rms(error over the n cells of the other workloads, same "
+                        "metric), see batchlab/calibrate/accuracy.py"}
 
 
 def simulate_points(cfg: RunConfig, real: pd.DataFrame, profiles: dict[str, Profile],
@@ -383,7 +387,7 @@ def validate(cfg: RunConfig, profile_paths: list[str], out: Path, progress=None,
                                                              out / name, executor)]
     finally:
         executor.close()
-    table = accuracy.with_errors(pd.concat(parts, ignore_index=True))
+    table = accuracy.with_errors(pd.concat(parts, ignore_index=True), rule=cfg.validation.interval)
     summ = accuracy.summary(table, twin=twin is not None)
     record = accuracy_record(cfg, profiles, table, summ, {name: m.drift for name, m in measured.items()}, out)
     record["live"] = live_record({level_of(s): profile_for(s, profiles) for s in cfg.strategies}, fixes.ratios,
@@ -644,7 +648,7 @@ def accuracy_record(cfg: RunConfig, profiles: dict[str, Profile], table: pd.Data
                           for lvl, d in ds.items()} for w, ds in drifts.items()},
             "load_1min": _loads(out, ["base", *cfg.validation.workloads]),
             "reference_burst": {"rows": REFERENCE[0], "prompt": REFERENCE[1], "new_tokens": REFERENCE[2]},
-            "interval": INTERVAL,
+            "interval": INTERVAL[cfg.validation.interval],
             "metrics": summ.to_dict(orient="records"), "uncorrected": uncorrected,
             "by_workload": accuracy.by_workload(table)}
 

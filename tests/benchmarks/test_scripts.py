@@ -67,6 +67,8 @@ def test_the_serving_script_answers_help():
     ("twin.py", ["--batch-sizes", "1,two"], "--batch-sizes: want whole numbers"),
     ("twin.py", ["--whatif-burst", "384,64"], "--whatif-burst: want N,PROMPT,OUTPUT"),
     ("twin.py", ["--whatif-runs", "0"], "--whatif-runs: want at least 1"),
+    ("intervals.py", ["old=/nonexistent/validate"], "/nonexistent/validate: no validation.csv"),
+    ("intervals.py", ["/nonexistent/validate"], "expected NAME=DIR"),
 ])
 def test_bad_input_is_one_line_exit_2_and_nothing_written(tmp_path, script, args, says):
     out = tmp_path / "result.json"
@@ -108,7 +110,7 @@ def test_corrections_keeps_the_coverage_an_earlier_interval_rule_gave_beside_the
         res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
         assert res.returncode == 0, res.stderr
         rec = json.loads(out.read_text())
-        assert rec["conditions"]["toy"]["interval"] == INTERVAL
+        assert rec["conditions"]["toy"]["interval"] == INTERVAL["step-cost"]
         assert [(e["command"], e["coverage"]) for e in rec["earlier_intervals"]] == [("earlier", {"toy": 0.5})]
         assert "spread" in rec["earlier_intervals"][0]["interval"]
 
@@ -356,3 +358,21 @@ def test_refits_shows_what_a_fit_on_small_batches_misses_beyond_them(tmp_path):
     res = subprocess.run([*script, str(straight), "--rows", "128", "--json", str(tmp_path / "x.json")],
                          cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert res.returncode == 2 and "no step of more than 128 rows" in res.stderr and not (tmp_path / "x.json").exists()
+
+
+def test_intervals_rejudges_a_kept_validation_under_each_rule_without_running_it_again(tmp_path):
+    """The step-cost rule re-judged from validation.csv's columns reads what validate recorded; the
+    held-out rule is judged beside it; a second directory named the same is refused, nothing written."""
+    import pandas as pd
+    toy_validation(tmp_path / "v")
+    out = tmp_path / "intervals.json"
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "intervals.py"), f"toy={tmp_path / 'v'}"]
+    res = subprocess.run([*cmd, "--json", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    rec = json.loads(out.read_text())["validations"]["toy"]
+    kept = pd.read_csv(tmp_path / "v" / "validation.csv")
+    assert rec["step-cost"]["coverage"] == pytest.approx(kept["inside"].mean()) and rec["step-cost"]["cells"] == len(kept)
+    assert set(rec["held-out"]["by_metric"]) == set(kept["metric"])
+    twice = subprocess.run([*cmd, f"toy={tmp_path / 'v'}", "--json", str(tmp_path / "x.json")], cwd=ROOT,
+                           capture_output=True, text=True, timeout=300)
+    assert twice.returncode == 2 and twice.stderr == "error: 'toy' named twice\n" and not (tmp_path / "x.json").exists()

@@ -123,3 +123,62 @@ def test_by_workload_gives_each_workloads_signed_median_error_per_latency_metric
     assert got["short"] == {"e2e_p50": {"median_error": pytest.approx(-0.2), "cells": 3}}     # low, not cancelled
     assert got["long"]["e2e_p50"] == {"median_error": pytest.approx(0.2), "cells": 2}
     assert got["long"]["tpot_p50"]["median_error"] == pytest.approx(-0.5)
+
+
+@pytest.mark.parametrize("dof, table_value", [(1, 6.3138), (2, 2.9200), (3, 2.3534), (9, 1.8331), (30, 1.6973)])
+def test_t_quantile_matches_the_printed_table(dof, table_value):
+    assert accuracy.t_quantile(0.95, dof) == pytest.approx(table_value, rel=1e-3)
+
+
+def test_t_quantile_refuses_no_degrees_of_freedom():
+    with pytest.raises(ValueError, match="at least 1"):
+        accuracy.t_quantile(0.95, 0)
+
+
+def two_workloads(errors_a, errors_b):
+    """Cells of workloads a and b (real 1.0, replay 1 + error), step-cost spread 5 %."""
+    parts = [table([1.0] * len(e), [1.0] * len(e), 1 + np.asarray(e), spread=0.05).assign(workload=w)
+             for w, e in (("a", errors_a), ("b", errors_b))]
+    return pd.concat(parts, ignore_index=True)
+
+
+def test_a_held_out_interval_is_as_wide_as_the_other_workloads_errors():
+    t = accuracy.with_errors(two_workloads([0.1, -0.1, 0.1], [0.0, 0.02]), rule="held-out")
+    a, b = t[t["workload"] == "a"], t[t["workload"] == "b"]
+    # a's bound from b's two errors (rms sqrt(0.0002)), b's from a's three (rms 0.1): no cell sizes its own
+    qa, qb = accuracy.t_quantile(0.95, 2) * math.sqrt(0.0002), accuracy.t_quantile(0.95, 3) * 0.1
+    assert list(a["lo"]) == pytest.approx(list(a["sim"] / (1 + qa))) and list(a["hi"]) == pytest.approx(list(a["sim"] / (1 - qa)))
+    assert list(b["lo"]) == pytest.approx(list(b["sim"] / (1 + qb))) and list(b["hi"]) == pytest.approx(list(b["sim"] / (1 - qb)))
+    assert not a["inside"].any() and b["inside"].all()
+
+
+def test_a_held_out_interval_holds_the_real_value_exactly_when_the_error_is_within_its_bound():
+    # b's bound from a's errors: q = t(0.95, 2) x 0.2 = 0.58, so b's +-55 % are both inside (an
+    # interval sim +- q sim would leave the replay 55 % below out); a's bound from b's, q > 1: no upper end
+    t = accuracy.with_errors(two_workloads([0.2, -0.2], [0.55, -0.55]), rule="held-out")
+    a, b = t[t["workload"] == "a"], t[t["workload"] == "b"]
+    assert accuracy.t_quantile(0.95, 2) * 0.2 > 0.55 and b["inside"].all()
+    assert np.isinf(a["hi"]).all() and a["inside"].all()
+
+
+def test_a_held_out_interval_with_no_other_workload_is_the_step_cost_one():
+    one = table([1.0, 1.0], [1.1, 0.9], [1.0, 2.0], spread=0.05)
+    held, step = accuracy.with_errors(one, rule="held-out"), accuracy.with_errors(one)
+    assert list(held["hi"]) == pytest.approx(list(step["hi"])) and list(held["inside"]) == list(step["inside"])
+
+
+def test_held_out_intervals_cover_about_90_percent_when_every_workload_errs_alike():
+    # eight workloads whose replays miss by the same 8 % normal error: the interval each reads from
+    # the other seven should hold ~90 % of its cells, and the other metric's cells do not mix in
+    rng = np.random.default_rng(1)
+    parts = [table([1.0] * 100, [1.0] * 100, 1 + s * rng.standard_normal(100), metric=m).assign(workload=w)
+             for w in "abcdefgh" for m, s in (("e2e_p50", 0.08), ("ttft_p99", 0.5))]
+    t = accuracy.with_errors(pd.concat(parts, ignore_index=True), rule="held-out")
+    assert 0.87 <= t["inside"].mean() <= 0.93
+    e2e = t[t["metric"] == "e2e_p50"]
+    assert ((e2e["hi"] - e2e["sim"]) / e2e["sim"]).max() < 0.2      # not widened by ttft_p99's 50 %
+
+
+def test_an_unknown_interval_rule_is_refused():
+    with pytest.raises(ValueError, match="interval rule 'wide'"):
+        accuracy.with_errors(table([1.0], [1.0], [1.0]), rule="wide")

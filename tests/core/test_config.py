@@ -198,3 +198,11 @@ def test_the_first_token_correction_is_a_delay_unless_told_and_old_booleans_keep
     assert load_config(None, ["validation.first_token=false"]).validation.first_token == "off"
     with pytest.raises(ConfigError, match="first_token"):
         load_config(None, ["validation.first_token=sometimes"])
+
+
+def test_the_interval_rule_is_one_of_two_and_says_so_when_not():
+    assert load_config(None, []).validation.interval == "step-cost"
+    assert load_config(None, ["validation.interval=held-out"]).validation.interval == "held-out"
+    with pytest.raises(ConfigError, match="interval") as e:
+        load_config(None, ["validation.interval=wide"])
+    assert "\n" not in str(e.value)

@@ -70,6 +70,12 @@ class ValidateConfig(Model):
     `factor`, a factor on the first-token terms (the prompt's pass, the front end); `off`. Needs
     two workloads. `true` is `factor` (what it meant before there were two forms), `false` `off`."""
 
+    interval: Literal["step-cost", "held-out"] = "step-cost"
+    """How the 90 % intervals are sized: `step-cost`, each replay's move when every step cost
+    moves by the fit's relative RMS error (and the corrections' standard errors), beside one run's
+    rerun noise; `held-out`, Student's t times the RMS relative error the replays showed on the
+    *other* workloads' cells of the same metric (needs two workloads; with one, `step-cost`)."""
+
     gate: Annotated[float, Field(ge=0, le=10)] = 2.0
     """Apply each correction above (the drift probe's factor, the live factor, the first-token
     factor or delay) only where it lies more than this many of its own standard errors from none;
