@@ -161,7 +161,7 @@ def refit(src: Path, dst: Path, without: tuple[str, ...] = ()) -> Fit:
     if "frontend_idle_s" in data:      # a server's profile: its front end is priced against its steps, so again
         from batchlab.calibrate.twin import refitted
         from batchlab.core.files import write_atomic
-        record = refitted(data, samples, without)
+        record = refitted(data, samples, without, fit=fit)
         record["description"] = f"{data.get('description', record.get('name'))} refitted{gone}"
         write_atomic(dst, json.dumps(record | {"refit_from": str(src), "without": list(without)}, indent=2))
         return fit

@@ -21,7 +21,7 @@ import yaml
 
 from batchlab.backends.cost import StepCost
 from batchlab.calibrate.blackbox import BlackBoxProfile, ProbeGrid
-from batchlab.calibrate.fit import StepSample, fit_step_times
+from batchlab.calibrate.fit import Fit, StepSample, fit_step_times
 from batchlab.calibrate.front_end import ArrivalProbe, bare, front_end, nested, with_front_end
 from batchlab.calibrate.twin_check import Twin
 from batchlab.core.config import RunConfig
@@ -115,7 +115,8 @@ def write_twin(cfg: RunConfig, prof: BlackBoxProfile, grid: ProbeGrid, setup: di
     return twin
 
 
-def refitted(record: dict, samples: list[StepSample], without: tuple[str, ...] = (), twin: RunConfig | None = None) -> dict:
+def refitted(record: dict, samples: list[StepSample], without: tuple[str, ...] = (), twin: RunConfig | None = None,
+             fit: Fit | None = None) -> dict:
     """A saved black-box profile (its JSON record) with its step-time terms fitted again on
     `samples` (the terms in `without` held at zero) and its front end priced again from the
     profile's own arrival readings against the new steps, as write_twin prices it: what the
@@ -123,8 +124,9 @@ def refitted(record: dict, samples: list[StepSample], without: tuple[str, ...] =
     probe is replayed under `twin` (default: continuous batching with the limits the profile read).
     NOTE: the idle front-end reading stays as the profile took it (time to first token less the
     fitted prompt pass, over probes the profile does not keep): a refit that moves a one-prompt
-    pass by x moves what a new profile would read by -x (on vLLM, dropping admit_s: 0.1-0.7 ms of 4.9)."""
-    fit = fit_step_times(samples, without)
+    pass by x moves what a new profile would read by -x (on vLLM, dropping admit_s: 0.1-0.7 ms of 4.9).
+    `fit`: that fit, where the caller already made it."""
+    fit = fit or fit_step_times(samples, without)
     if twin is None:
         section = {k: v["value"] for k, v in record.get("limits", {}).items() if k in ContinuousConfig.model_fields}
         twin = validate({"strategies": [ContinuousScheduler.name], ContinuousScheduler.name: section}, "refit: ")
