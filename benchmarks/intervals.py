@@ -9,7 +9,8 @@ median width: step-cost's half width over the replay, held-out's bound q on the 
 An honest 90 % interval holds 85-95 % of cells.
 
 Usage: python benchmarks/intervals.py NAME=DIR ... [--json FILE]
-  DIR is a validation's directory (validation.csv inside). NAME labels it.
+  DIR is a validation's directory (validation.csv inside) or a copy of its validation.csv (the
+  vLLM validations' cells are kept under docs/results/cells/). NAME labels it.
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ COLUMNS = ("kind", "workload", "strategy", "rate", "repeat", "metric", "real", "
 
 def cells_of(path: Path) -> pd.DataFrame:
     """A kept validation's cells, as `validate` built them before judging them."""
-    csv = path / "validation.csv"
+    csv = path if path.suffix == ".csv" else path / "validation.csv"
     if not csv.is_file():
         raise ConfigError(f"{path}: no validation.csv (a `batchlab validate` or benchmarks/twin.py validation directory)")
     table = pd.read_csv(csv)

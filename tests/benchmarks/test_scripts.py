@@ -362,7 +362,8 @@ def test_refits_shows_what_a_fit_on_small_batches_misses_beyond_them(tmp_path):
 
 def test_intervals_rejudges_a_kept_validation_under_each_rule_without_running_it_again(tmp_path):
     """The step-cost rule re-judged from validation.csv's columns reads what validate recorded; the
-    held-out rule is judged beside it; a second directory named the same is refused, nothing written."""
+    held-out rule is judged beside it; a second directory named the same is refused, nothing written;
+    a copy of the directory's validation.csv reads the same."""
     import pandas as pd
     toy_validation(tmp_path / "v")
     out = tmp_path / "intervals.json"
@@ -376,3 +377,11 @@ def test_intervals_rejudges_a_kept_validation_under_each_rule_without_running_it
     twice = subprocess.run([*cmd, f"toy={tmp_path / 'v'}", "--json", str(tmp_path / "x.json")], cwd=ROOT,
                            capture_output=True, text=True, timeout=300)
     assert twice.returncode == 2 and twice.stderr == "error: 'toy' named twice\n" and not (tmp_path / "x.json").exists()
+    # a copy of validation.csv (as docs/results/cells/ keeps them) is judged as its directory is
+    copy = tmp_path / "cells" / "toy-quiet.csv"
+    copy.parent.mkdir()
+    copy.write_text((tmp_path / "v" / "validation.csv").read_text())
+    res = subprocess.run([*cmd[:2], f"toy={copy}", "--json", str(tmp_path / "c.json")], cwd=ROOT, capture_output=True,
+                         text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert json.loads((tmp_path / "c.json").read_text())["validations"]["toy"] == rec
