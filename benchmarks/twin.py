@@ -50,7 +50,8 @@ parts see it fresh: on vLLM its first half-minute of traffic ran about 1.3x slow
 --predict-only recomputes the twin's side of 2 and 4 (after a new profile) beside the server's
 figures already measured, and starts no server.
 Each part's figures go to --json (docs/results/twin_vllm.json) as soon as they exist; parts not run
-keep what an earlier run measured, with its command and load.
+keep what an earlier run measured, with its command and load. A validation's cells are copied
+beside it (cells/STEM-CONDITION.csv), so benchmarks/intervals.py can judge them again from a clone.
 """
 from __future__ import annotations
 
@@ -358,11 +359,20 @@ class Campaign:
             self.cond.setdefault("earlier_validations", []).append(
                 {k: earlier[k] for k in ("metrics", "signs", "coverage", "drift", "live", "uncorrected", "command", "twin", "rates")
                  if k in earlier})
+        cells = self.keep_cells(where)
         self.save("validate", {"rates": rates, "metrics": acc["metrics"], "drift": acc["drift"], "load_1min": acc["load_1min"],
                                "live": acc.get("live", {}), "uncorrected": acc["uncorrected"], "signs": sides(v.cells),
-                               "by_workload": acc.get("by_workload", {}),
+                               "by_workload": acc.get("by_workload", {}), "cells_file": cells,
                                "coverage": float(v.cells["inside"].mean()), "cells": len(v.cells)}
                   | ({"without_live": self.without_live(vcfg, where)} if vcfg.validation.live else {}))
+
+    def keep_cells(self, where: Path) -> str:
+        """A copy of the validation's cells beside --json (cells/STEM-CONDITION.csv): the real runs
+        under --out are not versioned, and every rule that judges them again needs these rows."""
+        dst = self.json.parent / "cells" / f"{self.json.stem.replace('_', '-')}-{self.args.condition}.csv"
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(dst, (where / "validation.csv").read_text())
+        return os.path.relpath(dst, ROOT)
 
     def without_live(self, vcfg, where: Path) -> dict:
         """The same real runs replayed with the drift probe alone (no live or first-token factor),
