@@ -110,6 +110,7 @@ from batchlab.schedulers import ContinuousConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 PARTS = ("alternate", "profile", "knee", "validate", "whatif", "contention", "requests", "rows")
+TWIN_PARTS = ("alternate", "knee", "validate", "whatif", "requests", "rows")   # the parts that predict on the twin
 ROWS = (4, 16, 26)                 # rows: streams the arrivals land among (26 and a clump of 6 fill a cap of 32)
 GRID = ProbeGrid(batch_sizes=(1, 2, 4, 8, 16, 32), contexts=(16, 64, 128, 256), prompts=(16, 64, 256, 512),
                  new_tokens=24, repeats=3, warmup=1)
@@ -582,6 +583,9 @@ def run(c: Campaign, parts: list[str]) -> None:
         raise ConfigError(f"--warm-bursts: want 0 or more, got {a.warm_bursts}")
     if a.alternate_pairs < 1:
         raise ConfigError(f"--alternate-pairs: want at least 1, got {a.alternate_pairs}")
+    if "profile" not in parts and (needing := [p for p in parts if p in TWIN_PARTS]) and not (c.out / "twin.yaml").is_file():
+        # NOTE: before the server starts and a part measures for minutes, not after
+        raise ConfigError(f"--parts {','.join(needing)}: no twin at {c.out / 'twin.yaml'}: run the profile part first")
     if "contention" in parts and not c.cpus:     # NOTE: before the server starts, not after
         raise ConfigError("--parts contention needs the server pinned to its own core (two cores and taskset)")
     with ExitStack() as stack:

@@ -57,6 +57,8 @@ def test_the_serving_script_answers_help():
     ("twin.py", ["--warm-bursts", "-1", "--out", "/nonexistent/twin"], "--warm-bursts: want 0 or more"),
     ("twin.py", ["--parts", "contention", "--condition", "busy"], "run it with --condition quiet"),
     ("twin.py", ["--predict-only", "--out", "/nonexistent/twin"], "no twin at /nonexistent/twin/twin.yaml"),
+    ("twin.py", ["--parts", "validate", "--condition", "busy", "--out", "/nonexistent/twin"],
+     "--parts validate: no twin at /nonexistent/twin/twin.yaml"),
     ("corrections.py", ["old=/nonexistent/validate"], "old: /nonexistent/validate is not a finished validation"),
     ("corrections.py", ["old=/nonexistent/validate", "--gates", "0,two"], "--gates: expected numbers separated by commas"),
     ("corrections.py", ["old=/nonexistent/validate", "--gates", "-1"], "--gates: each gate is between 0 and 10"),
