@@ -75,9 +75,9 @@ class ValidateConfig(Model):
     moves by the fit's relative RMS error (and the corrections' standard errors), beside one run's
     rerun noise; `held-out`, Student's t times the RMS relative error the replays showed on the
     *other* workloads' cells of the same metric (needs two workloads; with one, `step-cost`).
-    `step-cost` stays the default: over eight vLLM validations held-out came closer to 90 % on
-    average (2.5 points off against 6.7) but held 84.6 % on a fresh quiet one where step-cost held
-    92.3 % (`benchmarks/intervals.py`)."""
+    `step-cost` stays the default: over ten vLLM validations held-out came closer to 90 % on
+    average (2.3 points off against 7.3) but held 84.6 % on the fresh quiet one that tested it,
+    where step-cost held 92.3 % (`benchmarks/intervals.py`)."""
 
     gate: Annotated[float, Field(ge=0, le=10)] = 2.0
     """Apply each correction above (the drift probe's factor, the live factor, the first-token
