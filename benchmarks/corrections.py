@@ -19,8 +19,10 @@ Where --json already holds a record whose intervals were built by another rule (
 lies more than that many standard errors from none); without it every combination is judged at
 gate 0 (each correction applied as measured, so its whole effect shows), while `validate` itself
 applies gate 2. --defaults-only judges only the combination `validate` applies by default (every
-correction on), at each gate.
-Usage: python benchmarks/corrections.py NAME=DIR[@TWIN] ... [--gates 0,2] [--defaults-only] [--json FILE]
+correction on), at each gate. --se-units cells,workloads judges each at both counts of the
+corrections' standard errors (`validation.se_units`: every cell independent, or every workload).
+Usage: python benchmarks/corrections.py NAME=DIR[@TWIN] ... [--gates 0,2] [--se-units cells,workloads]
+       [--defaults-only] [--json FILE]
   DIR holds validate.yaml (the config the validation ran with); TWIN is the server's twin config
   where accuracy.json does not name it.
 """
@@ -29,6 +31,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import re
 import shutil
 import sys
 import tempfile
@@ -43,24 +46,27 @@ from batchlab.run.config import load_config
 SWITCHES = {"drift": (False, True), "live": (False, True), "first_token": ("off", "factor", "delay")}
 METRICS = ("e2e_p50", "ttft_p50", "tpot_p50")
 ONE_SIDED = 0.75          # a metric is one-sided when one sign holds in more than this share of cells
+UNITS = ("cells", "workloads")
+TUNING = ("gate", "se_units")   # how the corrections are applied, beside which of them are on
 
 
 def every(on: dict) -> bool:
     """Whether a combination is every correction on as `validate` applies them by default (in a
     record made before the first-token delay, every switch true), at whatever gate."""
-    return all(x in (True, "delay") for k, x in on.items() if k != "gate")
+    return all(x in (True, "delay") for k, x in on.items() if k not in TUNING)
 
 
 def label(on: dict) -> str:
     names = {"drift": "drift probe", "live": "live factor", "factor": "first-token factor", "delay": "first-token delay"}
     text = " + ".join(names[k if v is True else v] for k, v in on.items() if k in SWITCHES and v not in (False, "off"))
-    return (text or "none") + (f" (gate {on['gate']:g})" if on.get("gate") else "")
+    tags = [f"gate {on['gate']:g}"] * bool(on.get("gate")) + [f"standard errors over {on['se_units']}"] * ("se_units" in on)
+    return (text or "none") + (f" ({', '.join(tags)})" if tags else "")
 
 
 def judge(src: Path, twin: str | None, on: dict[str, bool], scratch: Path) -> dict:
     """One combination on a scratch copy of the validation in `src`: per metric its median
     |error| and sign shares, the coverage."""
-    where = scratch / label(on).replace(" + ", "_").replace(" (gate ", "_gate-").rstrip(")").replace(" ", "-")
+    where = scratch / re.sub(r"[^A-Za-z0-9.]+", "-", label(on)).strip("-")
     shutil.copytree(src, where, ignore=shutil.ignore_patterns("validation.*", "accuracy.json", "live_*"))
     overrides = [f"validation.{k}={str(v).lower()}" for k, v in on.items()]
     cfg = load_config(str(src / "validate.yaml"), overrides)
@@ -92,10 +98,12 @@ def checked(name: str, spec: str) -> tuple[Path, str | None]:
     return src, twin
 
 
-def combinations(gates: list[float], defaults_only: bool) -> list[dict]:
-    """Every switch setting (or only the default one) at each gate."""
+def combinations(gates: list[float], defaults_only: bool, units: list[str] | None = None) -> list[dict]:
+    """Every switch setting (or only the default one) at each gate (and each count of the
+    standard errors in `units`; none given: validate's own, unnamed in the labels)."""
     ons = [dict(zip(SWITCHES, bits)) for bits in itertools.product(*SWITCHES.values())]
-    return [on | {"gate": g} for g in gates for on in ons if every(on) or not defaults_only]
+    tunings = [{"gate": g} | ({"se_units": u} if units else {}) for g in gates for u in (units or [None])]
+    return [on | t for t in tunings for on in ons if every(on) or not defaults_only]
 
 
 def condition(name: str, spec: str, scratch: Path, combos: list[dict]) -> dict:
@@ -150,6 +158,20 @@ def summary(conditions: dict[str, dict]) -> list[dict]:
     return out
 
 
+def tunings(gates_arg: str, units_arg: str) -> tuple[list[float], list[str]]:
+    """--gates and --se-units as lists, refused with one line where a value is not one."""
+    try:
+        gates = [float(g) for g in gates_arg.split(",")]
+    except ValueError:
+        raise ConfigError(f"--gates: expected numbers separated by commas, got {gates_arg!r}") from None
+    if any(not 0 <= g <= 10 for g in gates):
+        raise ConfigError("--gates: each gate is between 0 and 10 standard errors")
+    units = [u for u in units_arg.split(",") if u]
+    if set(units) - set(UNITS):
+        raise ConfigError(f"--se-units: expected {' or '.join(UNITS)} separated by commas, got {units_arg!r}")
+    return gates, units
+
+
 @user_errors
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -158,14 +180,11 @@ def main(argv: list[str] | None = None) -> None:
                     help="directories summed apart: kept out of the choice of a default, to confirm it on")
     ap.add_argument("--json", default=None, help="write the figures here (e.g. docs/results/corrections.json)")
     ap.add_argument("--gates", default="0", metavar="K,...", help="validation.gate values to judge each combination at")
+    ap.add_argument("--se-units", default="", metavar="U,...",
+                    help="validation.se_units values (cells, workloads) to judge each combination at")
     ap.add_argument("--defaults-only", action="store_true", help="only every correction on, at each gate")
     args = ap.parse_args(argv)
-    try:
-        gates = [float(g) for g in args.gates.split(",")]
-    except ValueError:
-        raise ConfigError(f"--gates: expected numbers separated by commas, got {args.gates!r}") from None
-    if any(not 0 <= g <= 10 for g in gates):
-        raise ConfigError("--gates: each gate is between 0 and 10 standard errors")
+    gates, units = tunings(args.gates, args.se_units)
     specs = dict(d.split("=", 1) if "=" in d else (Path(d).name, d) for d in args.dirs)
     held = [h for h in args.held_out.split(",") if h]
     if set(held) - set(specs):
@@ -173,10 +192,11 @@ def main(argv: list[str] | None = None) -> None:
     for name, spec in specs.items():
         checked(name, spec)
     with tempfile.TemporaryDirectory(prefix="corrections-") as tmp:
-        combos = combinations(gates, args.defaults_only)
+        combos = combinations(gates, args.defaults_only, units)
         conditions = {name: condition(name, spec, Path(tmp), combos) for name, spec in specs.items()}
     record = {"command": "python benchmarks/corrections.py " + " ".join(args.dirs) + (
         f" --held-out {args.held_out}" if held else "") + (f" --gates {args.gates}" if args.gates != "0" else "") + (
+        f" --se-units {args.se_units}" if units else "") + (
         " --defaults-only" if args.defaults_only else "") + (f" --json {args.json}" if args.json else ""),
         "one_sided_above": ONE_SIDED, "conditions": conditions, "held_out": held,
         "summary": summary({n: c for n, c in conditions.items() if n not in held}),

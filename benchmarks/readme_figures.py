@@ -305,13 +305,16 @@ def _correction_coverage(d: dict, names: list[str]) -> list[str]:
         return []
     def held(cov: dict) -> str:
         return ", ".join(f"`{n}` " + (_pct(cov[n]) if n in cov else "–") for n in names)
-    def every_on(on: dict) -> bool:      # every correction on as validate applies them, at whatever gate
-        return all(x in (True, "delay") for k, x in on.items() if k != "gate")
+    def every_on(on: dict) -> bool:      # every correction on as validate applies them, at whatever gate and count
+        return all(x in (True, "delay") for k, x in on.items() if k not in ("gate", "se_units"))
+    def tuning(on: dict) -> tuple[float, str]:
+        return on.get("gate", 0), on.get("se_units", "")
     lines = []
-    for gate in sorted({v["on"].get("gate", 0) for c in conds.values() for v in c["variants"] if every_on(v["on"])}):
-        now = {n: next(v["coverage"] for v in c["variants"] if every_on(v["on"]) and v["on"].get("gate", 0) == gate)
+    for gate, units in sorted({tuning(v["on"]) for c in conds.values() for v in c["variants"] if every_on(v["on"])}):
+        now = {n: next(v["coverage"] for v in c["variants"] if every_on(v["on"]) and tuning(v["on"]) == (gate, units))
                for n, c in conds.items()}
-        lines += ["", f"90 % intervals with the three corrections{f' (gate {gate:g})' if gate else ''} (target 85–95 %) "
+        tags = ", ".join([f"gate {gate:g}"] * bool(gate) + [f"standard errors over {units}"] * bool(units))
+        lines += ["", f"90 % intervals with the three corrections{f' ({tags})' if tags else ''} (target 85–95 %) "
                   f"held {held(now)}; built as {next(iter(conds.values()))['interval']}."]
     for e in d.get("earlier_intervals", []):
         lines += ["", f"The same cells with the intervals built as {e['interval']} (`{e['command']}`): held {held(e['coverage'])}."]

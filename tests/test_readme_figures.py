@@ -145,6 +145,21 @@ def test_the_corrections_block_gives_each_gates_coverage_on_its_own_line():
     assert "with the three corrections (gate 2) (target 85–95 %) held `a` 92.0 %" in text
 
 
+def test_the_corrections_block_gives_each_count_of_the_standard_errors_its_own_line():
+    mod = figures()
+    metrics = {m: {"error_median": 0.1, "below": 0.5, "above": 0.5, "cells": 4} for m in ("e2e_p50", "ttft_p50", "tpot_p50")}
+    on = {"drift": True, "live": True, "first_token": "delay", "gate": 2.0}
+    variants = [{"on": on | {"se_units": "cells"}, "label": "x", "coverage": 0.80, "metrics": metrics},
+                {"on": on | {"se_units": "workloads"}, "label": "y", "coverage": 0.86, "metrics": metrics}]
+    cond = {"dir": "d", "cells": 4, "interval": "rule B", "floor": {m: 0.1 for m in metrics}, "variants": variants}
+    d = {"command": "c", "one_sided_above": 0.75, "conditions": {"a": cond},
+         "summary": [{"label": "x", "balanced": 1, "of": 1, "mean_error": 0.1},
+                     {"label": "y", "balanced": 1, "of": 1, "mean_error": 0.1}]}
+    text = mod.corrections(d)
+    assert "(gate 2, standard errors over cells) (target 85–95 %) held `a` 80.0 %" in text
+    assert "(gate 2, standard errors over workloads) (target 85–95 %) held `a` 86.0 %" in text
+
+
 def test_a_correction_the_gate_left_out_says_so():
     mod = figures()
     rec = {"per_workload": {"base": {"server": {"factor": 1.01, "se": 0.02, "cells": 8, "applied": False}},

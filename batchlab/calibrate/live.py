@@ -153,17 +153,39 @@ def _levels(ratios: dict[str, dict[str, list[float]]]) -> list[str]:
     return sorted({lvl for per in ratios.values() for lvl in per})
 
 
-def leave_one_out(ratios: dict[str, dict[str, list[float]]], est=estimate) -> dict[str, dict[str, Live]]:
+def between_se(groups: list[list[float]]) -> float:
+    """The standard error of a correction counted over workloads, not cells: the spread of the
+    workloads' own medians over the square root of their number (0 with fewer than two).
+    NOTE: a workload's cells share its traffic and move together, so the cells' standard error
+    says how well the workloads *measured* pin the correction down, not how well it carries to a
+    workload it never read. On a busy host vLLM's `base` and `bursty` workloads ran closer to their
+    profile than `long-prompts` and `long-outputs`; each workload's factor, read on the others,
+    leaned to the other pair (1.16 for `base` and `bursty`, 1.05 for the long ones), passed a gate of
+    2 standard errors of the cells (3.4 and 3.9 of them) and put `base` and `bursty` 13-41 % above
+    the server."""
+    meds = [float(np.median(v)) for g in groups if (v := [x for x in g if math.isfinite(x)])]
+    return float(np.std(meds, ddof=1)) / math.sqrt(len(meds)) if len(meds) > 1 else 0.0
+
+
+def _over(groups: list[list[float]], est, units: str) -> Live | Delay:
+    """`est` over every value of `groups` (one list per workload); with `units` "workloads" its
+    standard error is at least `between_se`."""
+    x = est([v for g in groups for v in g])
+    return replace(x, se=max(x.se, between_se(groups))) if units == "workloads" and x.cells else x
+
+
+def leave_one_out(ratios: dict[str, dict[str, list[float]]], est=estimate,
+                  units: str = "cells") -> dict[str, dict[str, Live]]:
     """workload -> level -> the factor (`est`: or the delay) measured on every *other* workload's
     values at that level (`ratios`: workload -> level -> log ratios, or seconds). A workload with
-    no other at its level gets none."""
-    return {w: {lvl: est([x for o, per in ratios.items() if o != w for x in per.get(lvl, [])])
+    no other at its level gets none. `units`: what its standard error counts (`between_se`)."""
+    return {w: {lvl: _over([per.get(lvl, []) for o, per in ratios.items() if o != w], est, units)
                 for lvl in _levels(ratios)} for w in ratios}
 
 
-def pooled(ratios: dict[str, dict[str, list[float]]], est=estimate) -> dict[str, Live]:
+def pooled(ratios: dict[str, dict[str, list[float]]], est=estimate, units: str = "cells") -> dict[str, Live]:
     """level -> the factor (or delay) over every workload's values: what a later run of the profile should use."""
-    return {lvl: est([x for per in ratios.values() for x in per.get(lvl, [])]) for lvl in _levels(ratios)}
+    return {lvl: _over([per.get(lvl, []) for per in ratios.values()], est, units) for lvl in _levels(ratios)}
 
 
 def log_ratio(real: float, replayed: float) -> float:

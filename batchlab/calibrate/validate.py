@@ -392,7 +392,7 @@ def validate(cfg: RunConfig, profile_paths: list[str], out: Path, progress=None,
     record = accuracy_record(cfg, profiles, table, summ, {name: m.drift for name, m in measured.items()}, out)
     record["live"] = live_record({level_of(s): profile_for(s, profiles) for s in cfg.strategies}, fixes.ratios,
                                  fixes.lives, out, (fixes.firsts, fixes.first), cfg.validation.first_token,
-                                 cfg.validation.gate)
+                                 cfg.validation.gate, cfg.validation.se_units)
     record["twin"] = twin
     write_atomic(out / "validation.csv", table.to_csv(index=False))
     write_atomic(out / "accuracy.json", json.dumps(record, indent=2) + "\n")
@@ -420,12 +420,12 @@ def corrections(cfg: RunConfig, measured: dict[str, Measured], profiles: dict[st
     """The drift probe's factor, then the live factor (validation.live), then the first-token
     correction (validation.first_token), each measured with the ones before it applied, and each
     applied only where it is more than validation.gate standard errors from none."""
-    gate, form = cfg.validation.gate, cfg.validation.first_token
+    gate, form, units = cfg.validation.gate, cfg.validation.first_token, cfg.validation.se_units
     base = {name: {lvl: d.gated(gate) for lvl, d in m.drift.items()} for name, m in measured.items()}
     out = Corrections({name: dict(d) for name, d in base.items()})
     for _ in range(live.LIVE_PASSES if cfg.validation.live else 0):
         out.ratios = live_ratios(cfg, measured, out.drifts, profiles, executor)
-        out.lives = live.leave_one_out(out.ratios)
+        out.lives = live.leave_one_out(out.ratios, units=units)
         out.drifts = {name: with_live(d, out.lives.get(name, {})) for name, d in base.items()}
     # NOTE: gated after the passes, not between them: the second pass steps from the first's
     # estimate, and a factor set back to none there would be measured again from scratch
@@ -436,7 +436,7 @@ def corrections(cfg: RunConfig, measured: dict[str, Measured], profiles: dict[st
     which, est, _ = FIRST_FORMS[form]
     for _ in range(live.FIRST_PASSES):
         out.firsts = first_token_logs(cfg, measured, out.drifts, profiles, executor, form)
-        out.first = live.leave_one_out(out.firsts, est)
+        out.first = live.leave_one_out(out.firsts, est, units)
         out.drifts = {name: with_live(d, out.first.get(name, {}), which) for name, d in base.items()}
     out.drifts = {name: with_live(d, live.gated_all(out.first, gate).get(name, {}), which) for name, d in base.items()}
     return out
@@ -586,16 +586,17 @@ def judge_workload(cfg: RunConfig, name: str, m: Measured, drift: dict[str, Drif
 
 def live_record(profiles: dict[str, Profile], ratios: dict[str, dict[str, list[float]]],
                 per_workload: dict[str, dict[str, Live]], out: Path, first=({}, {}), form: str = "factor",
-                gate: float = 0.0) -> dict:
+                gate: float = 0.0, units: str = "cells") -> dict:
     """accuracy.json's live section: each workload's leave-one-out factor (`per_workload`), the
     one pooled over every workload's `ratios`, the same two for the first-token correction (`first`:
     its values and its per-workload factors or delays, `form`), and the profiles (`profiles`: level
     -> the one its strategies replay on) rewritten with the pooled corrections (OUT/live_<profile>).
-    Each estimate is recorded as measured, with whether it passed `gate` (live.distinct) and so was applied."""
+    Each estimate is recorded as measured, with whether it passed `gate` (live.distinct) and so was
+    applied; `units`: what the standard errors count (validation.se_units)."""
     if not ratios and not first[0]:
         return {}
     _, est, none = FIRST_FORMS.get(form, FIRST_FORMS["factor"])
-    lives, firsts, written = live.pooled(ratios), live.pooled(first[0], est), {}
+    lives, firsts, written = live.pooled(ratios, units=units), live.pooled(first[0], est, units), {}
     for level in profiles:
         lv, ft = lives.get(level, LIVE_NONE), firsts.get(level, none)
         if lv.cells or ft.cells:
@@ -606,6 +607,7 @@ def live_record(profiles: dict[str, Profile], ratios: dict[str, dict[str, list[f
     as_dict = lambda per_w: {w: {lvl: asdict(lv) | {"applied": live.distinct(lv, gate)} for lvl, lv in per.items()}  # noqa: E731
                              for w, per in per_w.items()}
     return {"metric": live.METRIC, "method": "leave one workload out", "estimator": live.ESTIMATOR, "gate": gate,
+            "se_units": units,
             "per_workload": as_dict(per_workload),
             "first_token": {"metric": live.FIRST_METRIC, "form": form, "per_workload": as_dict(first[1])},
             "pooled": written}

@@ -62,6 +62,7 @@ def test_the_serving_script_answers_help():
     ("corrections.py", ["old=/nonexistent/validate"], "old: /nonexistent/validate is not a finished validation"),
     ("corrections.py", ["old=/nonexistent/validate", "--gates", "0,two"], "--gates: expected numbers separated by commas"),
     ("corrections.py", ["old=/nonexistent/validate", "--gates", "-1"], "--gates: each gate is between 0 and 10"),
+    ("corrections.py", ["old=/nonexistent/validate", "--se-units", "cells,runs"], "--se-units: expected cells or workloads"),
     ("per_request.py", ["/nonexistent/validate", "--twin", "t.yaml"], "/nonexistent/validate: not a kept validation"),
     ("beside_rows.py", ["/nonexistent/profile.json"], "not a measured profile"),
     ("refits.py", ["/nonexistent", "--rows", "32"], "want a profile's directory"),
@@ -287,6 +288,24 @@ def test_corrections_judges_the_default_combination_at_each_gate(tmp_path):
     assert [v["on"]["gate"] for v in variants] == [0.0, 2.0]
     assert rec["command"].endswith("--gates 0,2 --defaults-only --json " + str(out))
     assert [s["label"] for s in rec["summary"]] == [v["label"] for v in variants]
+
+
+def test_corrections_judges_each_count_of_the_standard_errors(tmp_path):
+    """--se-units cells,workloads: the default combination at gate 2 once per count, each replay
+    run with that validation.se_units and its record saying which."""
+    toy_validation(tmp_path / "v")
+    out = tmp_path / "units.json"
+    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "corrections.py"), f"toy={tmp_path / 'v'}",
+                          "--gates", "2", "--se-units", "cells,workloads", "--defaults-only", "--json", str(out)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr
+    rec = json.loads(out.read_text())
+    variants = rec["conditions"]["toy"]["variants"]
+    assert [v["label"] for v in variants] == [
+        "drift probe + live factor + first-token delay (gate 2, standard errors over cells)",
+        "drift probe + live factor + first-token delay (gate 2, standard errors over workloads)"]
+    assert [v["on"]["se_units"] for v in variants] == ["cells", "workloads"]
+    assert "--gates 2 --se-units cells,workloads --defaults-only" in rec["command"]
 
 
 def test_a_repeated_what_if_prediction_is_the_same_figures_to_the_last_bits_only():

@@ -118,3 +118,34 @@ def test_the_gate_applies_to_every_workloads_and_levels_estimate():
     per = {"a": {"iteration": live.Live(1.3, 0.02, 8)}, "b": {"iteration": live.Live(1.01, 0.02, 8)}}
     out = live.gated_all(per, 2.0)
     assert out["a"]["iteration"].factor == 1.3 and out["b"]["iteration"].factor == 1.0
+
+
+def test_counted_over_workloads_the_standard_error_is_the_spread_of_their_medians():
+    log = math.log
+    # two workloads near 1.0, two near 1.25, each tight: the cells call the factor sure, the workloads do not
+    ratios = {"base": {"server": [log(0.99), log(1.0), log(1.01)]}, "bursty": {"server": [log(1.0), log(1.01), log(1.02)]},
+              "long": {"server": [log(1.24), log(1.25), log(1.26)]}, "longer": {"server": [log(1.25), log(1.26), log(1.27)]}}
+    by_cells = live.leave_one_out(ratios)["base"]["server"]
+    by_workloads = live.leave_one_out(ratios, units="workloads")["base"]["server"]
+    assert by_workloads.factor == by_cells.factor and by_workloads.cells == by_cells.cells == 9
+    meds = [log(1.01), log(1.25), log(1.26)]                 # bursty, long and longer: base's own cells never count
+    mean = sum(meds) / 3
+    sd = math.sqrt(sum((m - mean) ** 2 for m in meds) / 2)
+    assert by_workloads.se == pytest.approx(sd / math.sqrt(3))
+    assert by_workloads.se > 3 * by_cells.se
+    assert by_workloads.se == pytest.approx(live.between_se([ratios[w]["server"] for w in ("bursty", "long", "longer")]))
+    everyone = [log(m) for m in (1.0, 1.01, 1.25, 1.26)]
+    mean = sum(everyone) / 4
+    sd = math.sqrt(sum((m - mean) ** 2 for m in everyone) / 3)
+    assert live.pooled(ratios, units="workloads")["server"].se == pytest.approx(sd / 2)
+
+
+def test_workloads_that_agree_keep_the_cells_standard_error():
+    # the same median everywhere: no spread between workloads, so the cells' error is the larger
+    ratios = {w: {"server": [-0.01, 0.0, 0.01, 0.3]} for w in ("a", "b", "c")}
+    assert live.leave_one_out(ratios, units="workloads") == live.leave_one_out(ratios)
+    assert live.between_se([[0.1, float("nan")], [float("nan")], []]) == 0.0   # one workload with values: nothing to spread
+    # a delay (seconds) the same way: workloads a and b, tight at 10 and 30 ms, give c's
+    delay = live.leave_one_out({"a": {"s": [0.0099, 0.01, 0.0101]}, "b": {"s": [0.0299, 0.03, 0.0301]},
+                                "c": {"s": [0.02]}}, live.estimate_delay, "workloads")["c"]["s"]
+    assert delay.seconds == pytest.approx(0.02, abs=1e-4) and delay.se == pytest.approx(0.01)   # sd 0.0141 / sqrt 2

@@ -419,3 +419,20 @@ def test_mirrored_order_runs_every_first_run_then_the_reruns_backwards_and_judge
 def test_an_unknown_order_is_refused_when_the_config_loads():
     with pytest.raises(ConfigError, match="order"):
         load_config(None, BASE + ["validation.order=shuffled"])
+
+
+def test_counted_over_workloads_the_corrections_keep_their_factors_and_widen_their_standard_errors(tmp_path):
+    import json
+    three = BASE + ["strategies=[continuous]", "validation.drift=false",
+                    "validation.workloads={bursty: {arrival: gamma, burstiness: 0.25}, long: {prompt_len: 200}}"]
+    read = lambda: json.loads((tmp_path / "v" / "accuracy.json").read_text())["live"]   # noqa: E731
+    validate(load_config(None, three), [toy_profile(tmp_path, scale=1.3)], tmp_path / "v")
+    cells = read()
+    # the same kept real runs judged again (nothing real is run twice), the standard errors over workloads
+    validate(load_config(None, three + ["validation.se_units=workloads"]), [toy_profile(tmp_path, scale=1.3)], tmp_path / "v")
+    units = read()
+    assert (cells["se_units"], units["se_units"]) == ("cells", "workloads")
+    for w, per in units["per_workload"].items():
+        one, other = per["iteration"], cells["per_workload"][w]["iteration"]
+        assert one["factor"] == pytest.approx(other["factor"]) and one["se"] >= other["se"] and one["cells"] == other["cells"]
+    assert units["pooled"]["iteration"]["se"] >= cells["pooled"]["iteration"]["se"]

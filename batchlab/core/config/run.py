@@ -88,6 +88,13 @@ class ValidateConfig(Model):
     (13.6 to 9.2 %, 8.4 to 9.6 %, 8.6 to 10.0 %: `benchmarks/corrections.py --gates 0,2`); it
     drops a real correction too, where one is small against its spread."""
 
+    se_units: Literal["cells", "workloads"] = "cells"
+    """What the live and first-token corrections' standard errors count as independent, for the gate
+    and the intervals: `cells`, every cell they were read on; `workloads`, the workloads (the spread
+    of the other workloads' own medians over the square root of their number, where that is the
+    larger). A correction is carried to a workload it never read, and one workload's cells move
+    together, so `cells` can call a correction sure that the next workload does not share."""
+
     @field_validator("first_token", mode="before")
     @classmethod
     def _first_token_form(cls, v: Any) -> Any:
