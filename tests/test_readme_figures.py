@@ -130,32 +130,26 @@ def test_the_corrections_block_gives_the_intervals_coverage_now_and_under_an_ear
     assert "built as rule A (`old`): held `a` 97.0 %, `b` –." in text
 
 
-def test_the_corrections_block_gives_each_gates_coverage_on_its_own_line():
-    mod = figures()
+def _two_variants(tunings: list[dict], coverage: list[float]) -> dict:
+    """A corrections record of one validation `a`: every correction on, once per tuning."""
     metrics = {m: {"error_median": 0.1, "below": 0.5, "above": 0.5, "cells": 4} for m in ("e2e_p50", "ttft_p50", "tpot_p50")}
     on = {"drift": True, "live": True, "first_token": "delay"}
-    variants = [{"on": on | {"gate": 0.0}, "label": "all", "coverage": 0.88, "metrics": metrics},
-                {"on": on | {"gate": 2.0}, "label": "all (gate 2)", "coverage": 0.92, "metrics": metrics}]
+    variants = [{"on": on | t, "label": f"v{i}", "coverage": c, "metrics": metrics}
+                for i, (t, c) in enumerate(zip(tunings, coverage))]
     cond = {"dir": "d", "cells": 4, "interval": "rule B", "floor": {m: 0.1 for m in metrics}, "variants": variants}
-    d = {"command": "c", "one_sided_above": 0.75, "conditions": {"a": cond},
-         "summary": [{"label": "all", "balanced": 1, "of": 1, "mean_error": 0.1},
-                     {"label": "all (gate 2)", "balanced": 1, "of": 1, "mean_error": 0.1}]}
-    text = mod.corrections(d)
+    return {"command": "c", "one_sided_above": 0.75, "conditions": {"a": cond},
+            "summary": [{"label": v["label"], "balanced": 1, "of": 1, "mean_error": 0.1} for v in variants]}
+
+
+def test_the_corrections_block_gives_each_gates_coverage_on_its_own_line():
+    text = figures().corrections(_two_variants([{"gate": 0.0}, {"gate": 2.0}], [0.88, 0.92]))
     assert "with the three corrections (target 85–95 %) held `a` 88.0 %" in text
     assert "with the three corrections (gate 2) (target 85–95 %) held `a` 92.0 %" in text
 
 
 def test_the_corrections_block_gives_each_count_of_the_standard_errors_its_own_line():
-    mod = figures()
-    metrics = {m: {"error_median": 0.1, "below": 0.5, "above": 0.5, "cells": 4} for m in ("e2e_p50", "ttft_p50", "tpot_p50")}
-    on = {"drift": True, "live": True, "first_token": "delay", "gate": 2.0}
-    variants = [{"on": on | {"se_units": "cells"}, "label": "x", "coverage": 0.80, "metrics": metrics},
-                {"on": on | {"se_units": "workloads"}, "label": "y", "coverage": 0.86, "metrics": metrics}]
-    cond = {"dir": "d", "cells": 4, "interval": "rule B", "floor": {m: 0.1 for m in metrics}, "variants": variants}
-    d = {"command": "c", "one_sided_above": 0.75, "conditions": {"a": cond},
-         "summary": [{"label": "x", "balanced": 1, "of": 1, "mean_error": 0.1},
-                     {"label": "y", "balanced": 1, "of": 1, "mean_error": 0.1}]}
-    text = mod.corrections(d)
+    tunings = [{"gate": 2.0, "se_units": "cells"}, {"gate": 2.0, "se_units": "workloads"}]
+    text = figures().corrections(_two_variants(tunings, [0.80, 0.86]))
     assert "(gate 2, standard errors over cells) (target 85–95 %) held `a` 80.0 %" in text
     assert "(gate 2, standard errors over workloads) (target 85–95 %) held `a` 86.0 %" in text
 
