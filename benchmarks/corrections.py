@@ -12,7 +12,8 @@ repeated, so every combination is judged on the very same cells.
 Per directory and combination: the median |error| of p50 E2E, TTFT and TPOT, the share of cells
 where the replay read below the real run (a one-sided error shows there), and the 90 % intervals'
 coverage; the rerun floor beside them. The summary counts, per combination, the directories where
-no latency metric is one-sided (no sign in more than 75 % of cells) and the mean of its errors.
+no latency metric is one-sided (no sign in more than 75 % of cells) and the mean of its errors;
+with --held-out, once over the others, once over the held-out ones and once over every one.
 Where --json already holds a record whose intervals were built by another rule (accuracy.json's
 `interval`), its coverage stays beside the new one.
 --gates 0,2 judges each combination at each `validation.gate` (a correction applied only where it
@@ -59,7 +60,8 @@ def every(on: dict) -> bool:
 def label(on: dict) -> str:
     names = {"drift": "drift probe", "live": "live factor", "factor": "first-token factor", "delay": "first-token delay"}
     text = " + ".join(names[k if v is True else v] for k, v in on.items() if k in SWITCHES and v not in (False, "off"))
-    tags = [f"gate {on['gate']:g}"] * bool(on.get("gate")) + [f"standard errors over {on['se_units']}"] * ("se_units" in on)
+    tags = ([f"gate {on['gate']:g}"] if on.get("gate") else []) + (
+        [f"standard errors over {on['se_units']}"] if "se_units" in on else [])
     return (text or "none") + (f" ({', '.join(tags)})" if tags else "")
 
 
@@ -200,10 +202,11 @@ def main(argv: list[str] | None = None) -> None:
         " --defaults-only" if args.defaults_only else "") + (f" --json {args.json}" if args.json else ""),
         "one_sided_above": ONE_SIDED, "conditions": conditions, "held_out": held,
         "summary": summary({n: c for n, c in conditions.items() if n not in held}),
-        "summary_held_out": summary({n: c for n, c in conditions.items() if n in held})}
+        "summary_held_out": summary({n: c for n, c in conditions.items() if n in held}),
+        "summary_all": summary(conditions) if held else []}
     if args.json:
         record["earlier_intervals"] = earlier_intervals(Path(args.json), rule_of(next(iter(conditions.values()))["interval"]))
-    for part in ("summary", "summary_held_out"):
+    for part in ("summary", "summary_held_out", "summary_all"):
         for s in record[part]:
             print(f"{part}: {s['label']:<50} balanced in {s['balanced']} of {s['of']}, "
                   f"mean median error {100 * s['mean_error']:.1f}%")

@@ -260,16 +260,19 @@ def corrections(d: dict) -> str:
              f"real run repeated; per validation, median |error| of p50 E2E / TTFT / TPOT and its most one-sided "
              f"metric (in bold where one sign holds in more than {cut:.0f} % of cells):", "",
              "| corrections | " + " | ".join(f"`{n}`" + (" (held out)" if n in held else "") for n in names)
-             + " | no metric one-sided | mean error |" + (" held out: no metric one-sided | held out: mean error |" if held else ""),
-             "|---|" + "---|" * (len(names) + 2 + 2 * bool(held))]
+             + " | no metric one-sided | mean error |" + (" held out: no metric one-sided | held out: mean error |" if held else "")
+             + (" all: no metric one-sided | all: mean error |" if d.get("summary_all") else ""),
+             "|---|" + "---|" * (len(names) + 2 + 2 * bool(held) + 2 * bool(d.get("summary_all")))]
     floor = [" / ".join(f"{100 * conds[n]['floor'][m]:.1f}" for m in CORRECTION_METRICS) + " %" for n in names]
-    lines.append("| rerun floor (real vs real) | " + " | ".join(floor) + " | – | – |" + (" – | – |" if held else ""))
-    held_rows = {s["label"]: s for s in d.get("summary_held_out", [])}
+    lines.append("| rerun floor (real vs real) | " + " | ".join(floor) + " | – | – |" + (" – | – |" if held else "")
+                 + (" – | – |" if d.get("summary_all") else ""))
+    extra = [{s["label"]: s for s in d.get(part, [])} for part in ("summary_held_out", "summary_all")]
     for s in d["summary"]:
         cells = [_correction_cell(next(v for v in conds[n]["variants"] if v["label"] == s["label"]), cut) for n in names]
-        h = held_rows.get(s["label"])
+        tail = "".join(f" {h['balanced']} of {h['of']} | {100 * h['mean_error']:.1f} % |"
+                       for h in (rows.get(s["label"]) for rows in extra) if h)
         lines.append(f"| {s['label']} | " + " | ".join(cells) + f" | {s['balanced']} of {s['of']} | {100 * s['mean_error']:.1f} % |"
-                     + (f" {h['balanced']} of {h['of']} | {100 * h['mean_error']:.1f} % |" if h else ""))
+                     + tail)
     lines += ["", "Validations: " + "; ".join(f"`{n}` {conds[n]['dir']} ({conds[n]['cells']} cells per metric)" for n in names) + "."]
     return "\n".join(lines + _correction_coverage(d, names) + _worst_workload(conds, names))
 

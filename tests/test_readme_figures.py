@@ -154,6 +154,18 @@ def test_the_corrections_block_gives_each_count_of_the_standard_errors_its_own_l
     assert "(gate 2, standard errors over workloads) (target 85–95 %) held `a` 86.0 %" in text
 
 
+def test_the_corrections_block_sums_the_held_out_validations_apart_and_with_the_others():
+    d = _two_variants([{"gate": 2.0}], [0.9])
+    d["conditions"]["b"] = d["conditions"]["a"]
+    d["held_out"] = ["b"]
+    d["summary_held_out"] = [{"label": "v0", "balanced": 0, "of": 1, "mean_error": 0.2}]
+    d["summary_all"] = [{"label": "v0", "balanced": 1, "of": 2, "mean_error": 0.15}]
+    lines = figures().corrections(d).splitlines()
+    assert lines[2].endswith("| held out: no metric one-sided | held out: mean error | all: no metric one-sided | all: mean error |")
+    assert lines[3].count("|") == lines[2].count("|") == lines[4].count("|")
+    assert lines[5].endswith("| 1 of 1 | 10.0 % | 0 of 1 | 20.0 % | 1 of 2 | 15.0 % |")
+
+
 def test_a_correction_the_gate_left_out_says_so():
     mod = figures()
     rec = {"per_workload": {"base": {"server": {"factor": 1.01, "se": 0.02, "cells": 8, "applied": False}},

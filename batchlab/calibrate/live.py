@@ -12,6 +12,8 @@ reference-burst drift correction (a closed burst too) does not see it. So `valid
     u(cell)      = x / s                                   the log factor that puts the cell on the real run
     live(W, L)   = exp(median u over the cells of every workload but W at level L)
     se(W, L)     = 1.2533 x 1.4826 x MAD(u) / sqrt(n)      the median's standard error, relative
+                   (validation.se_units workloads, the default: at least sd(each other workload's
+                   median u) / sqrt(their number), see between_se)
 
 s is how far p50 TPOT moves with the step costs: under load it is above 1 (longer steps keep
 more requests running at once, which lengthens every step again), and taking x itself for the

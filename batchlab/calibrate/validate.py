@@ -138,8 +138,8 @@ MEDIAN_SE = math.sqrt(math.pi / 2)   # a median of n values strays sqrt(pi / 2) 
 INTERVAL = {"step-cost": "90 %: sim +- 1.645 sqrt(model^2 + run^2), see batchlab/calibrate/accuracy.py; model: step "
                          "costs moved by the fit's error, the live factor's standard error and the drift factor's "
                          "(its median's standard error)",
-            "held-out": "90 %: sim +- t(0.95, n) |sim| rms(error over the n cells of the other workloads, same "
-                        "metric), see batchlab/calibrate/accuracy.py"}
+            "held-out": "90 %: real in [sim / (1 + q), sim / (1 - q)], q = t(0.95, n) rms(error over the n cells of "
+                        "the other workloads, same metric), see batchlab/calibrate/accuracy.py"}
 
 
 def simulate_points(cfg: RunConfig, real: pd.DataFrame, profiles: dict[str, Profile],
@@ -387,7 +387,7 @@ def validate(cfg: RunConfig, profile_paths: list[str], out: Path, progress=None,
                                                              out / name, executor)]
     finally:
         executor.close()
-    table = accuracy.with_errors(pd.concat(parts, ignore_index=True), rule=cfg.validation.interval)
+    table = accuracy.with_errors(pd.concat(parts, ignore_index=True), rule=interval_rule(cfg))
     summ = accuracy.summary(table, twin=twin is not None)
     record = accuracy_record(cfg, profiles, table, summ, {name: m.drift for name, m in measured.items()}, out)
     record["live"] = live_record({level_of(s): profile_for(s, profiles) for s in cfg.strategies}, fixes.ratios,
@@ -633,6 +633,12 @@ def _against(drift: dict) -> str:
     return "as timed on the server when profiled" if drift.get("against") == "profile time" else "as its fit predicts it"
 
 
+def interval_rule(cfg: RunConfig) -> str:
+    """The rule that sizes a validation's intervals: validation.interval, but `held-out` needs a
+    workload besides `base` to read its width from, and without one it is `step-cost`."""
+    return cfg.validation.interval if cfg.validation.workloads else "step-cost"
+
+
 def accuracy_record(cfg: RunConfig, profiles: dict[str, Profile], table: pd.DataFrame, summ: pd.DataFrame,
                     drifts: dict[str, dict[str, Drift]], out: Path) -> dict:
     """accuracy.json: the profiles, workloads, drift and load, and the per-metric figures (with and,
@@ -650,7 +656,7 @@ def accuracy_record(cfg: RunConfig, profiles: dict[str, Profile], table: pd.Data
                           for lvl, d in ds.items()} for w, ds in drifts.items()},
             "load_1min": _loads(out, ["base", *cfg.validation.workloads]),
             "reference_burst": {"rows": REFERENCE[0], "prompt": REFERENCE[1], "new_tokens": REFERENCE[2]},
-            "interval": INTERVAL[cfg.validation.interval],
+            "interval": INTERVAL[interval_rule(cfg)],
             "metrics": summ.to_dict(orient="records"), "uncorrected": uncorrected,
             "by_workload": accuracy.by_workload(table)}
 

@@ -113,7 +113,7 @@ def test_corrections_keeps_the_coverage_an_earlier_interval_rule_gave_beside_the
         res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
         assert res.returncode == 0, res.stderr
         rec = json.loads(out.read_text())
-        assert rec["conditions"]["toy"]["interval"] == INTERVAL["step-cost"]
+        assert rec["conditions"]["toy"]["interval"] == INTERVAL["held-out"]      # two workloads: the default rule
         assert [(e["command"], e["coverage"]) for e in rec["earlier_intervals"]] == [("earlier", {"toy": 0.5})]
         assert "spread" in rec["earlier_intervals"][0]["interval"]
 

@@ -5,7 +5,7 @@ import pytest
 from click.testing import CliRunner
 
 from batchlab.backends.presets import load_cost
-from batchlab.calibrate.validate import load_profiles, profile_for, report_lines, sim_cost, validate, validate_cmd
+from batchlab.calibrate.validate import INTERVAL, load_profiles, profile_for, report_lines, sim_cost, validate, validate_cmd
 from batchlab.errors import ConfigError
 from batchlab.run.config import load_config
 
@@ -232,8 +232,11 @@ def test_the_live_factor_from_the_other_workloads_absorbs_a_bias_the_drift_probe
                    [toy_profile(tmp_path, scale=1.3)], tmp_path / "one")
     assert one.cells[one.cells["metric"] == "tpot_p50"]["error"].to_numpy() == pytest.approx(0.30, abs=0.01)
     # ...though its own cells still measure a factor for later runs (they are not judged with it)
-    one_live = json.loads((tmp_path / "one" / "accuracy.json").read_text())["live"]
+    one_acc = json.loads((tmp_path / "one" / "accuracy.json").read_text())
+    one_live = one_acc["live"]
     assert one_live["per_workload"]["base"]["iteration"]["cells"] == 0
+    # the default intervals read their width off the other workloads; with none, off the step costs
+    assert (acc["interval"], one_acc["interval"]) == (INTERVAL["held-out"], INTERVAL["step-cost"])
     assert one_live["pooled"]["iteration"]["factor"] == pytest.approx(1 / 1.3, rel=0.02)
 
 
@@ -426,10 +429,10 @@ def test_counted_over_workloads_the_corrections_keep_their_factors_and_widen_the
     three = BASE + ["strategies=[continuous]", "validation.drift=false",
                     "validation.workloads={bursty: {arrival: gamma, burstiness: 0.25}, long: {prompt_len: 200}}"]
     read = lambda: json.loads((tmp_path / "v" / "accuracy.json").read_text())["live"]   # noqa: E731
-    validate(load_config(None, three), [toy_profile(tmp_path, scale=1.3)], tmp_path / "v")
+    validate(load_config(None, three + ["validation.se_units=cells"]), [toy_profile(tmp_path, scale=1.3)], tmp_path / "v")
     cells = read()
-    # the same kept real runs judged again (nothing real is run twice), the standard errors over workloads
-    validate(load_config(None, three + ["validation.se_units=workloads"]), [toy_profile(tmp_path, scale=1.3)], tmp_path / "v")
+    # the same kept real runs judged again (nothing real is run twice), at the default: over workloads
+    validate(load_config(None, three), [toy_profile(tmp_path, scale=1.3)], tmp_path / "v")
     units = read()
     assert (cells["se_units"], units["se_units"]) == ("cells", "workloads")
     for w, per in units["per_workload"].items():

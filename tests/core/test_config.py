@@ -200,9 +200,16 @@ def test_the_first_token_correction_is_a_delay_unless_told_and_old_booleans_keep
         load_config(None, ["validation.first_token=sometimes"])
 
 
+def test_the_corrections_standard_errors_count_workloads_unless_told_cells():
+    assert load_config(None, []).validation.se_units == "workloads"
+    assert load_config(None, ["validation.se_units=cells"]).validation.se_units == "cells"
+    with pytest.raises(ConfigError, match="se_units"):
+        load_config(None, ["validation.se_units=runs"])
+
+
 def test_the_interval_rule_is_one_of_two_and_says_so_when_not():
-    assert load_config(None, []).validation.interval == "step-cost"
-    assert load_config(None, ["validation.interval=held-out"]).validation.interval == "held-out"
+    assert load_config(None, []).validation.interval == "held-out"
+    assert load_config(None, ["validation.interval=step-cost"]).validation.interval == "step-cost"
     with pytest.raises(ConfigError, match="interval") as e:
         load_config(None, ["validation.interval=wide"])
     assert "\n" not in str(e.value)
