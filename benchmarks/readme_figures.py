@@ -255,24 +255,23 @@ def corrections(d: dict) -> str:
     combination, how many validations have no metric one-sided and the mean of the errors."""
     conds, held = d["conditions"], set(d.get("held_out", []))
     names = [n for n in conds if n not in held] + [n for n in conds if n in held]
+    # the summaries beside the one over the directories not held out: column title -> label -> summary
+    extra = {t: {s["label"]: s for s in d[part]} for part, t in (("summary_held_out", "held out"), ("summary_all", "all"))
+             if d.get(part)}
     cut = 100 * d["one_sided_above"]
     lines = [f"`{d['command']}`: the real runs of each kept validation replayed under every combination, no "
              f"real run repeated; per validation, median |error| of p50 E2E / TTFT / TPOT and its most one-sided "
              f"metric (in bold where one sign holds in more than {cut:.0f} % of cells):", "",
              "| corrections | " + " | ".join(f"`{n}`" + (" (held out)" if n in held else "") for n in names)
-             + " | no metric one-sided | mean error |" + (" held out: no metric one-sided | held out: mean error |" if held else "")
-             + (" all: no metric one-sided | all: mean error |" if d.get("summary_all") else ""),
-             "|---|" + "---|" * (len(names) + 2 + 2 * bool(held) + 2 * bool(d.get("summary_all")))]
+             + " | no metric one-sided | mean error |" + "".join(f" {t}: no metric one-sided | {t}: mean error |" for t in extra),
+             "|---|" + "---|" * (len(names) + 2 + 2 * len(extra))]
     floor = [" / ".join(f"{100 * conds[n]['floor'][m]:.1f}" for m in CORRECTION_METRICS) + " %" for n in names]
-    lines.append("| rerun floor (real vs real) | " + " | ".join(floor) + " | – | – |" + (" – | – |" if held else "")
-                 + (" – | – |" if d.get("summary_all") else ""))
-    extra = [{s["label"]: s for s in d.get(part, [])} for part in ("summary_held_out", "summary_all")]
+    lines.append("| rerun floor (real vs real) | " + " | ".join(floor) + " | – | – |" + " – | – |" * len(extra))
     for s in d["summary"]:
         cells = [_correction_cell(next(v for v in conds[n]["variants"] if v["label"] == s["label"]), cut) for n in names]
-        tail = "".join(f" {h['balanced']} of {h['of']} | {100 * h['mean_error']:.1f} % |"
-                       for h in (rows.get(s["label"]) for rows in extra) if h)
-        lines.append(f"| {s['label']} | " + " | ".join(cells) + f" | {s['balanced']} of {s['of']} | {100 * s['mean_error']:.1f} % |"
-                     + tail)
+        lines.append(f"| {s['label']} | " + " | ".join(cells) + " |" + "".join(
+            f" {h['balanced']} of {h['of']} | {100 * h['mean_error']:.1f} % |" for h in
+            [s, *(rows.get(s["label"]) for rows in extra.values())] if h))
     lines += ["", "Validations: " + "; ".join(f"`{n}` {conds[n]['dir']} ({conds[n]['cells']} cells per metric)" for n in names) + "."]
     return "\n".join(lines + _correction_coverage(d, names) + _worst_workload(conds, names))
 
