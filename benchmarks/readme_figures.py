@@ -990,6 +990,12 @@ def refits(d: dict) -> str:
     for b in d["batches"]:
         lines.append(f"| {b['rows']} | {b['steps']} | {_fine_ms(b['measured_s'])} | " + " | ".join(
             f"{_fine_ms(b['variants'][n]['predicted_s'])} | {_signed(b['variants'][n]['error'])}" for n in names) + " |")
+    if d.get("admissions"):
+        lines += ["", "| requests admitted in a prompt step | steps | their prompt tokens | measured step (median) | "
+                  + " | ".join(f"{n} | error" for n in names) + " |", "|---|---|---|---|" + "---|---|" * len(names)]
+        lines += [f"| {a['admitted']} | {a['steps']} | {', '.join(map(str, a['prompt_tokens']))} | {_fine_ms(a['measured_s'])} | "
+                  + " | ".join(f"{_fine_ms(a['variants'][n]['predicted_s'])} | {_signed(a['variants'][n]['error'])}"
+                               for n in names) + " |" for a in d["admissions"]]
     for w in d["whatif"]:
         lines += ["", *_refit_bursts(w, names)]
     return "\n".join(lines)

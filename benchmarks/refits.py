@@ -1,6 +1,6 @@
 """One server's profile fitted other ways, each judged on what the server did.
 
-    python benchmarks/refits.py DIR [--rows 32] [--without admit_s] [--whatif RECORD ...] [--base-cap 32]
+    python benchmarks/refits.py DIR [--rows 32] [--admitted 2] [--without admit_s] [--whatif RECORD ...] [--base-cap 32]
                                 [--json docs/results/refits_NAME.json]
 
 DIR holds a black-box profile and its twin (profile.json, twin.yaml: `batchlab profile` or
@@ -12,9 +12,12 @@ kept validation can be judged on it too (benchmarks/corrections.py NAME=DIR@TWIN
   --rows N: only the steps of at most N decode rows, what a profile of the server at a sequence
      cap of N can batch; on a profile taken at a larger cap (benchmarks/twin.py --batch-sizes up
      to it), the steps beyond N show how far the fit carries past the batches it saw;
+  --admitted N: only the steps admitting at most N requests, what a profile without crowds of
+     prompts sees (its prefill probes admit one or two); on a profile with crowds (batchlab
+     profile --crowds), what the steps admitting many add to the fit;
   --without TERMS: every step, the named terms held at zero (calibrate/fit.py COEFFS).
-Per decode batch size: the measured steps' median and each variant's median relative error on
-them. Per --whatif (a benchmarks/twin.py record of bursts measured at several sequence caps): each
+Per decode batch size, and per count of requests a prompt step admitted: the measured steps'
+median and each variant's median relative error on them. Per --whatif (a benchmarks/twin.py record of bursts measured at several sequence caps): each
 cap's burst on the server (median of its runs) and on every variant's twin, and each cap's change
 from --base-cap (default: the record's first cap, the profile's own server) on both sides.
 """
@@ -43,17 +46,26 @@ KEYS = ("tok_s", "tpot_p50", "ttft_p50")
 AS_FITTED = "as profiled"
 
 
-def variants(d: Path, prof: dict, rows: int | None, without: tuple[str, ...]) -> dict[str, Path]:
+def variants(d: Path, prof: dict, rows: int | None, without: tuple[str, ...], admitted: int | None = None) -> dict[str, Path]:
     """Each variant's twin config, written beside the profile's own: name -> twin.yaml path."""
     samples, out = samples_from(prof["samples"]), {AS_FITTED: d / "twin.yaml"}
     twin_cfg = load_config(d / "twin.yaml")
-    asked = ([(f"fit on ≤ {rows} rows", f"rows-le-{rows}", [s for s in samples if s.decode_rows <= rows], ())]
-             if rows else []) + ([(f"without {', '.join(without)}", "without-" + "-".join(without), samples, without)]
-                                 if without else [])
-    for name, tag, mine, terms in asked:
-        if len(mine) == len(samples) and not terms:
+    asked = []
+    if rows:
+        mine = [s for s in samples if s.decode_rows <= rows]
+        if len(mine) == len(samples):
             raise ConfigError(f"the profile has no step of more than {rows} rows: profile a server started at a "
                               "larger cap with batch sizes up to it (benchmarks/twin.py --batch-sizes)")
+        asked.append((f"fit on ≤ {rows} rows", f"rows-le-{rows}", mine, ()))
+    if admitted is not None:
+        mine = [s for s in samples if s.admitted <= admitted]
+        if len(mine) == len(samples):
+            raise ConfigError(f"the profile has no step admitting more than {admitted} requests: profile the server "
+                              "with crowds of prompts (batchlab profile --crowds, benchmarks/twin.py --crowds)")
+        asked.append((f"fit on ≤ {admitted} admissions", f"admitted-le-{admitted}", mine, ()))
+    if without:
+        asked.append((f"without {', '.join(without)}", "without-" + "-".join(without), samples, without))
+    for name, tag, mine, terms in asked:
         path = d / f"profile-{tag}.json"
         write_atomic(path, json.dumps(refitted(prof, mine, terms, twin_cfg), indent=2) + "\n")
         tree = yaml.safe_load((d / "twin.yaml").read_text())
@@ -74,6 +86,23 @@ def by_batch(samples: list[StepSample], costs: dict[str, StepCost]) -> list[dict
         row = {"rows": int(b), "steps": len(mine), "measured_s": float(np.median(measured)), "variants": {}}
         for name, c in costs.items():
             pred = np.array([c.step_time(s.context_tokens, 0, s.decode_rows) for s in mine])
+            row["variants"][name] = {"predicted_s": float(np.median(pred)), "error": float(np.median(pred / measured - 1))}
+        out.append(row)
+    return out
+
+
+def by_admitted(samples: list[StepSample], costs: dict[str, StepCost]) -> list[dict]:
+    """Per count of requests admitted in a step (the prompt probes' steps): how many such steps,
+    their prompt tokens, and each variant's median relative error on them."""
+    out = []
+    for k in sorted({s.admitted for s in samples if s.admitted}):
+        mine = [s for s in samples if s.admitted == k]
+        measured = np.array([s.seconds for s in mine])
+        row = {"admitted": int(k), "steps": len(mine), "prompt_tokens": sorted({int(s.prefill_tokens) for s in mine}),
+               "measured_s": float(np.median(measured)), "variants": {}}
+        for name, c in costs.items():
+            pred = np.array([c.step_time(s.context_tokens, s.prefill_tokens, s.decode_rows, s.attn_pairs, s.admitted)
+                             for s in mine])
             row["variants"][name] = {"predicted_s": float(np.median(pred)), "error": float(np.median(pred / measured - 1))}
         out.append(row)
     return out
@@ -101,6 +130,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("dir", type=Path, help="a profile's directory: profile.json and twin.yaml")
     ap.add_argument("--rows", type=int, help="a variant fitted on the steps of at most this many decode rows")
+    ap.add_argument("--admitted", type=int,
+                    help="a variant fitted on the steps admitting at most this many requests (a profile without crowds)")
     ap.add_argument("--without", default="", help="a variant fitted with these terms held at zero (comma-separated)")
     ap.add_argument("--whatif", type=Path, action="append", default=[],
                     help="a benchmarks/twin.py record of bursts at several caps (repeatable)")
@@ -114,8 +145,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         raise ConfigError(f"{a.dir}: want a profile's directory with profile.json and twin.yaml")
     if missing := [str(p) for p in a.whatif if not p.is_file()]:
         raise ConfigError(f"--whatif {', '.join(missing)}: no such file")
-    if not a.rows and not a.without:
-        raise ConfigError("name a variant: --rows N, --without TERMS or both")
+    if not a.rows and not a.without and a.admitted is None:
+        raise ConfigError("name a variant: --rows N, --admitted N, --without TERMS, or several")
+    if a.admitted is not None and a.admitted < 0:
+        raise ConfigError(f"--admitted: want 0 or more, got {a.admitted}")
     for path in a.whatif:          # NOTE: before any variant is written beside the profile
         try:
             caps = [c["cap"] for c in json.loads(path.read_text())["conditions"]["quiet"]["whatif"]["caps"]]
@@ -130,7 +163,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     a = parse(argv)
     prof = json.loads((a.dir / "profile.json").read_text())
-    twins = {name: Twin(load_config(path)) for name, path in variants(a.dir, prof, a.rows, a.without).items()}
+    twins = {name: Twin(load_config(path)) for name, path in variants(a.dir, prof, a.rows, a.without, a.admitted).items()}
     costs = {name: t.cfg.backend.cost() for name, t in twins.items()}
     out = {"command": " ".join(["python benchmarks/refits.py", *(argv if argv is not None else sys.argv[1:])]),
            "profile": os.path.relpath((a.dir / "profile.json").resolve(), ROOT), "grid": prof["grid"],
@@ -138,6 +171,7 @@ def main(argv: list[str] | None = None) -> None:
                     | {k: getattr(costs[name], k) for k in (*COEFFS, "admit_s_per_row", "frontend_s", "first_token_s")}
                     for name, t in twins.items()},
            "batches": by_batch(samples_from(prof["samples"]), costs),
+           "admissions": by_admitted(samples_from(prof["samples"]), costs),
            "whatif": [whatif(p, twins, a.base_cap) for p in a.whatif]}
     write_atomic(a.json, json.dumps(out, indent=2) + "\n")
     print(f"wrote {a.json}")

@@ -143,6 +143,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--batch-sizes", default=",".join(map(str, GRID.batch_sizes)),
                     help="profile: the decode bursts' sizes (up to the server's cap: a profile of a server started "
                          "at a larger cap can measure the steps a what-if at that cap runs)")
+    ap.add_argument("--crowds", default="",
+                    help="profile: prompts sent at once beside one stream (e.g. 4,8,16; none by default), so the fit "
+                         "sees steps admitting many requests")
     ap.add_argument("--speed-probe", action="store_true",
                     help="knee: a saturated burst before each search, and the twin scaled to match it")
     ap.add_argument("--contention-rounds", type=int, default=3, help="contention: rounds of quiet / server core / every core")
@@ -177,6 +180,7 @@ class Campaign:
         self.warm_bursts = args.warm_bursts          # recorded by each part measured after them
         self.whatif_burst = tuple(int(x) for x in args.whatif_burst.split(","))
         self.batch_sizes = tuple(int(b) for b in args.batch_sizes.split(","))
+        self.crowds = tuple(int(k) for k in args.crowds.split(",") if k)
         self.cond = self.record.setdefault("conditions", {}).setdefault(args.condition, {})
         self.command = command
         self.moved = False                  # --front-end-on-engine: its twin is written for this profile
@@ -258,7 +262,8 @@ class Campaign:
     # --- the parts --------------------------------------------------------------------------
     def profile(self, cfg) -> None:
         print("profile: the server from the client (black box)", flush=True)
-        twin = profile_server(cfg, replace(GRID, batch_sizes=self.batch_sizes), self.out / "profile.json", self.out / "twin.yaml", progress=print)
+        grid = replace(GRID, batch_sizes=self.batch_sizes, crowds=self.crowds)
+        twin = profile_server(cfg, grid, self.out / "profile.json", self.out / "twin.yaml", progress=print)
         self.moved = False                  # a new profile: the moved twin is written again from it
         prof = json.loads((self.out / "profile.json").read_text())
         if "profile" in self.record:         # an earlier profile's figures stay, beside the new one's
@@ -632,6 +637,8 @@ def main(argv: list[str] | None = None) -> None:
         raise ConfigError(f"--batch-sizes: want whole numbers separated by commas, got {args.batch_sizes!r}") from None
     if min(sizes) < 1:
         raise ConfigError(f"--batch-sizes: want sizes of 1 or more, got {args.batch_sizes!r}")
+    if not all(k.isdigit() and int(k) > 0 for k in args.crowds.split(",") if k):
+        raise ConfigError(f"--crowds: want whole numbers above 0 separated by commas, got {args.crowds!r}")
     if args.whatif_runs < 1:
         raise ConfigError(f"--whatif-runs: want at least 1, got {args.whatif_runs}")
     burst = args.whatif_burst.split(",")

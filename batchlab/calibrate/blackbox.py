@@ -8,6 +8,11 @@ Three probes, each a short trace sent through the load target (the client every 
   ends with its first token is one step holding that prompt and b decode rows. Prompts beside
   one stream alone could not tell whether a prompt costs more beside many rows or a long
   context (cost.py's prompt-token x decode-row term is fitted from these);
+- crowd (`crowds`, none by default): k short prompts sent at once beside one stream. They reach
+  the scheduler over a few steps (the front end takes them one at a time), so the step that ends
+  with the earliest first tokens holds however many came in together: one sample per count seen.
+  One or two admissions a step cannot tell a price per admitted request from the setup of a
+  prompt pass; a step admitting many can (cost.py `admit_s` against `prefill_step_s`);
 - idle: one request to an idle server; its time to first token less the fitted prefill step is
   the front end (HTTP, tokenizing, streaming: what happens before the engine has the request).
   The prefill probes measure it a second way, without the fit: a prompt that came in step j of
@@ -56,6 +61,8 @@ class ProbeGrid:
     warmup: int = 1                              # unmeasured passes first
     gap_s: float = 0.2                           # idle time before each probe
     streams: tuple[int, ...] = (1, 4, 16)        # prefill: decoding streams a prompt is sent beside
+    crowds: tuple[int, ...] = ()                 # crowd: prompts sent at once beside one stream
+    crowd_tokens: int = 1024                     # crowd: prompt tokens one crowd sends at most (under a step's budget)
 
 
 @dataclass
@@ -80,6 +87,7 @@ class Prober:
         self.decode: dict[tuple[int, int, int], list[float]] = defaultdict(list)
         # (streams, prompts, prompt tokens, streams' prompt) -> (context, gap) of each pass
         self.mixed: dict[tuple[int, int, int, int], list[tuple[int, float]]] = defaultdict(list)
+        self.crowd: dict[tuple[int, int, int, int], list[tuple[int, float]]] = defaultdict(list)   # keyed as mixed
         self.pace: dict[tuple[int, int], float] = {}   # (streams, their prompt) -> this pass's decode step
         self.start: dict[tuple[int, int], float] = {}  # (streams, their prompt) -> this pass's last first token
         self.idle: dict[int, list[float]] = defaultdict(list)                     # prompt -> TTFT
@@ -143,14 +151,21 @@ class Prober:
         for p in g.prompts:
             for streams, rows, context in self.beside_shapes():
                 await self.beside_probe(streams, rows, p, context, keep)
+            for k in self.crowd_sizes(p):
+                await self.beside_probe(1, k, p, min(g.contexts), keep, crowd=True)
             got = await self.send([(0.0, p, 2)])
             if keep:
                 r, s = got[0]
                 self.idle[p].append(s[0] - r.arrival_time)
 
-    async def beside_probe(self, streams: int, rows: int, p: int, base: int, keep: bool) -> None:
+    def crowd_sizes(self, p: int) -> list[int]:
+        """The crowds sent with p-token prompts: those whose prompts fit `crowd_tokens`."""
+        return [k for k in self.grid.crowds if k * p <= self.grid.crowd_tokens]
+
+    async def beside_probe(self, streams: int, rows: int, p: int, base: int, keep: bool, crowd: bool = False) -> None:
         """`rows` prompts of p tokens sent once `streams` streams from `base`-token prompts have
-        decoded a dozen steps together."""
+        decoded a dozen steps together. A crowd's sample is the step holding its earliest first
+        tokens, keyed by how many came in it; other probes' prompts must all come in one step."""
         # NOTE: the decode pass before measured this shape; the streams' own prompts can take
         # several steps (sixteen of 256 tokens are two steps of vLLM's 2048-token budget)
         pace = self.pace.get((streams, base), self.ref_gap)
@@ -158,10 +173,12 @@ class Prober:
         at = 1.5 * started + (12 + self.phase.random()) * pace   # a dozen steps decoded by then
         steps = int((at + 3 * started) / max(pace, 1e-4)) + 24
         got = await self.send([(0.0, base, min(steps, 1024))] * streams + [(at, p, 2)] * rows)
-        step = mixed_step([s for _, s in got], pace, streams)
-        if keep and step is not None:
-            j, gap = step
-            self.mixed[(streams, rows, p, base)].append((streams * (base + j), gap))
+        first = first_admissions([s for _, s in got], pace, streams)
+        if not keep or first is None or (not crowd and first[1] < rows):
+            return
+        j, came, gap = first
+        (self.crowd if crowd else self.mixed)[(streams, came, p, base)].append((streams * (base + j), gap))
+        if not crowd:
             self.beside += [before_scheduler(got[0][1], j, r.arrival_time) for r, _ in got[streams:]]
 
 
@@ -182,8 +199,9 @@ async def measure(target: LoadTarget, clock: Clock, grid: ProbeGrid, progress=No
 def most_samples(grid: ProbeGrid) -> int:
     """Step samples the grid can give at most: one per decode window of each (batch, context), as
     decode_gaps cuts a stream of `new_tokens` chunks, and one per prompt and prefill probe shape."""
+    crowds = sum(k for p in grid.prompts for k in grid.crowds if k * p <= grid.crowd_tokens)  # a sample per count at most
     return (len(grid.batch_sizes) * len(grid.contexts) * len(range(0, grid.new_tokens - WINDOW, WINDOW))
-            + (len(grid.streams) + 1 + (len(grid.contexts) > 1)) * len(grid.prompts))
+            + (len(grid.streams) + 1 + (len(grid.contexts) > 1)) * len(grid.prompts) + crowds)
 
 
 def fit_profile(pr: Prober) -> BlackBoxProfile:
@@ -193,9 +211,10 @@ def fit_profile(pr: Prober) -> BlackBoxProfile:
     # probe moves by a few tokens from pass to pass, and a sample per context was one unrepeated
     # timing, so a single slow step (other work on the machine) set the prompt terms
     samples += [StepSample(statistics.median(c for c, _ in v) + rows * p, rows * p, b, statistics.median(g for _, g in v),
-                           "prefill", attn_pairs=rows * attention_pairs(p, 0), admitted=rows)
-                for (b, rows, p, _), v in sorted(pr.mixed.items())]
-    if not any(s.kind == "prefill" for s in samples):
+                           kind, attn_pairs=rows * attention_pairs(p, 0), admitted=rows)
+                for kind, probes in (("prefill", pr.mixed), ("crowd", pr.crowd))
+                for (b, rows, p, _), v in sorted(probes.items())]
+    if not any(s.kind != "decode" for s in samples):
         raise ConfigError("no prefill step could be told apart in the stream beside it (every probe's first token came "
                           "in another step than the stream's): the server may batch prompts on their own; nothing was written")
     if len(samples) < len(COEFFS):         # prefill probes the stream could not tell apart give no sample
@@ -267,14 +286,21 @@ def before_scheduler(stream: list[float], j: int, sent: float) -> float:
 
 def mixed_step(streams: list[list[float]], gap: float, background: int = 1) -> tuple[int, float] | None:
     """The background streams' (token index, duration) of the step that ended with the new
-    prompts' first tokens, if they all came in one step with it (None: they did not); the first
-    `background` streams decode together, the rest are the prompts. The duration is the first
-    stream's time over the three steps to it, less two decode steps at its own pace before the
-    probes (robust to a burst of late chunks, as decode_gaps is)."""
+    prompts' first tokens, if they all came in one step with it (None: they did not)."""
+    first = first_admissions(streams, gap, background)
+    return (first[0], first[2]) if first is not None and first[1] == len(streams) - background else None
+
+
+def first_admissions(streams: list[list[float]], gap: float, background: int = 1) -> tuple[int, int, float] | None:
+    """The background streams' token index and duration of the step that ended with the earliest
+    of the new prompts' first tokens, and how many first tokens came with it (None: no step
+    could be read); the first `background` streams decode together, the rest are the prompts.
+    The duration is the first stream's time over the three steps to it, less two decode steps at
+    its own pace before the probes (robust to a burst of late chunks, as decode_gaps is)."""
     bg, firsts = streams[0], [s[0] for s in streams[background:]]
-    j = int(np.argmin([abs(t - firsts[0]) for t in bg]))
-    if j < 3 + WINDOW or max(abs(bg[j] - f) for f in firsts) > 0.5 * gap:
+    j = int(np.argmin([abs(t - min(firsts)) for t in bg]))
+    if j < 3 + WINDOW or abs(bg[j] - min(firsts)) > 0.5 * gap:
         return None
     pace = (bg[j - 3] - bg[j - 3 - WINDOW]) / WINDOW
     step = bg[j] - bg[j - 3] - 2 * pace
-    return (j, step) if step > 0 else None
+    return (j, sum(abs(bg[j] - f) <= 0.5 * gap for f in firsts), step) if step > 0 else None

@@ -212,6 +212,9 @@ def _ints(text: str, flag: str) -> tuple[int, ...]:
 @click.option("--prompts", default="16,64,256,512", show_default=True, help="Prefill: prompt lengths at batch 1.")
 @click.option("--streams", default="1,4,16", show_default=True,
               help="A server (backend.kind openai): decoding streams each prefill probe's prompt is sent beside.")
+@click.option("--crowds", default="", show_default=True,
+              help="A server: prompts sent at once beside one stream, comma-separated (e.g. 4,8,16): steps admitting "
+                   "many requests tell a price per admitted request from a prompt pass's setup (none by default).")
 @click.option("--arrival-rounds", type=int, default=3, show_default=True,
               help="A server: rounds of the arrival probe that prices its front end's engine time (0: none).")
 @click.option("--new-tokens", type=int, default=12, show_default=True, help="Tokens per burst.")
@@ -225,19 +228,21 @@ def _ints(text: str, flag: str) -> tuple[int, ...]:
 @click.option("--out", "out", required=True, type=click.Path(dir_okay=False), help="Profile JSON to write.")
 @click.option("--twin", "twin", default=None, type=click.Path(dir_okay=False),
               help="A server (backend.kind openai): where its twin's run config goes (default: beside --out, NAME.twin.yaml).")
-def profile_cmd(config, overrides, preset, strategy, batch_sizes, contexts, prompts, streams, arrival_rounds, new_tokens,
-                repeats, warmup, gap_ms, refit_src, without, out, twin):
+def profile_cmd(config, overrides, preset, strategy, batch_sizes, contexts, prompts, streams, crowds, arrival_rounds,
+                new_tokens, repeats, warmup, gap_ms, refit_src, without, out, twin):
     """Measure a backend's step times, fit the simulator's model, save it as a profile JSON. A
     server (backend.kind openai) is profiled from the client, and its twin's config written too."""
     user_errors(_profile_main)(config, overrides, preset, strategy, batch_sizes, contexts, prompts,
-                               new_tokens, repeats, warmup, gap_ms, refit_src, without, out, twin, streams, arrival_rounds)
+                               new_tokens, repeats, warmup, gap_ms, refit_src, without, out, twin, streams, arrival_rounds,
+                               crowds)
 
 
-def _profile_server(cfg, grid: Grid, path: Path, twin: str | None, streams: str, arrival_rounds: int) -> None:
+def _profile_server(cfg, grid: Grid, path: Path, twin: str | None, streams: str, arrival_rounds: int, crowds: str) -> None:
     """A server (backend.kind openai) measured from the client, once its grid is known to give enough samples."""
     from batchlab.calibrate.front_end import ArrivalProbe
     from batchlab.calibrate.server import profile_server
-    probes = ProbeGrid(*astuple(grid)[:6], gap_s=grid.gap_s or ProbeGrid.gap_s, streams=_ints(streams, "--streams"))
+    probes = ProbeGrid(*astuple(grid)[:6], gap_s=grid.gap_s or ProbeGrid.gap_s, streams=_ints(streams, "--streams"),
+                       crowds=_ints(crowds, "--crowds") if crowds else ())
     if most_samples(probes) < len(COEFFS):
         raise ConfigError(f"the grid gives at most {most_samples(probes)} step samples from a server's streams; the "
                           f"step-time model has {len(COEFFS)} terms to fit: add batch sizes, contexts or prompts, "
@@ -250,7 +255,7 @@ def _profile_server(cfg, grid: Grid, path: Path, twin: str | None, streams: str,
 
 
 def _profile_main(config, overrides, preset, strategy, batch_sizes, contexts, prompts, new_tokens, repeats, warmup,
-                  gap_ms, refit_src, without, out, twin=None, streams="1,4,16", arrival_rounds=3):
+                  gap_ms, refit_src, without, out, twin=None, streams="1,4,16", arrival_rounds=3, crowds=""):
     path = Path(out)
     if without and refit_src is None:
         raise ConfigError("--without goes with --refit (a measured profile fits every term)")
@@ -271,8 +276,10 @@ def _profile_main(config, overrides, preset, strategy, batch_sizes, contexts, pr
         raise ConfigError(f"the grid gives {steps} steps; the step-time model has {len(COEFFS)} terms to fit: "
                           "add batch sizes, contexts or prompts, or raise --new-tokens")
     cfg = load_user_config(config, overrides)
+    if crowds and cfg.backend.role != TARGET:
+        raise ConfigError("--crowds probes a server (backend.kind openai); this backend's steps are timed directly")
     if cfg.backend.role == TARGET:
-        return _profile_server(cfg, grid, path, twin, streams, arrival_rounds)
+        return _profile_server(cfg, grid, path, twin, streams, arrival_rounds, crowds)
     cfg = cfg.model_copy(update={"strategies": [strategy]})
     backend = make_backend(cfg)
     load_before = os.getloadavg()[0]

@@ -381,6 +381,48 @@ def test_refits_shows_what_a_fit_on_small_batches_misses_beyond_them(tmp_path):
     assert res.returncode == 2 and "no step of more than 128 rows" in res.stderr and not (tmp_path / "x.json").exists()
 
 
+def test_refits_on_steps_of_one_admission_cannot_tell_a_pass_from_an_admission_and_crowds_can(tmp_path):
+    """Prompt steps priced as a pass's setup and nothing per admission: with one admission a step
+    the fit sees only the two prices' sum and may charge either; steps admitting 4 and 8 pin the
+    setup to the pass, and the fit on every step reads them exactly."""
+    from dataclasses import replace
+
+    from batchlab.backends.cost import attention_pairs
+    from batchlab.backends.presets import load_cost
+    from batchlab.calibrate.fit import fit_step_times, samples_from
+    cost = replace(load_cost("toy"), prefill_step_s=0.004, admit_s=0.0)
+    rows = [{"context_tokens": b * (16 + k), "prefill_tokens": 0, "decode_rows": b, "kind": "decode",
+             "seconds": cost.step_time(b * (16 + k), 0, b)} for b in (1, 2, 4, 8, 16, 32) for k in (2, 6, 10, 14)]
+    rows += [{"context_tokens": 48 + n * p, "prefill_tokens": n * p, "decode_rows": 1, "admitted": n,
+              "kind": "crowd" if n > 1 else "prefill", "attn_pairs": n * attention_pairs(p, 0),
+              "seconds": cost.step_time(48 + n * p, n * p, 1, n * attention_pairs(p, 0), n)}
+             for p in (16, 64, 256) for n in ((1, 4, 8) if p < 256 else (1,))]
+    d = tmp_path / "crowd"
+    d.mkdir()
+    fitted = fit_step_times(samples_from(rows)).to_cost(cost)       # as `batchlab profile` fits every step
+    fitted.to_json(d / "profile.json", level="iteration", samples=rows, grid={"batch_sizes": [1, 2, 4, 8, 16, 32]})
+    (d / "twin.yaml").write_text(f"backend:\n  kind: sim\n  profile: {d / 'profile.json'}\nstrategies: [continuous]\n")
+    script = [sys.executable, str(ROOT / "benchmarks" / "refits.py"), str(d)]
+    res = subprocess.run([*script, "--admitted", "1", "--json", str(d / "refits.json")], cwd=ROOT, capture_output=True,
+                         text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    rec = json.loads((d / "refits.json").read_text())
+    assert list(rec["fits"]) == ["as profiled", "fit on ≤ 1 admissions"]
+    assert rec["fits"]["as profiled"]["prefill_step_s"] == pytest.approx(0.004, rel=0.01)
+    assert rec["fits"]["as profiled"]["admit_s"] == pytest.approx(0.0, abs=1e-5)
+    by = {a["admitted"]: a for a in rec["admissions"]}
+    assert sorted(by) == [1, 4, 8] and by[8]["steps"] == 2 and by[8]["prompt_tokens"] == [128, 512]
+    assert all(abs(a["variants"]["as profiled"]["error"]) < 0.01 for a in rec["admissions"])
+    one = rec["fits"]["fit on ≤ 1 admissions"]
+    assert one["prefill_step_s"] + one["admit_s"] == pytest.approx(0.004, rel=0.01)    # only their sum is seen
+    assert str((d / "profile-admitted-le-1.json").resolve()) in (d / "twin-admitted-le-1.yaml").read_text()
+    # no step admits more than asked: nothing to tell apart, one line, nothing written
+    res = subprocess.run([*script, "--admitted", "8", "--json", str(tmp_path / "x.json")], cwd=ROOT, capture_output=True,
+                         text=True, timeout=300)
+    assert res.returncode == 2 and "no step admitting more than 8 requests" in res.stderr and res.stderr.count("\n") == 1
+    assert not (tmp_path / "x.json").exists() and not (d / "profile-admitted-le-8.json").exists()
+
+
 def test_intervals_rejudges_a_kept_validation_under_each_rule_without_running_it_again(tmp_path):
     """The step-cost rule re-judged from validation.csv's columns reads what validate recorded; the
     held-out rule is judged beside it; a second directory named the same is refused, nothing written;

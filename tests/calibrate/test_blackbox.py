@@ -5,7 +5,17 @@ import pytest
 pytest.importorskip("httpx")
 
 from batchlab.backends.openai_client import OpenAIBackend  # noqa: E402
-from batchlab.calibrate.blackbox import ProbeGrid, before_scheduler, decode_gaps, fit_profile, mixed_step, most_samples, refusal, stream_checked  # noqa: E402
+from batchlab.calibrate.blackbox import (  # noqa: E402
+    ProbeGrid,
+    before_scheduler,
+    decode_gaps,
+    first_admissions,
+    fit_profile,
+    mixed_step,
+    most_samples,
+    refusal,
+    stream_checked,
+)
 from batchlab.calibrate.server import profile_server  # noqa: E402
 from batchlab.core.request import Request  # noqa: E402
 from batchlab.errors import ConfigError  # noqa: E402
@@ -39,6 +49,15 @@ def test_the_mixed_step_is_the_gap_that_ends_with_the_new_first_token():
     assert mixed_step([bg, [bg[12], 1.0], [bg[14], 1.0]], gap=0.01) is None   # two prompts, not in one step
 
 
+def test_a_crowd_is_read_from_the_step_holding_its_earliest_first_tokens():
+    bg = [0.01 * k for k in range(1, 13)] + [0.12 + 0.03] + [0.15 + 0.01 * k for k in range(1, 10)]
+    crowd = [[bg[12] + 0.0001, 1.0]] * 3 + [[bg[13], 1.0]] * 2        # three came with step 12, two a step later
+    j, came, step = first_admissions([bg, *crowd], gap=0.01)
+    assert (j, came) == (12, 3) and abs(step - 0.03) < 1e-9
+    assert mixed_step([bg, *crowd], gap=0.01) is None                  # a probe that wants them all in one step: none
+    assert first_admissions([bg, [bg[3], 1.0]], gap=0.01) is None      # too early in the stream to know its pace
+
+
 @pytest.mark.parametrize("error, says", [
     ("stream ended without a usage report (exact token counts unknown)", "without usage counts"),
     ("HTTP 429: rate limit exceeded", "rate-limits"),
@@ -64,11 +83,11 @@ def test_a_chunk_merged_once_is_tolerated_and_a_server_that_merges_is_refused():
         stream_checked(r, stamps[:58])                            # three missing of 61: more than 2 %
 
 
-def profile(fake: FakeServer, tmp_path, arrivals=None):
+def profile(fake: FakeServer, tmp_path, arrivals=None, grid=SMALL):
     cfg = load_config(None, ["backend.kind=openai", "backend.base_url=http://fake/v1", "backend.model=fake",
                              "strategies=[server]", "traffic.duration_s=2", "traffic.warmup_s=0", "traffic.rates=[5]"])
     target = OpenAIBackend("http://fake/v1", "fake", transport=fake.async_transport())
-    return profile_server(cfg, SMALL, tmp_path / "p.json", tmp_path / "p.twin.yaml", target=target,
+    return profile_server(cfg, grid, tmp_path / "p.json", tmp_path / "p.twin.yaml", target=target,
                           transport=fake.sync_transport(), arrivals=arrivals)
 
 
@@ -141,6 +160,20 @@ def test_prompts_are_probed_beside_each_stream_count(tmp_path):
         assert s["context_tokens"] - s["prefill_tokens"] >= s["decode_rows"] * (16 + 7)
 
 
+def test_crowds_of_prompts_give_steps_admitting_many(tmp_path):
+    """Prompts sent at once beside one stream: the step holding the earliest first tokens is a
+    sample keyed by how many came in it; crowds whose prompts pass crowd_tokens are not sent."""
+    import json
+    from dataclasses import replace
+    grid = replace(SMALL, crowds=(4, 8), crowd_tokens=256)          # 8 x 64 tokens is over: not sent
+    profile(FakeServer(), tmp_path, grid=grid)
+    samples = json.loads((tmp_path / "p.json").read_text())["samples"]
+    crowd = [s for s in samples if s["kind"] == "crowd"]
+    assert crowd and max(s["admitted"] for s in crowd) > 2 and len(samples) <= most_samples(grid)
+    assert all(s["decode_rows"] == 1 and s["prefill_tokens"] in (16 * s["admitted"], 64 * s["admitted"]) for s in crowd)
+    assert not [s for s in crowd if s["prefill_tokens"] > 256]
+
+
 def test_the_mixed_step_beside_several_streams_is_read_from_the_first_of_them():
     bg = [0.01 * k for k in range(1, 13)] + [0.12 + 0.03] + [0.15 + 0.01 * k for k in range(1, 10)]
     prompt = [bg[12] + 0.0001, bg[13]]
@@ -149,7 +182,7 @@ def test_the_mixed_step_beside_several_streams_is_read_from_the_first_of_them():
 
 def test_probes_that_give_too_few_samples_are_one_line_not_a_fit_error():
     from types import SimpleNamespace
-    probes = SimpleNamespace(decode={(1, 16, 2): [0.01], (2, 16, 2): [0.012]}, mixed={(1, 1, 16, 16): [(16, 0.02)]}, beside=[],
+    probes = SimpleNamespace(decode={(1, 16, 2): [0.01], (2, 16, 2): [0.012]}, mixed={(1, 1, 16, 16): [(16, 0.02)]}, crowd={}, beside=[],
                              idle={16: [0.03]}, reference=[0.01])
     with pytest.raises(ConfigError, match="the probes gave 3 step samples") as e:
         fit_profile(probes)
@@ -163,7 +196,8 @@ def test_a_prompt_beside_a_stream_gives_one_sample_per_prompt_the_median_over_pa
     mixed = {(1, 1, 64, 16): [(30, 0.020), (33, 0.021), (31, 0.090)], (1, 1, 256, 16): [(30, 0.040), (32, 0.041), (34, 0.039)],
              (1, 2, 64, 16): [(30, 0.030), (31, 0.031), (36, 0.029)], (4, 1, 64, 16): [(120, 0.030), (124, 0.032), (128, 0.031)],
              (4, 1, 64, 256): [(1080, 0.040), (1084, 0.042), (1088, 0.041)]}
-    prof = fit_profile(SimpleNamespace(decode=decode, mixed=mixed, idle={64: [0.03]}, reference=[0.01], beside=[0.004, 0.006]))
+    prof = fit_profile(SimpleNamespace(decode=decode, mixed=mixed, crowd={}, idle={64: [0.03]}, reference=[0.01],
+                                       beside=[0.004, 0.006]))
     prefill = [s for s in prof.samples if s.kind == "prefill"]
     assert [(s.decode_rows, s.admitted, s.prefill_tokens, s.context_tokens, s.seconds) for s in prefill] == [
         (1, 1, 64, 31 + 64, 0.021), (1, 1, 256, 32 + 256, 0.040), (1, 2, 128, 31 + 128, 0.030), (4, 1, 64, 124 + 64, 0.031),

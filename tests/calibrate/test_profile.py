@@ -111,6 +111,9 @@ def test_cli_profiles_a_sim_backend_and_the_profile_drives_the_simulator(tmp_pat
       "--streams", "1,3", "--new-tokens", "4", "--out", "p.json"], "the grid gives at most 6 step samples"),
     (["--set", "backend.kind=openai", "--set", "backend.base_url=http://127.0.0.1:9/v1", "--set", "backend.model=m",
       "--set", "strategies=[server]", "--streams", "1,0", "--out", "p.json"], "--streams"),
+    (["--set", "backend.kind=openai", "--set", "backend.base_url=http://127.0.0.1:9/v1", "--set", "backend.model=m",
+      "--set", "strategies=[server]", "--crowds", "4,-8", "--out", "p.json"], "--crowds"),
+    (["--set", "backend.preset=toy", "--crowds", "4,8", "--out", "p.json"], "--crowds probes a server"),
 ])
 def test_cli_bad_input_is_one_line_and_exit_2(args, needle, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
