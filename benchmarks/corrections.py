@@ -19,8 +19,9 @@ Where --json already holds a record whose intervals were built by another rule (
 --gates 0,2 judges each combination at each `validation.gate` (a correction applied only where it
 lies more than that many standard errors from none); without it every combination is judged at
 gate 0 (each correction applied as measured, so its whole effect shows), while `validate` itself
-applies gate 2. --defaults-only judges only the combination `validate` applies by default (every
-correction on), at each gate. --se-units cells,workloads judges each at both counts of the
+applies gate 2. --defaults-only judges only the combination `validate` applies by default (the
+live factor and the first-token delay; the drift probe's reading is recorded, not applied), at
+each gate. --se-units cells,workloads judges each at both counts of the
 corrections' standard errors (`validation.se_units`: every cell independent, or every workload).
 Usage: python benchmarks/corrections.py NAME=DIR[@TWIN] ... [--gates 0,2] [--se-units cells,workloads]
        [--defaults-only] [--json FILE]
@@ -40,6 +41,7 @@ from pathlib import Path
 
 from batchlab.calibrate.accuracy import sides
 from batchlab.calibrate.validate import INTERVAL, validate
+from batchlab.core.config.run import ValidateConfig
 from batchlab.core.files import write_atomic
 from batchlab.errors import ConfigError, user_errors
 from batchlab.run.config import load_config
@@ -49,6 +51,14 @@ METRICS = ("e2e_p50", "ttft_p50", "tpot_p50")
 ONE_SIDED = 0.75          # a metric is one-sided when one sign holds in more than this share of cells
 UNITS = ("cells", "workloads")
 TUNING = ("gate", "se_units")   # how the corrections are applied, beside which of them are on
+
+
+def by_default(on: dict) -> bool:
+    """Whether a combination is the one `validate` applies by default (validation's own defaults;
+    the drift probe counts as on only where it scales the replays, `apply`)."""
+    v = ValidateConfig()
+    return on == {"drift": v.drift == "apply", "live": v.live, "first_token": v.first_token} | {
+        k: on[k] for k in TUNING if k in on}
 
 
 def every(on: dict) -> bool:
@@ -101,11 +111,11 @@ def checked(name: str, spec: str) -> tuple[Path, str | None]:
 
 
 def combinations(gates: list[float], defaults_only: bool, units: list[str] | None = None) -> list[dict]:
-    """Every switch setting (or only the default one) at each gate (and each count of the
+    """Every switch setting (or only validate's default one) at each gate (and each count of the
     standard errors in `units`; none given: validate's own, unnamed in the labels)."""
     ons = [dict(zip(SWITCHES, bits)) for bits in itertools.product(*SWITCHES.values())]
     tunings = [{"gate": g} | ({"se_units": u} if units else {}) for g in gates for u in (units or [None])]
-    return [on | t for t in tunings for on in ons if every(on) or not defaults_only]
+    return [on | t for t in tunings for on in ons if by_default(on) or not defaults_only]
 
 
 def condition(name: str, spec: str, scratch: Path, combos: list[dict]) -> dict:
@@ -184,7 +194,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--gates", default="0", metavar="K,...", help="validation.gate values to judge each combination at")
     ap.add_argument("--se-units", default="", metavar="U,...",
                     help="validation.se_units values (cells, workloads) to judge each combination at")
-    ap.add_argument("--defaults-only", action="store_true", help="only every correction on, at each gate")
+    ap.add_argument("--defaults-only", action="store_true", help="only the combination validate applies by default, at each gate")
     args = ap.parse_args(argv)
     gates, units = tunings(args.gates, args.se_units)
     specs = dict(d.split("=", 1) if "=" in d else (Path(d).name, d) for d in args.dirs)

@@ -388,7 +388,8 @@ class Campaign:
         if copy.exists():
             shutil.rmtree(copy)
         shutil.copytree(where, copy)
-        off = vcfg.model_copy(update={"validation": vcfg.validation.model_copy(update={"live": False, "first_token": "off"})})
+        alone = {"live": False, "first_token": "off", "drift": "off" if vcfg.validation.drift == "off" else "apply"}
+        off = vcfg.model_copy(update={"validation": vcfg.validation.model_copy(update=alone)})
         v = validate(off, [], copy, twin=str(self.twin_path()))
         acc = json.loads((copy / "accuracy.json").read_text())
         return {"metrics": acc["metrics"], "signs": sides(v.cells), "coverage": float(v.cells["inside"].mean())}

@@ -63,12 +63,13 @@ def sh(cmd: list[str], env: dict[str, str]) -> None:
 # term held at zero; "five-term model" is the model without any of the three.
 VARIANTS = {"without attention": "attn_s_per_pair", "without admission": "admit_s", "without warm-up": "warmup_s",
             "without the shape correction": "shape_s", "five-term model": "attn_s_per_pair,admit_s,warmup_s,shape_s"}
-# The corrections the replays get, switched off one at a time: the same profiles, validated with
+# The corrections the replays get, each switched from its default (the drift probe is recorded, not
+# applied, by default): the same profiles, validated with
 # these config keys (every combination of the three: benchmarks/corrections.py)
 SWITCHES = {"without the first-token factor": "no-first-token", "without the live factor": "no-live",
-            "without the drift probe": "no-drift"}
+            "with the drift probe applied": "drift"}
 SETTINGS = {"no-first-token": ["validation.first_token=false"], "no-live": ["validation.live=false"],
-            "no-drift": ["validation.drift=false"]}
+            "drift": ["validation.drift=apply"]}
 
 
 def ablate(bl: list[str], config: Path, out: Path, strategies: list[str], env: dict[str, str]) -> dict:

@@ -7,9 +7,10 @@ For each workload (the config's own traffic, `base`, and any held-out ones in `v
    the profile of the path the strategy uses (request-level for naive/dynamic, iteration-level for
    continuous) or, for a server (backend.kind openai), on its twin (`--twin`: the twin config
    `batchlab profile` wrote, its scheduler and limits); twice more with costs scaled by 1 -+ the
-   fit's RMS error; every replay's step costs times the machine's speed around the runs (a
-   reference burst, `validation.drift`) and the live factor measured on the *other* workloads'
-   real runs (calibrate/live.py, `validation.live`), so no workload is judged on itself;
+   fit's RMS error; every replay's step costs times the live factor measured on the *other*
+   workloads' real runs (calibrate/live.py, `validation.live`), so no workload is judged on
+   itself; the machine's speed around the runs (a reference burst, `validation.drift`) is
+   recorded beside, and scales the replays too with `validation.drift: apply`;
 4. a burst per strategy (a queue that never empties) on both sides: throughput is judged there,
    where the backend sets it; below capacity the trace sets it and hides any error.
 Latency (p50 E2E, p50/p99 TTFT, p50 TPOT) is judged per trace below capacity. The profiles are
@@ -421,7 +422,8 @@ def corrections(cfg: RunConfig, measured: dict[str, Measured], profiles: dict[st
     correction (validation.first_token), each measured with the ones before it applied, and each
     applied only where it is more than validation.gate standard errors from none."""
     gate, form, units = cfg.validation.gate, cfg.validation.first_token, cfg.validation.se_units
-    base = {name: {lvl: d.gated(gate) for lvl, d in m.drift.items()} for name, m in measured.items()}
+    applied = cfg.validation.drift == "apply"      # `measure` times the probe for the record only
+    base = {name: {lvl: d.gated(gate) for lvl, d in m.drift.items()} if applied else {} for name, m in measured.items()}
     out = Corrections({name: dict(d) for name, d in base.items()})
     for _ in range(live.LIVE_PASSES if cfg.validation.live else 0):
         out.ratios = live_ratios(cfg, measured, out.drifts, profiles, executor)
@@ -476,7 +478,7 @@ def first_run(cfg: RunConfig, name: str, where: Path, real_backend: LentBackend,
     """A workload's reference burst before its runs (with `validation.drift`) and its real runs;
     what is kept in `where` already is not run again."""
     wc = cfg.workload(name)
-    if cfg.validation.drift:
+    if cfg.validation.drift != "off":
         where.mkdir(parents=True, exist_ok=True)
         reference(where / "reference.csv", "before", sorted({level_of(s) for s in cfg.strategies}), real_backend, say)
     return _sweep(wc, where / "real", real_backend, say)
@@ -486,7 +488,7 @@ def measure_workload(cfg: RunConfig, name: str, profiles: dict[str, Profile], wh
     """One workload's real runs (and rerun), the reference bursts around them and its saturation
     bursts; each kept in `where` as it comes, so a killed validation resumes where it stopped."""
     wc = cfg.workload(name)
-    noise, drift_on = cfg.validation.noise, cfg.validation.drift
+    noise, drift_on = cfg.validation.noise, cfg.validation.drift != "off"
     levels = sorted({level_of(s) for s in cfg.strategies})
     real_backend, ref = LentBackend(wc), where / "reference.csv"
     try:
@@ -571,7 +573,7 @@ def judge_workload(cfg: RunConfig, name: str, m: Measured, drift: dict[str, Drif
     sims = simulate_points(wc, m.real, profiles, executor, drift)
     lat = accuracy.cells(m.real, m.rerun, sims, KEY, accuracy.LATENCY, "latency")
     lat.insert(1, "workload", name)
-    if cfg.validation.drift:       # the same replays at the profile's own speed: what the corrections earn
+    if cfg.validation.drift != "off":     # the same replays at the profile's own speed: what the corrections earn
         plain = simulate_points(wc, m.real, profiles, executor, sides={"sim": 0.0})["sim"]
         lat = lat.merge(plain.melt(id_vars=KEY, value_vars=list(accuracy.LATENCY), var_name="metric",
                                    value_name="sim_uncorrected"), on=KEY + ["metric"], how="left")
@@ -644,7 +646,7 @@ def accuracy_record(cfg: RunConfig, profiles: dict[str, Profile], table: pd.Data
     """accuracy.json: the profiles, workloads, drift and load, and the per-metric figures (with and,
     where drift was corrected, without the correction)."""
     uncorrected = {}
-    if cfg.validation.drift:
+    if cfg.validation.drift != "off":
         lat = table[table["kind"] == "latency"]
         err = ((lat["sim_uncorrected"] - lat["real"]) / lat["real"]).abs()
         uncorrected = {m: {"error_median": float(e.median()), "error_p90": float(e.quantile(0.9))}
@@ -652,7 +654,7 @@ def accuracy_record(cfg: RunConfig, profiles: dict[str, Profile], table: pd.Data
     return {"profiles": {lvl: {"path": p.path, "fit_rms_rel_error": p.sigma} for lvl, p in profiles.items()},
             "workloads": {"base": {}} | cfg.validation.workloads, "noise_runs": 2 if cfg.validation.noise else 1,
             "drift": {w: {lvl: {"factor": d.factor, "spread": d.spread, "timings": d.timings, "against": d.against,
-                                "applied": d.gated(cfg.validation.gate) is d}
+                                "applied": cfg.validation.drift == "apply" and d.gated(cfg.validation.gate) is d}
                           for lvl, d in ds.items()} for w, ds in drifts.items()},
             "load_1min": _loads(out, ["base", *cfg.validation.workloads]),
             "reference_burst": {"rows": REFERENCE[0], "prompt": REFERENCE[1], "new_tokens": REFERENCE[2]},
@@ -735,13 +737,20 @@ def validate_cmd(config, profiles, overrides, out, executor, twin):
         if f:
             click.echo(f"drift ({name}): the machine ran the reference burst at " + ", ".join(
                 f"{v['factor']:.2f}x the {lvl}-level profile's time ({_against(v)}; spread {100 * v['spread']:.0f}%)"
-                for lvl, v in f.items()) + "; the replays were scaled by it")
+                for lvl, v in f.items()) + _drift_use(cfg.validation.drift, [v["applied"] for v in f.values()]))
     for line in live_lines(acc.get("live") or {}, cfg.validation.live, cfg.validation.first_token):
         click.echo(line)
     if acc["uncorrected"]:
         click.echo("without any correction (drift, live, first-token), median |error|: " + ", ".join(
             f"{m} {100 * v['error_median']:.1f}%" for m, v in acc["uncorrected"].items()))
     click.echo(f"wrote {out_dir / 'validation.csv'}, {out_dir / 'accuracy.json'}, {out_dir / 'validation.png'}")
+
+
+def _drift_use(mode: str, applied: list[bool]) -> str:
+    """What the replays did with the drift probe's reading."""
+    if mode != "apply":
+        return "; recorded, not applied (validation.drift: measure)"
+    return "; the replays were scaled by it" if all(applied) else "; applied where it passed the gate only"
 
 
 def live_lines(rec: dict, on: bool, first_on: str = "off") -> list[str]:

@@ -273,7 +273,7 @@ def test_price_front_end_recovers_a_front_end_added_to_the_twins_own_steps(tmp_p
 
 
 def test_corrections_judges_the_default_combination_at_each_gate(tmp_path):
-    """--defaults-only --gates 0,2: every correction on, once as measured and once gated; the
+    """--defaults-only --gates 0,2: validate's default corrections, once as measured and once gated; the
     gated replay's record says so in its label and its `on`."""
     toy_validation(tmp_path / "v")
     out = tmp_path / "gates.json"
@@ -283,8 +283,8 @@ def test_corrections_judges_the_default_combination_at_each_gate(tmp_path):
     assert res.returncode == 0, res.stderr
     rec = json.loads(out.read_text())
     variants = rec["conditions"]["toy"]["variants"]
-    assert [v["label"] for v in variants] == ["drift probe + live factor + first-token delay",
-                                              "drift probe + live factor + first-token delay (gate 2)"]
+    assert [v["label"] for v in variants] == ["live factor + first-token delay",       # validate's default
+                                              "live factor + first-token delay (gate 2)"]
     assert [v["on"]["gate"] for v in variants] == [0.0, 2.0]
     assert rec["command"].endswith("--gates 0,2 --defaults-only --json " + str(out))
     assert [s["label"] for s in rec["summary"]] == [v["label"] for v in variants]
@@ -302,8 +302,8 @@ def test_corrections_judges_each_count_of_the_standard_errors(tmp_path):
     rec = json.loads(out.read_text())
     variants = rec["conditions"]["toy"]["variants"]
     assert [v["label"] for v in variants] == [
-        "drift probe + live factor + first-token delay (gate 2, standard errors over cells)",
-        "drift probe + live factor + first-token delay (gate 2, standard errors over workloads)"]
+        "live factor + first-token delay (gate 2, standard errors over cells)",
+        "live factor + first-token delay (gate 2, standard errors over workloads)"]
     assert [v["on"]["se_units"] for v in variants] == ["cells", "workloads"]
     assert "--gates 2 --se-units cells,workloads --defaults-only" in rec["command"]
 

@@ -60,8 +60,8 @@ def test_validation_detects_step_times_that_are_30_percent_too_slow(tmp_path):
 def test_drift_correction_absorbs_a_uniform_speed_change_but_not_a_wrong_shape(tmp_path):
     import json
     # uniform: the profile is 1.3x slow everywhere, as a machine 1.3x faster today than when profiled
-    v = validate(load_config(None, BASE + ["strategies=[dynamic,continuous]"]), [toy_profile(tmp_path, scale=1.3)],
-                 tmp_path / "u")
+    v = validate(load_config(None, BASE + ["strategies=[dynamic,continuous]", "validation.drift=apply"]),
+                 [toy_profile(tmp_path, scale=1.3)], tmp_path / "u")
     acc = json.loads((tmp_path / "u" / "accuracy.json").read_text())
     assert {k: v["factor"] for k, v in acc["drift"]["base"].items()} == {"request": pytest.approx(1 / 1.3),
                                                                          "iteration": pytest.approx(1 / 1.3)}
@@ -74,8 +74,27 @@ def test_drift_correction_absorbs_a_uniform_speed_change_but_not_a_wrong_shape(t
     path = tmp_path / "shape.json"
     toy = load_cost("toy")
     replace(toy, decode_s_per_row=3 * toy.decode_s_per_row).to_json(path, level="any")
-    v = validate(load_config(None, BASE + ["strategies=[continuous]"]), [str(path)], tmp_path / "s")
+    v = validate(load_config(None, BASE + ["strategies=[continuous]", "validation.drift=true"]), [str(path)], tmp_path / "s")
     assert v.cells["error"].abs().max() > 0.02
+
+
+def test_by_default_the_drift_probe_is_timed_and_recorded_but_scales_nothing(tmp_path):
+    """validation.drift: measure (the default): the reference bursts are timed and their factor
+    kept in accuracy.json, not applied, so the replays are those with the probe off."""
+    import json
+    cfg = load_config(None, BASE + ["strategies=[continuous]"])
+    assert cfg.validation.drift == "measure"
+    v = validate(cfg, [toy_profile(tmp_path, scale=1.3)], tmp_path / "m")
+    acc = json.loads((tmp_path / "m" / "accuracy.json").read_text())
+    assert acc["drift"]["base"]["iteration"]["factor"] == pytest.approx(1 / 1.3)
+    assert acc["drift"]["base"]["iteration"]["applied"] is False
+    assert (tmp_path / "m" / "base" / "reference.csv").is_file()
+    off = validate(load_config(None, BASE + ["strategies=[continuous]", "validation.drift=false"]),
+                   [toy_profile(tmp_path, scale=1.3)], tmp_path / "o")
+    assert off.cells["sim"].tolist() == v.cells["sim"].tolist() and not (tmp_path / "o" / "base" / "reference.csv").exists()
+    assert by_cell(v, "tpot_p50")["error"].to_numpy() == pytest.approx(0.30, abs=0.01)     # the 1.3x not absorbed
+    with pytest.raises(ConfigError, match="drift"):
+        load_config(None, BASE + ["validation.drift=sometimes"])
 
 
 def test_the_noise_floor_is_a_second_run_of_the_same_traces(tmp_path):
