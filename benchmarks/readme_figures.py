@@ -716,7 +716,8 @@ def _twin_profile(d: dict) -> list[str]:
     said = "; ".join(f"{k} {v['value']} ({v['source']})" for k, v in lim.items())
     return [f"Profile (`{d['conditions']['quiet']['profiled']['command']}`, 1-minute load "
             f"{p['load_1min'][0]:.1f}–{p['load_1min'][1]:.1f}): batch sizes {g['batch_sizes']}, contexts "
-            f"{g['contexts']}, prompts {g['prompts']}, {g['repeats']} repeats; {p['fit_samples']} steps fitted with "
+            f"{g['contexts']}, prompts {g['prompts']}" + (f", crowds {g['crowds']}" if g.get("crowds") else "")
+            + f", {g['repeats']} repeats; {p['fit_samples']} steps fitted with "
             f"{_pct(p['fit_rms_rel_error'])} rms relative error; decode step {1e3 * p['decode_step_s_at_1']:.2f} ms at "
             f"one row; " + _front(p) + f". Limits read: {said}."]
 
