@@ -175,6 +175,12 @@ def test_a_correction_the_gate_left_out_says_so():
     assert "`base` 1.01× (server, ± 2 %, not applied); `long` 1.20× (server, ± 2 %)" in line
 
 
+def test_a_drift_factor_the_replays_were_not_scaled_by_says_so():
+    drift = {"base": {"server": {"factor": 1.29, "applied": False}}, "long": {"server": {"factor": 1.61, "applied": True}},
+             "old": {"server": {"factor": 1.1}}}
+    assert figures()._drifts(drift) == "`base` 1.29× (not applied), `long` 1.61×, `old` 1.10×"
+
+
 def test_past_the_knee_the_served_rate_is_set_beside_the_knees():
     mod = figures()
     d = _serving_result([40.0, 45.0])
