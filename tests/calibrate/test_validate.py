@@ -458,3 +458,10 @@ def test_counted_over_workloads_the_corrections_keep_their_factors_and_widen_the
         one, other = per["iteration"], cells["per_workload"][w]["iteration"]
         assert one["factor"] == pytest.approx(other["factor"]) and one["se"] >= other["se"] and one["cells"] == other["cells"]
     assert units["pooled"]["iteration"]["se"] >= cells["pooled"]["iteration"]["se"]
+
+
+def test_the_cli_says_what_the_replays_did_with_the_drift_probe():
+    from batchlab.calibrate.validate import _drift_use
+    assert _drift_use("measure", [False, False]) == "; recorded, not applied (validation.drift: measure)"
+    assert _drift_use("apply", [True, True]) == "; the replays were scaled by it"
+    assert _drift_use("apply", [True, False]) == "; applied where it passed the gate only"
