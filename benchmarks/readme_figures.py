@@ -995,15 +995,15 @@ def refits(d: dict) -> str:
                          for n, f in d["fits"].items()) + ".", "",
              "| decode rows | steps | measured step | " + " | ".join(f"{n} | error" for n in names) + " |",
              "|---|---|---|" + "---|---|" * len(names)]
-    for b in d["batches"]:
-        lines.append(f"| {b['rows']} | {b['steps']} | {_fine_ms(b['measured_s'])} | " + " | ".join(
-            f"{_fine_ms(b['variants'][n]['predicted_s'])} | {_signed(b['variants'][n]['error'])}" for n in names) + " |")
+    def judged(row: dict) -> str:          # the measured median, then each variant's prediction and error
+        return f"{_fine_ms(row['measured_s'])} | " + " | ".join(
+            f"{_fine_ms(row['variants'][n]['predicted_s'])} | {_signed(row['variants'][n]['error'])}" for n in names) + " |"
+    lines += [f"| {b['rows']} | {b['steps']} | {judged(b)}" for b in d["batches"]]
     if d.get("admissions"):
         lines += ["", "| requests admitted in a prompt step | steps | their prompt tokens | measured step (median) | "
                   + " | ".join(f"{n} | error" for n in names) + " |", "|---|---|---|---|" + "---|---|" * len(names)]
-        lines += [f"| {a['admitted']} | {a['steps']} | {', '.join(map(str, a['prompt_tokens']))} | {_fine_ms(a['measured_s'])} | "
-                  + " | ".join(f"{_fine_ms(a['variants'][n]['predicted_s'])} | {_signed(a['variants'][n]['error'])}"
-                               for n in names) + " |" for a in d["admissions"]]
+        lines += [f"| {a['admitted']} | {a['steps']} | {', '.join(map(str, a['prompt_tokens']))} | {judged(a)}"
+                  for a in d["admissions"]]
     for w in d["whatif"]:
         lines += ["", *_refit_bursts(w, names)]
     return "\n".join(lines)

@@ -76,36 +76,31 @@ def variants(d: Path, prof: dict, rows: int | None, without: tuple[str, ...], ad
     return out
 
 
-def by_batch(samples: list[StepSample], costs: dict[str, StepCost]) -> list[dict]:
-    """Per decode batch size: its measured steps' median, and each variant's median prediction
-    and median relative error over the same steps."""
-    out = []
-    for b in sorted({s.decode_rows for s in samples if s.kind == "decode"}):
-        mine = [s for s in samples if s.kind == "decode" and s.decode_rows == b]
-        measured = np.array([s.seconds for s in mine])
-        row = {"rows": int(b), "steps": len(mine), "measured_s": float(np.median(measured)), "variants": {}}
-        for name, c in costs.items():
-            pred = np.array([c.step_time(s.context_tokens, 0, s.decode_rows) for s in mine])
-            row["variants"][name] = {"predicted_s": float(np.median(pred)), "error": float(np.median(pred / measured - 1))}
-        out.append(row)
+def judged(mine: list[StepSample], costs: dict[str, StepCost]) -> dict:
+    """Some measured steps' median, and each variant's median prediction and median relative error
+    over the same steps."""
+    measured = np.array([s.seconds for s in mine])
+    out = {"steps": len(mine), "measured_s": float(np.median(measured)), "variants": {}}
+    for name, c in costs.items():
+        pred = np.array([c.step_time(s.context_tokens, s.prefill_tokens, s.decode_rows, s.attn_pairs, s.admitted)
+                         for s in mine])
+        out["variants"][name] = {"predicted_s": float(np.median(pred)), "error": float(np.median(pred / measured - 1))}
     return out
+
+
+def by_batch(samples: list[StepSample], costs: dict[str, StepCost]) -> list[dict]:
+    """Per decode batch size: its measured steps, judged."""
+    decode = [s for s in samples if s.kind == "decode"]
+    return [{"rows": int(b)} | judged([s for s in decode if s.decode_rows == b], costs)
+            for b in sorted({s.decode_rows for s in decode})]
 
 
 def by_admitted(samples: list[StepSample], costs: dict[str, StepCost]) -> list[dict]:
-    """Per count of requests admitted in a step (the prompt probes' steps): how many such steps,
-    their prompt tokens, and each variant's median relative error on them."""
-    out = []
-    for k in sorted({s.admitted for s in samples if s.admitted}):
-        mine = [s for s in samples if s.admitted == k]
-        measured = np.array([s.seconds for s in mine])
-        row = {"admitted": int(k), "steps": len(mine), "prompt_tokens": sorted({int(s.prefill_tokens) for s in mine}),
-               "measured_s": float(np.median(measured)), "variants": {}}
-        for name, c in costs.items():
-            pred = np.array([c.step_time(s.context_tokens, s.prefill_tokens, s.decode_rows, s.attn_pairs, s.admitted)
-                             for s in mine])
-            row["variants"][name] = {"predicted_s": float(np.median(pred)), "error": float(np.median(pred / measured - 1))}
-        out.append(row)
-    return out
+    """Per count of requests admitted in a step (the prompt probes' steps): those steps, judged,
+    and their prompt tokens."""
+    return [{"admitted": int(k), "prompt_tokens": sorted({int(s.prefill_tokens) for s in samples if s.admitted == k})}
+            | judged([s for s in samples if s.admitted == k], costs)
+            for k in sorted({s.admitted for s in samples if s.admitted})]
 
 
 def whatif(path: Path, twins: dict[str, Twin], base: int | None) -> dict:

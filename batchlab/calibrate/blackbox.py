@@ -64,6 +64,10 @@ class ProbeGrid:
     crowds: tuple[int, ...] = ()                 # crowd: prompts sent at once beside one stream
     crowd_tokens: int = 1024                     # crowd: prompt tokens one crowd sends at most (under a step's budget)
 
+    def crowd_sizes(self, p: int) -> list[int]:
+        """The crowds sent with p-token prompts: those whose prompts fit `crowd_tokens`."""
+        return [k for k in self.crowds if k * p <= self.crowd_tokens]
+
 
 @dataclass
 class BlackBoxProfile:
@@ -151,16 +155,12 @@ class Prober:
         for p in g.prompts:
             for streams, rows, context in self.beside_shapes():
                 await self.beside_probe(streams, rows, p, context, keep)
-            for k in self.crowd_sizes(p):
+            for k in g.crowd_sizes(p):
                 await self.beside_probe(1, k, p, min(g.contexts), keep, crowd=True)
             got = await self.send([(0.0, p, 2)])
             if keep:
                 r, s = got[0]
                 self.idle[p].append(s[0] - r.arrival_time)
-
-    def crowd_sizes(self, p: int) -> list[int]:
-        """The crowds sent with p-token prompts: those whose prompts fit `crowd_tokens`."""
-        return [k for k in self.grid.crowds if k * p <= self.grid.crowd_tokens]
 
     async def beside_probe(self, streams: int, rows: int, p: int, base: int, keep: bool, crowd: bool = False) -> None:
         """`rows` prompts of p tokens sent once `streams` streams from `base`-token prompts have
@@ -199,7 +199,7 @@ async def measure(target: LoadTarget, clock: Clock, grid: ProbeGrid, progress=No
 def most_samples(grid: ProbeGrid) -> int:
     """Step samples the grid can give at most: one per decode window of each (batch, context), as
     decode_gaps cuts a stream of `new_tokens` chunks, and one per prompt and prefill probe shape."""
-    crowds = sum(k for p in grid.prompts for k in grid.crowds if k * p <= grid.crowd_tokens)  # a sample per count at most
+    crowds = sum(sum(grid.crowd_sizes(p)) for p in grid.prompts)      # a sample per count at most
     return (len(grid.batch_sizes) * len(grid.contexts) * len(range(0, grid.new_tokens - WINDOW, WINDOW))
             + (len(grid.streams) + 1 + (len(grid.contexts) > 1)) * len(grid.prompts) + crowds)
 
