@@ -57,7 +57,7 @@ def by_default(on: dict) -> bool:
     """Whether a combination is the one `validate` applies by default (validation's own defaults;
     the drift probe counts as on only where it scales the replays, `apply`)."""
     v = ValidateConfig()
-    return on == {"drift": v.drift == "apply", "live": v.live, "first_token": v.first_token} | {
+    return on == {"drift": v.drift_applied, "live": v.live, "first_token": v.first_token} | {
         k: on[k] for k in TUNING if k in on}
 
 

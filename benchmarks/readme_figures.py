@@ -870,9 +870,11 @@ SERVER_NAMES = {"vllm": "vLLM", "transformers": "transformers serve", "batchlab"
 
 def _twin_whatif(w: dict, server: str = "vllm") -> list[str]:
     b = w["burst"]
+    how = (f"started at each other sequence cap beside a second at cap {w['caps'][0]['cap']}, {w['pairs']} pairs of "
+           f"bursts alternating between the two (ABBA order)" if "pairs" in w else
+           f"restarted at each sequence cap, {_times(len(w['caps'][0]['measured']))}")
     lines = [f"What-if ({_made_by(w)}): a burst of {b['requests']} requests ({b['prompt']} + {b['output']} "
-             f"tokens) on {SERVER_NAMES[server]} restarted at each sequence cap, "
-             f"{_times(len(w['caps'][0]['measured']))}, against the twin of the one profile:", "",
+             f"tokens) on {SERVER_NAMES[server]} {how}, against the twin of the one profile:", "",
              "| cap | measured tok/s | twin tok/s | error | measured p50 TPOT | twin p50 TPOT | error |",
              "|---|---|---|---|---|---|---|"]
     for c in w["caps"]:
@@ -886,7 +888,17 @@ def _twin_whatif(w: dict, server: str = "vllm") -> list[str]:
         caps = [(c["cap"], c["earlier_predictions"][i]) for c in w["caps"]]
         lines += ["", f"Predicted before by `{e['by']}`: " + "; ".join(
             f"cap {cap} {p['tok_s']:.0f} tok/s, p50 TPOT {1e3 * p['tpot_p50']:.1f} ms" for cap, p in caps) + "."]
-    return lines + ["", _twin_direction(w["caps"])]
+    return lines + ["", _twin_direction(w["caps"])] + _beside(w["caps"][1:])
+
+
+def _beside(caps: list[dict]) -> list[str]:
+    """What the waiting server of a pair took from the shared core while the other ran its burst."""
+    runs = [r for c in caps for r in c["measured"] + c.get("control", []) if "beside_cpu_s" in r]
+    if not runs:
+        return []
+    shares = [r["beside_cpu_s"] / r["wall_s"] for r in runs]
+    return ["", f"While one server of a pair ran its burst, the waiting one took {100 * statistics.median(shares):.1f} % "
+                f"of a core (median over {len(runs)} bursts; {100 * min(shares):.1f} to {100 * max(shares):.1f} %)."]
 
 
 def _times(n: int) -> str:
@@ -895,16 +907,29 @@ def _times(n: int) -> str:
 
 def _twin_direction(caps: list[dict]) -> str:
     """Each other cap against the first (the profile's own): the change the server showed and the twin's."""
-    def change(c: dict, key: str) -> tuple[float, float]:
-        real = statistics.median(r[key] for r in c["measured"]) / statistics.median(r[key] for r in caps[0]["measured"])
-        return real - 1, c["predicted"][key] / caps[0]["predicted"][key] - 1
     parts = []
     for c in caps[1:]:
         for key, name in (("tok_s", "throughput"), ("tpot_p50", "p50 TPOT")):
-            real, twin = change(c, key)
-            parts.append(f"cap {c['cap']} {name} {_signed(real)} measured, {_signed(twin)} twin "
-                         f"({'same direction' if real * twin > 0 else 'OPPOSITE direction'})")
+            real, spread = _measured_change(c, caps[0], key)
+            twin = c["predicted"][key] / caps[0]["predicted"][key] - 1
+            parts.append(f"cap {c['cap']} {name} {_signed(real)} measured{spread}, {_signed(twin)} twin "
+                         f"({'same direction' if real * twin > 0 else 'OPPOSITE direction'}; "
+                         f"{_against_change(twin, real)})")
     return f"Against cap {caps[0]['cap']}: " + "; ".join(parts) + "."
+
+
+def _measured_change(c: dict, first: dict, key: str) -> tuple[float, str]:
+    """The server's change from the first cap: the median of the pairs' ratios where the cap ran
+    beside its own control (with their range), else the ratio of the two caps' medians."""
+    if "control" in c:
+        ratios = [r[key] / k[key] - 1 for r, k in zip(c["measured"], c["control"])]
+        return statistics.median(ratios), f" (pairs {_signed(min(ratios))} to {_signed(max(ratios))})"
+    return statistics.median(r[key] for r in c["measured"]) / statistics.median(r[key] for r in first["measured"]) - 1, ""
+
+
+def _against_change(twin: float, real: float) -> str:
+    """The twin's change over the server's: within 15 % of it is the what-if's target."""
+    return f"the twin's change {twin / real:.2f}× the server's" if real else "no change measured"
 
 
 def _made_by(part: dict) -> str:
@@ -1485,6 +1510,7 @@ RENDER = {"sim_speed": sim_speed, "hf_dynamic_vs_naive": hf_dynamic_vs_naive, "e
           "busy_threads": busy_threads}
 # Result files written by a benchmark with other settings (serving-max-num-seqs-128.json, ...) use its renderer.
 FAMILIES = {"serving-": serving, "twin_vllm_per_request_": per_request,  # before "twin_": the first prefix wins
+            "twin_vllm_whatif_": twin_whatif,
             "engine_vs_hf_cb_": engine_vs_hf_cb, "validate_sim_": validate_sim, "twin_": twin, "four_modes_": four_modes,
             "length_grouping_": length_grouping, "corrections_": corrections, "refits_": refits,
             "intervals_": intervals}

@@ -22,7 +22,10 @@ every what-if cap.
    twin with its step costs moved by the fit's error (the interval); a saturated burst each.
 4. whatif: the server restarted at other sequence caps (--caps), a saturated burst at each
    (--whatif-runs times), against the twin's prediction from the one profile; the profile's own cap is measured
-   on the first server as the control.
+   on the first server as the control. With --whatif-pairs N, each cap's server is started beside
+   a second server at the profile's cap (both pinned to the same core; one works while the other
+   waits) and N pairs of bursts alternate between them, in ABBA order: a server's speed that moves
+   over minutes moves both of a pair alike, so the change is read pair by pair.
 5. contention: where a busy machine's slowdown comes from. --contention-rounds rounds of three
    saturated bursts in rotating order: quiet, the background load on the server's core only, and
    on every core (the client's too); beside each the share of the server's core others took
@@ -140,6 +143,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="whatif: the burst measured at each cap (requests, prompt and output tokens; an output of 2 "
                          "times the prompt passes almost alone)")
     ap.add_argument("--whatif-runs", type=int, default=2, help="whatif: bursts measured at each cap (their median is judged)")
+    ap.add_argument("--whatif-pairs", type=int, default=0,
+                    help="whatif: with N > 0, each other cap's server runs beside one at the profile's cap and N pairs "
+                         "of bursts alternate between them, so the machine's speed moves both alike (instead of "
+                         "--whatif-runs bursts on servers started one after another)")
     ap.add_argument("--batch-sizes", default=",".join(map(str, GRID.batch_sizes)),
                     help="profile: the decode bursts' sizes (up to the server's cap: a profile of a server started "
                          "at a larger cap can measure the steps a what-if at that cap runs)")
@@ -194,10 +201,11 @@ class Campaign:
 
     # --- the server -------------------------------------------------------------------------
     @contextmanager
-    def server(self, **limits):
-        """The server with the config's limits (`limits` replacing some), and the config pointed at it."""
+    def server(self, beside: bool = False, **limits):
+        """The server with the config's limits (`limits` replacing some), and the config pointed at it;
+        `beside`: a second one, on its own port and name, while the first still runs."""
         chosen = self.limits.merged(type(self.limits)(**limits))
-        with self.started(chosen) as running:
+        with self.started(chosen, beside) as running:
             self.running, self.started_at = running, time.monotonic()
             cfg = self.cfg.model_copy(update={"backend": self.cfg.backend.model_copy(
                 update={"base_url": running.url, "model": running.model})})
@@ -214,18 +222,22 @@ class Campaign:
             got = compare.saturated(backend, *BURST)
             print(f"warm-up: burst {k + 1} of {self.args.warm_bursts}: {got['tok_s']:.0f} tok/s", flush=True)
 
-    def started(self, chosen):
+    def started(self, chosen, beside: bool = False):
         """vLLM or transformers serve from their environment, or `batchlab serve` (continuous batching
         on --serve-config's model) with the same limits as `continuous` keys; its queue unbounded, as
-        the others' are, so an overloaded point queues rather than gets 429."""
+        the others' are, so an overloaded point queues rather than gets 429. `beside`: on the port
+        after and under another name (a server of the same name would be stopped as an orphan)."""
+        shift, suffix = (1, "-beside") if beside else (0, "")
         if self.args.server != "batchlab":
-            port = vllm.DEFAULT_PORTS[self.args.server]
-            return vllm.managed(self.args.server, "tiny", port, Path(self.args.venv), cpus=self.cpus, limits=chosen)
+            cmd, env, url, served = vllm.launch(self.args.server, "tiny", vllm.DEFAULT_PORTS[self.args.server] + shift,
+                                                Path(self.args.venv), 1024, "float32", self.cpus, chosen)
+            return process.managed(self.args.server + suffix, cmd, url, served, env, self.cpus, 400.0)
         if unsupported := [k for k in chosen.given() if k not in ContinuousConfig.model_fields]:
             raise ConfigError(f"batchlab serve takes its limits as continuous keys, not {', '.join(unsupported)}")
         sets = [f"continuous.{k}={v}" for k, v in chosen.given().items()]
-        cmd = process.serve_command(BATCHLAB_PORT, "continuous", self.args.serve_config, sets, "tiny", "--max-queue", "100000")
-        return process.managed("batchlab-serve-continuous", cmd, f"http://127.0.0.1:{BATCHLAB_PORT}/v1", "tiny",
+        port = BATCHLAB_PORT + shift
+        cmd = process.serve_command(port, "continuous", self.args.serve_config, sets, "tiny", "--max-queue", "100000")
+        return process.managed("batchlab-serve-continuous" + suffix, cmd, f"http://127.0.0.1:{port}/v1", "tiny",
                                cpus=self.cpus, wait_s=300)
 
     def profile_id(self) -> str | None:
@@ -388,7 +400,7 @@ class Campaign:
         if copy.exists():
             shutil.rmtree(copy)
         shutil.copytree(where, copy)
-        alone = {"live": False, "first_token": "off", "drift": "off" if vcfg.validation.drift == "off" else "apply"}
+        alone = {"live": False, "first_token": "off", "drift": "apply" if vcfg.validation.drift_timed else "off"}
         off = vcfg.model_copy(update={"validation": vcfg.validation.model_copy(update=alone)})
         v = validate(off, [], copy, twin=str(self.twin_path()))
         acc = json.loads((copy / "accuracy.json").read_text())
@@ -418,6 +430,31 @@ class Campaign:
         print(f"whatif: cap {cap}: measured {[round(r['tok_s']) for r in runs]} tok/s, "
               f"TPOT p50 {[round(1e3 * r['tpot_p50'], 1) for r in runs]} ms", flush=True)
         return {"cap": cap, "measured": runs, "predicted": predicted_burst(self.twin(), n, p, o, max_num_seqs=cap)}
+
+    def whatif_paired(self, cap: int) -> tuple[list[dict], dict]:
+        """--whatif-pairs pairs of bursts alternating between a server at the profile's cap and one at
+        `cap`, both up at once, in ABBA order. Each burst records the CPU seconds the waiting server
+        spent meanwhile (`beside_cpu_s`, over the burst's `wall_s`): what sharing the core with it cost. Returns the control's
+        runs and the cap's entry, its `control` the runs paired with its own, in order."""
+        n, p, o = self.whatif_burst
+        own = self.cfg.continuous.max_num_seqs
+        with self.server() as (_, control):
+            first = self.running
+            with self.server(beside=True, max_num_seqs=cap) as (_, other):
+                both = {own: (control, self.running), cap: (other, first)}
+                runs: dict[int, list[dict]] = {own: [], cap: []}
+                for k in range(self.args.whatif_pairs):
+                    for c in ((own, cap) if k % 2 == 0 else (cap, own)):
+                        backend, waiting = both[c]
+                        before, t0 = usage(waiting.pid), time.monotonic()
+                        got = compare.saturated(backend, n, p, o) | {"wall_s": time.monotonic() - t0}
+                        if before and (after := usage(waiting.pid)):
+                            got["beside_cpu_s"] = after.user_s + after.system_s - before.user_s - before.system_s
+                        runs[c].append(got)
+        print(f"whatif: cap {own} beside cap {cap}: measured {[round(r['tok_s']) for r in runs[own]]} and "
+              f"{[round(r['tok_s']) for r in runs[cap]]} tok/s", flush=True)
+        return runs[own], {"cap": cap, "measured": runs[cap], "control": runs[own],
+                           "predicted": predicted_burst(self.twin(), n, p, o, max_num_seqs=cap)}
 
     def alternate(self, cfg, backend) -> None:
         """Base and --alternate-with alternately from the server's start (see the module's docstring)."""
@@ -598,7 +635,9 @@ def run(c: Campaign, parts: list[str]) -> None:
         if a.condition == "busy":
             load = stack.enter_context(background_load(list(range(os.cpu_count() or 1)), a.busy_duty))
             c.record["conditions"]["busy"]["background"] = {k: v for k, v in load.items() if k != "pids"}
-        cfg, backend = stack.enter_context(c.server())      # every part measures on the server
+        # every part measures on this server but the paired what-if, which starts its own
+        first = [p for p in parts if p != "whatif" or not a.whatif_pairs]
+        cfg, backend = stack.enter_context(c.server()) if first else (None, None)
         if "alternate" in parts:
             c.alternate(cfg, backend)
         if "profile" in parts:
@@ -607,17 +646,34 @@ def run(c: Campaign, parts: list[str]) -> None:
             c.knee(cfg, backend)
         if "validate" in parts:
             c.validate(cfg, backend)
-        whatif = [c.whatif_here(backend, c.cfg.continuous.max_num_seqs)] if "whatif" in parts else []
+        whatif = [c.whatif_here(backend, c.cfg.continuous.max_num_seqs)] if "whatif" in parts and not a.whatif_pairs else []
         if "contention" in parts:
             c.contention_check(backend)
         if "requests" in parts:
             c.request_costs(backend)
         if "rows" in parts:
             c.row_costs(backend)
+    burst = {"burst": dict(zip(("requests", "prompt", "output"), c.whatif_burst))}
+    if "whatif" in parts and a.whatif_pairs:
+        return whatif_paired(c, [int(x) for x in a.caps.split(",")], burst)
     for cap in ([int(x) for x in a.caps.split(",")] if "whatif" in parts else []):
         with c.server(max_num_seqs=cap) as (_, backend):
             whatif.append(c.whatif_here(backend, cap))
-        c.save("whatif", {"burst": dict(zip(("requests", "prompt", "output"), c.whatif_burst)), "caps": whatif})
+        c.save("whatif", burst | {"caps": whatif})
+
+
+def whatif_paired(c: Campaign, caps: list[int], burst: dict) -> None:
+    """The what-if cap by cap beside a server at the profile's cap (Campaign.whatif_paired); the
+    first entry pools every control burst, each other its own pairs. Saved after each cap."""
+    n, p, o = c.whatif_burst
+    own = {"cap": c.cfg.continuous.max_num_seqs, "measured": [],
+           "predicted": predicted_burst(c.twin(), n, p, o, max_num_seqs=c.cfg.continuous.max_num_seqs)}
+    entries = [own]
+    for cap in caps:
+        control, entry = c.whatif_paired(cap)
+        own["measured"] += control
+        entries.append(entry)
+        c.save("whatif", burst | {"pairs": c.args.whatif_pairs, "caps": entries})
 
 
 @user_errors
@@ -640,6 +696,8 @@ def main(argv: list[str] | None = None) -> None:
         raise ConfigError(f"--batch-sizes: want sizes of 1 or more, got {args.batch_sizes!r}")
     if not all(k.isdigit() and int(k) > 0 for k in args.crowds.split(",") if k):
         raise ConfigError(f"--crowds: want whole numbers above 0 separated by commas, got {args.crowds!r}")
+    if args.whatif_pairs < 0:
+        raise ConfigError(f"--whatif-pairs: want 0 or more, got {args.whatif_pairs}")
     if args.whatif_runs < 1:
         raise ConfigError(f"--whatif-runs: want at least 1, got {args.whatif_runs}")
     burst = args.whatif_burst.split(",")

@@ -181,6 +181,38 @@ def test_a_drift_factor_the_replays_were_not_scaled_by_says_so():
     assert figures()._drifts(drift) == "`base` 1.29× (not applied), `long` 1.61×, `old` 1.10×"
 
 
+def _burst(tok_s: float, tpot_s: float, **more) -> dict:
+    return {"requests": 8, "tok_s": tok_s, "req_s": tok_s / 10, "tpot_p50": tpot_s, "ttft_p50": 0.1, "failed": 0} | more
+
+
+def test_a_paired_what_if_reads_the_change_pair_by_pair_and_what_the_waiting_server_took():
+    mod = figures()
+    # the machine's speed moves between pairs; the caps' medians alone would read +30 % and +20 %
+    control = [_burst(1000, 0.020, wall_s=10, beside_cpu_s=0.1), _burst(500, 0.040, wall_s=20, beside_cpu_s=0.6),
+               _burst(800, 0.025, wall_s=10, beside_cpu_s=0.2)]
+    other = [_burst(1200, 0.030, wall_s=10, beside_cpu_s=0.2), _burst(600, 0.060, wall_s=20, beside_cpu_s=0.4),
+             _burst(1040, 0.030, wall_s=10, beside_cpu_s=0.3)]
+    w = {"burst": {"requests": 8, "prompt": 64, "output": 32}, "pairs": 3, "command": "twin.py --whatif-pairs 3",
+         "caps": [{"cap": 32, "measured": control, "predicted": _burst(800, 0.025)},
+                  {"cap": 128, "measured": other, "control": control, "predicted": _burst(880, 0.035)}]}
+    text = "\n".join(mod._twin_whatif(w))
+    assert "beside a second at cap 32, 3 pairs of bursts alternating" in text
+    assert "cap 128 throughput +20.0 % measured (pairs +20.0 % to +30.0 %), +10.0 % twin" in text
+    assert "the twin's change 0.50× the server's" in text
+    assert "cap 128 p50 TPOT +50.0 % measured (pairs +20.0 % to +50.0 %), +40.0 % twin" in text
+    assert "took 2.0 % of a core (median over 6 bursts; 1.0 to 3.0 %)" in text
+
+
+def test_a_what_if_on_servers_one_after_another_compares_the_caps_medians():
+    mod = figures()
+    w = {"burst": {"requests": 8, "prompt": 64, "output": 32}, "command": "twin.py",
+         "caps": [{"cap": 32, "measured": [_burst(1000, 0.02), _burst(900, 0.02)], "predicted": _burst(800, 0.025)},
+                  {"cap": 8, "measured": [_burst(570, 0.01), _burst(380, 0.01)], "predicted": _burst(400, 0.0125)}]}
+    text = "\n".join(mod._twin_whatif(w))
+    assert "restarted at each sequence cap, twice" in text and "pairs" not in text and "of a core" not in text
+    assert "cap 8 throughput -50.0 % measured, -50.0 % twin (same direction; the twin's change 1.00× the server's)" in text
+
+
 def test_past_the_knee_the_served_rate_is_set_beside_the_knees():
     mod = figures()
     d = _serving_result([40.0, 45.0])

@@ -422,7 +422,7 @@ def corrections(cfg: RunConfig, measured: dict[str, Measured], profiles: dict[st
     correction (validation.first_token), each measured with the ones before it applied, and each
     applied only where it is more than validation.gate standard errors from none."""
     gate, form, units = cfg.validation.gate, cfg.validation.first_token, cfg.validation.se_units
-    applied = cfg.validation.drift == "apply"      # `measure` times the probe for the record only
+    applied = cfg.validation.drift_applied      # `measure` times the probe for the record only
     base = {name: {lvl: d.gated(gate) for lvl, d in m.drift.items()} if applied else {} for name, m in measured.items()}
     out = Corrections({name: dict(d) for name, d in base.items()})
     for _ in range(live.LIVE_PASSES if cfg.validation.live else 0):
@@ -478,7 +478,7 @@ def first_run(cfg: RunConfig, name: str, where: Path, real_backend: LentBackend,
     """A workload's reference burst before its runs (with `validation.drift`) and its real runs;
     what is kept in `where` already is not run again."""
     wc = cfg.workload(name)
-    if cfg.validation.drift != "off":
+    if cfg.validation.drift_timed:
         where.mkdir(parents=True, exist_ok=True)
         reference(where / "reference.csv", "before", sorted({level_of(s) for s in cfg.strategies}), real_backend, say)
     return _sweep(wc, where / "real", real_backend, say)
@@ -488,7 +488,7 @@ def measure_workload(cfg: RunConfig, name: str, profiles: dict[str, Profile], wh
     """One workload's real runs (and rerun), the reference bursts around them and its saturation
     bursts; each kept in `where` as it comes, so a killed validation resumes where it stopped."""
     wc = cfg.workload(name)
-    noise, drift_on = cfg.validation.noise, cfg.validation.drift != "off"
+    noise, drift_on = cfg.validation.noise, cfg.validation.drift_timed
     levels = sorted({level_of(s) for s in cfg.strategies})
     real_backend, ref = LentBackend(wc), where / "reference.csv"
     try:
@@ -573,7 +573,7 @@ def judge_workload(cfg: RunConfig, name: str, m: Measured, drift: dict[str, Drif
     sims = simulate_points(wc, m.real, profiles, executor, drift)
     lat = accuracy.cells(m.real, m.rerun, sims, KEY, accuracy.LATENCY, "latency")
     lat.insert(1, "workload", name)
-    if cfg.validation.drift != "off":     # the same replays at the profile's own speed: what the corrections earn
+    if cfg.validation.drift_timed:     # the same replays at the profile's own speed: what the corrections earn
         plain = simulate_points(wc, m.real, profiles, executor, sides={"sim": 0.0})["sim"]
         lat = lat.merge(plain.melt(id_vars=KEY, value_vars=list(accuracy.LATENCY), var_name="metric",
                                    value_name="sim_uncorrected"), on=KEY + ["metric"], how="left")
@@ -646,7 +646,7 @@ def accuracy_record(cfg: RunConfig, profiles: dict[str, Profile], table: pd.Data
     """accuracy.json: the profiles, workloads, drift and load, and the per-metric figures (with and,
     where drift was corrected, without the correction)."""
     uncorrected = {}
-    if cfg.validation.drift != "off":
+    if cfg.validation.drift_timed:
         lat = table[table["kind"] == "latency"]
         err = ((lat["sim_uncorrected"] - lat["real"]) / lat["real"]).abs()
         uncorrected = {m: {"error_median": float(e.median()), "error_p90": float(e.quantile(0.9))}
@@ -654,7 +654,7 @@ def accuracy_record(cfg: RunConfig, profiles: dict[str, Profile], table: pd.Data
     return {"profiles": {lvl: {"path": p.path, "fit_rms_rel_error": p.sigma} for lvl, p in profiles.items()},
             "workloads": {"base": {}} | cfg.validation.workloads, "noise_runs": 2 if cfg.validation.noise else 1,
             "drift": {w: {lvl: {"factor": d.factor, "spread": d.spread, "timings": d.timings, "against": d.against,
-                                "applied": cfg.validation.drift == "apply" and d.gated(cfg.validation.gate) is d}
+                                "applied": cfg.validation.drift_applied and d.gated(cfg.validation.gate) is d}
                           for lvl, d in ds.items()} for w, ds in drifts.items()},
             "load_1min": _loads(out, ["base", *cfg.validation.workloads]),
             "reference_burst": {"rows": REFERENCE[0], "prompt": REFERENCE[1], "new_tokens": REFERENCE[2]},

@@ -70,6 +70,7 @@ def test_the_serving_script_answers_help():
     ("twin.py", ["--batch-sizes", "1,two"], "--batch-sizes: want whole numbers"),
     ("twin.py", ["--whatif-burst", "384,64"], "--whatif-burst: want N,PROMPT,OUTPUT"),
     ("twin.py", ["--whatif-runs", "0"], "--whatif-runs: want at least 1"),
+    ("twin.py", ["--whatif-pairs", "-1"], "--whatif-pairs: want 0 or more"),
     ("intervals.py", ["old=/nonexistent/validate"], "/nonexistent/validate: no validation.csv"),
     ("intervals.py", ["/nonexistent/validate"], "expected NAME=DIR"),
 ])
@@ -448,3 +449,47 @@ def test_intervals_rejudges_a_kept_validation_under_each_rule_without_running_it
                          text=True, timeout=300)
     assert res.returncode == 0, res.stderr
     assert json.loads((tmp_path / "c.json").read_text())["validations"]["toy"] == rec
+
+
+def test_a_paired_what_if_alternates_abba_between_two_servers_up_at_once(tmp_path, monkeypatch):
+    from contextlib import contextmanager
+    from types import SimpleNamespace
+    spec = importlib.util.spec_from_file_location("twin_paired", ROOT / "benchmarks" / "twin.py")
+    twin = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(twin)
+    monkeypatch.setattr(twin.process, "split_cores", lambda: None)     # the test process stays where it is
+    up, started, sent, spent = [], [], [], {1: 0.0, 2: 0.0}
+
+    @contextmanager
+    def server(self, beside=False, **limits):
+        cap = limits.get("max_num_seqs", self.cfg.continuous.max_num_seqs)
+        up.append(cap)
+        started.append(cap)
+        self.running = SimpleNamespace(pid=2 if beside else 1)
+        yield None, cap                                  # the "backend" is the cap it serves
+        up.remove(cap)
+
+    def saturated(backend, n, p, o):
+        assert len(up) == 2, "both servers are up while the pairs run"
+        sent.append(backend)
+        spent[1 if backend != 32 else 2] += 0.5          # the waiting server spends half a second a burst
+        return {"tok_s": 1000.0 * backend / 32, "tpot_p50": 0.02, "failed": 0}
+
+    monkeypatch.setattr(twin.Campaign, "server", server)
+    monkeypatch.setattr(twin.Campaign, "twin", lambda self: None)
+    monkeypatch.setattr(twin, "predicted_burst", lambda t, n, p, o, max_num_seqs: {"tok_s": float(max_num_seqs)})
+    monkeypatch.setattr(twin.compare, "saturated", saturated)
+    monkeypatch.setattr(twin, "usage", lambda pid: SimpleNamespace(user_s=spent[pid], system_s=0.0))
+    (tmp_path / "twin.yaml").write_text("# the profile part's twin; the test predicts nothing from it\n")
+    args = twin.parse_args([str(ROOT / "configs" / "twin-vllm.yaml"), "--parts", "whatif", "--whatif-pairs", "3",
+                            "--caps", "8,128", "--out", str(tmp_path), "--json", str(tmp_path / "twin.json")])
+    twin.run(twin.Campaign(args, "twin.py --whatif-pairs 3"), ["whatif"])
+    assert started == [32, 8, 32, 128]                  # no server of its own for the first part: none measures there
+    assert sent == [32, 8, 8, 32, 32, 8, 32, 128, 128, 32, 32, 128]
+    w = json.loads((tmp_path / "twin.json").read_text())["conditions"]["quiet"]["whatif"]
+    assert w["pairs"] == 3 and [c["cap"] for c in w["caps"]] == [32, 8, 128]
+    assert len(w["caps"][0]["measured"]) == 6 and "control" not in w["caps"][0]
+    assert [r["tok_s"] for r in w["caps"][2]["control"]] == [1000.0] * 3
+    assert [r["tok_s"] for r in w["caps"][2]["measured"]] == [4000.0] * 3
+    assert {r["beside_cpu_s"] for c in w["caps"][1:] for r in c["measured"] + c["control"]} == {0.5}
+    assert w["caps"][1]["predicted"] == {"tok_s": 8.0}

@@ -119,6 +119,16 @@ class ValidateConfig(Model):
     def _drift_form(cls, v: Any) -> Any:
         return {True: "apply", False: "off"}.get(v, v) if isinstance(v, bool) else v
 
+    @property
+    def drift_timed(self) -> bool:
+        """The reference bursts run and their factor is recorded (`apply` or `measure`)."""
+        return self.drift != "off"
+
+    @property
+    def drift_applied(self) -> bool:
+        """The replays are scaled by the reference bursts' factor, where it passes the gate."""
+        return self.drift == "apply"
+
     @field_validator("workloads")
     @classmethod
     def _not_base(cls, v: dict) -> dict:
