@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 from batchlab.calibrate.accuracy import twin_limit
+from batchlab.calibrate.twin_check import measured_change
 
 
 def _spread(values: list[float], fmt: str = "{:.2f}") -> str:
@@ -919,12 +920,9 @@ def _twin_direction(caps: list[dict]) -> str:
 
 
 def _measured_change(c: dict, first: dict, key: str) -> tuple[float, str]:
-    """The server's change from the first cap: the median of the pairs' ratios where the cap ran
-    beside its own control (with their range), else the ratio of the two caps' medians."""
-    if "control" in c:
-        ratios = [r[key] / k[key] - 1 for r, k in zip(c["measured"], c["control"])]
-        return statistics.median(ratios), f" (pairs {_signed(min(ratios))} to {_signed(max(ratios))})"
-    return statistics.median(r[key] for r in c["measured"]) / statistics.median(r[key] for r in first["measured"]) - 1, ""
+    """The server's change from the first cap (twin_check.measured_change), with its pairs' range."""
+    change, pairs = measured_change(c, first, key)
+    return change, f" (pairs {_signed(min(pairs))} to {_signed(max(pairs))})" if pairs else ""
 
 
 def _against_change(twin: float, real: float) -> str:

@@ -19,7 +19,8 @@ kept validation can be judged on it too (benchmarks/corrections.py NAME=DIR@TWIN
 Per decode batch size, and per count of requests a prompt step admitted: the measured steps'
 median and each variant's median relative error on them. Per --whatif (a benchmarks/twin.py record of bursts measured at several sequence caps): each
 cap's burst on the server (median of its runs) and on every variant's twin, and each cap's change
-from --base-cap (default: the record's first cap, the profile's own server) on both sides.
+from --base-cap (default: the record's first cap, the profile's own server) on both sides; the
+server's read pair by pair where a cap ran beside its own control (benchmarks/twin.py --whatif-pairs).
 """
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ import yaml
 from batchlab.backends.cost import COEFFS, StepCost
 from batchlab.calibrate.fit import SHAPE, StepSample, samples_from
 from batchlab.calibrate.twin import refitted
-from batchlab.calibrate.twin_check import Twin, predicted_burst
+from batchlab.calibrate.twin_check import Twin, measured_change, predicted_burst
 from batchlab.core.files import write_atomic
 from batchlab.errors import ConfigError, user_errors
 from batchlab.run.config import load_config
@@ -115,8 +116,11 @@ def whatif(path: Path, twins: dict[str, Twin], base: int | None) -> dict:
         caps.append({"cap": c["cap"], "measured": real, "variants": {
             name: {k: predicted_burst(t, n, p, o, max_num_seqs=c["cap"])[k] for k in KEYS} for name, t in twins.items()}})
     ref = next(c for c in caps if c["cap"] == base)
-    for c in caps:
-        c["change"] = {"measured": {k: c["measured"][k] / ref["measured"][k] - 1 for k in KEYS}} | {
+    for c, kept in zip(caps, w["caps"], strict=True):
+        # from the record's first cap, a cap run beside its control reads its change pair by pair
+        real = ({k: measured_change(kept, w["caps"][0], k)[0] for k in KEYS} if base == w["caps"][0]["cap"] else
+                {k: c["measured"][k] / ref["measured"][k] - 1 for k in KEYS})
+        c["change"] = {"measured": real} | {
             name: {k: v[k] / ref["variants"][name][k] - 1 for k in KEYS} for name, v in c["variants"].items()}
     return {"record": os.path.relpath(path.resolve(), ROOT), "burst": w["burst"], "base_cap": base, "caps": caps}
 

@@ -143,8 +143,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--whatif-burst", default=",".join(map(str, BURST)), metavar="N,PROMPT,OUTPUT",
                     help="whatif: the burst measured at each cap (requests, prompt and output tokens; an output of 2 "
                          "times the prompt passes almost alone)")
-    ap.add_argument("--whatif-runs", type=int, default=2,
-                    help="whatif, with --whatif-pairs 0: bursts measured at each cap (their median is judged)")
+    ap.add_argument("--whatif-runs", type=int, default=2, help="whatif, --whatif-pairs 0: bursts at each cap (median judged)")
     ap.add_argument("--whatif-pairs", type=int, default=6,
                     help="whatif: each other cap's server runs beside one at the profile's cap and N pairs of bursts "
                          "alternate between them, so the machine's speed moves both alike; 0: --whatif-runs bursts "

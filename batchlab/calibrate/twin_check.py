@@ -84,6 +84,18 @@ def predicted_burst(twin: Twin, n: int, prompt_len: int, output_len: int, **limi
     return burst_figures((twin.with_limits(**limits) if limits else twin).replay(fixed_burst(n, prompt_len, output_len)))
 
 
+def measured_change(entry: dict, first: dict, key: str) -> tuple[float, list[float]]:
+    """A what-if cap's change on the server from the first cap, for figure `key` of its bursts:
+    where the cap ran beside its own control (`control`, burst by burst in pairs), the median of
+    the pairs' ratios less one, with each pair's; else the ratio of the two caps' medians less one.
+    NOTE: pairs because two servers measured one after another take the machine's drift between
+    them for the cap's effect."""
+    if "control" in entry:
+        ratios = [r[key] / k[key] - 1 for r, k in zip(entry["measured"], entry["control"], strict=True)]
+        return statistics.median(ratios), ratios
+    return statistics.median(r[key] for r in entry["measured"]) / statistics.median(r[key] for r in first["measured"]) - 1, []
+
+
 def scaled_to_burst(twin: Twin, server_tok_s: float, n: int, prompt_len: int, output_len: int) -> Twin:
     """The twin with its step costs scaled so that its burst of n requests runs at `server_tok_s`
     (measured on the server just now). NOTE: throughput is not exactly inverse to the step scale

@@ -382,6 +382,26 @@ def test_refits_shows_what_a_fit_on_small_batches_misses_beyond_them(tmp_path):
     assert res.returncode == 2 and "no step of more than 128 rows" in res.stderr and not (tmp_path / "x.json").exists()
 
 
+def test_refits_reads_a_cap_measured_beside_its_control_pair_by_pair(tmp_path):
+    d = _reach_profile(tmp_path, 1.0)
+    ctl = [{"tok_s": 1000.0, "tpot_p50": 0.02, "ttft_p50": 0.5}, {"tok_s": 500.0, "tpot_p50": 0.04, "ttft_p50": 1.0},
+           {"tok_s": 800.0, "tpot_p50": 0.025, "ttft_p50": 0.6}]
+    mine = [{"tok_s": 1200.0, "tpot_p50": 0.03, "ttft_p50": 0.5}, {"tok_s": 600.0, "tpot_p50": 0.06, "ttft_p50": 1.0},
+            {"tok_s": 1040.0, "tpot_p50": 0.03, "ttft_p50": 0.6}]
+    record = tmp_path / "paired.json"
+    record.write_text(json.dumps({"conditions": {"quiet": {"whatif": {
+        "burst": {"requests": 48, "prompt": 16, "output": 8}, "pairs": 3,
+        "caps": [{"cap": 32, "measured": ctl}, {"cap": 128, "measured": mine, "control": ctl}]}}}}))
+    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "refits.py"), str(d), "--rows", "32", "--whatif",
+                          str(record), "--json", str(d / "refits.json")], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    (w,) = json.loads((d / "refits.json").read_text())["whatif"]
+    change = w["caps"][1]["change"]["measured"]
+    # each pair +20 % (the caps' medians would say +30 %), TPOT +50, +50 and +20 %
+    assert change["tok_s"] == pytest.approx(0.2) and change["tpot_p50"] == pytest.approx(0.5)
+    assert w["caps"][1]["measured"]["tok_s"] == 1040.0          # the burst itself: the median of its runs
+
+
 def test_refits_on_steps_of_one_admission_cannot_tell_a_pass_from_an_admission_and_crowds_can(tmp_path):
     """Prompt steps priced as a pass's setup and nothing per admission: with one admission a step
     the fit sees only the two prices' sum and may charge either; steps admitting 4 and 8 pin the

@@ -2,7 +2,16 @@
 twin scaled to a burst measured on the server."""
 import pytest
 
-from batchlab.calibrate.twin_check import Twin, alternation, point_figures, predicted_burst, predicted_knee, scaled_to_burst, stalled
+from batchlab.calibrate.twin_check import (
+    Twin,
+    alternation,
+    measured_change,
+    point_figures,
+    predicted_burst,
+    predicted_knee,
+    scaled_to_burst,
+    stalled,
+)
 from batchlab.core.request import Request, Status
 from batchlab.core.traffic import fixed_burst
 from batchlab.run.config import load_config
@@ -149,3 +158,15 @@ def test_alternated_pairs_give_the_workloads_ratio_on_both_sides_and_set_the_fre
     assert got["base_twin_over_server"] == pytest.approx((1.0 + 5 / 6) / 2)
     assert got["other_twin_over_server"] == pytest.approx((1.0 + 0.8) / 2)
     assert got["first_base_over_next"] == pytest.approx(9.0 / 5.0)
+
+
+def test_a_cap_measured_beside_its_control_changes_by_the_median_of_its_pairs():
+    first = {"measured": [{"tok_s": 1000.0}, {"tok_s": 500.0}, {"tok_s": 800.0}]}
+    paired = {"measured": [{"tok_s": 1200.0}, {"tok_s": 600.0}, {"tok_s": 1040.0}], "control": first["measured"]}
+    change, pairs = measured_change(paired, first, "tok_s")
+    assert change == pytest.approx(0.2) and pairs == pytest.approx([0.2, 0.2, 0.3])
+    # servers one after another: the caps' medians, which here read the machine's drift as +30 %
+    alone = {"measured": paired["measured"]}
+    assert measured_change(alone, first, "tok_s") == (pytest.approx(0.3), [])
+    with pytest.raises(ValueError):                       # a pair without its other half is no pair
+        measured_change(paired | {"control": first["measured"][:2]}, first, "tok_s")
