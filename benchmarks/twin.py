@@ -147,7 +147,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--whatif-pairs", type=int, default=6,
                     help="whatif: each other cap's server runs beside one at the profile's cap and N pairs of bursts "
                          "alternate between them, so the machine's speed moves both alike; 0: --whatif-runs bursts "
-                         "on servers started one after another (two such measurements ten minutes apart read vLLM's "
+                         "on servers started one after another (two such measurements thirteen minutes apart read vLLM's "
                          "cap-128 change as +27.8 and +3.5 %%, two paired ones +21.3 and +19.1 %%)")
     ap.add_argument("--batch-sizes", default=",".join(map(str, GRID.batch_sizes)),
                     help="profile: the decode bursts' sizes (up to the server's cap: a profile of a server started "
@@ -436,8 +436,8 @@ class Campaign:
     def whatif_paired(self, cap: int) -> tuple[list[dict], dict]:
         """--whatif-pairs pairs of bursts alternating between a server at the profile's cap and one at
         `cap`, both up at once, in ABBA order. Each burst records the CPU seconds the waiting server
-        spent meanwhile (`beside_cpu_s`, over the burst's `wall_s`): what sharing the core with it cost. Returns the control's
-        runs and the cap's entry, its `control` the runs paired with its own, in order."""
+        spent meanwhile (`beside_cpu_s`, over the burst's `wall_s`): what sharing the core cost.
+        Returns the control's runs and the cap's entry, its `control` the runs paired with its own."""
         n, p, o = self.whatif_burst
         own = self.cfg.continuous.max_num_seqs
         with self.server() as (_, control):
@@ -628,6 +628,9 @@ def run(c: Campaign, parts: list[str]) -> None:
         raise ConfigError(f"--warm-bursts: want 0 or more, got {a.warm_bursts}")
     if a.alternate_pairs < 1:
         raise ConfigError(f"--alternate-pairs: want at least 1, got {a.alternate_pairs}")
+    if "whatif" in parts and a.whatif_pairs and str(c.cfg.continuous.max_num_seqs) in [x.strip() for x in a.caps.split(",")]:
+        raise ConfigError(f"--caps {a.caps}: the profile's cap {c.cfg.continuous.max_num_seqs} is every pair's "
+                          "control; name only other caps (or --whatif-pairs 0)")
     if "profile" not in parts and (needing := [p for p in parts if p in TWIN_PARTS]) and not (c.out / "twin.yaml").is_file():
         # NOTE: before the server starts and a part measures for minutes, not after
         raise ConfigError(f"--parts {','.join(needing)}: no twin at {c.out / 'twin.yaml'}: run the profile part first")

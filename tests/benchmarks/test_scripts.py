@@ -71,6 +71,7 @@ def test_the_serving_script_answers_help():
     ("twin.py", ["--whatif-burst", "384,64"], "--whatif-burst: want N,PROMPT,OUTPUT"),
     ("twin.py", ["--whatif-runs", "0"], "--whatif-runs: want at least 1"),
     ("twin.py", ["--whatif-pairs", "-1"], "--whatif-pairs: want 0 or more"),
+    ("twin.py", ["--parts", "whatif", "--caps", "8,32"], "--caps 8,32: the profile's cap 32 is every pair's control"),
     ("intervals.py", ["old=/nonexistent/validate"], "/nonexistent/validate: no validation.csv"),
     ("intervals.py", ["/nonexistent/validate"], "expected NAME=DIR"),
 ])
