@@ -162,6 +162,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     a = parse(argv)
     prof = json.loads((a.dir / "profile.json").read_text())
+    samples = samples_from(prof["samples"])
     twins = {name: Twin(load_config(path)) for name, path in variants(a.dir, prof, a.rows, a.without, a.admitted).items()}
     costs = {name: t.cfg.backend.cost() for name, t in twins.items()}
     out = {"command": " ".join(["python benchmarks/refits.py", *(argv if argv is not None else sys.argv[1:])]),
@@ -169,8 +170,8 @@ def main(argv: list[str] | None = None) -> None:
            "fits": {name: {"fit_rms_rel_error": json.loads(Path(t.cfg.backend.profile).read_text()).get("fit_rms_rel_error")}
                     | {k: getattr(costs[name], k) for k in (*COEFFS, "admit_s_per_row", "frontend_s", "first_token_s")}
                     for name, t in twins.items()},
-           "batches": by_batch(samples_from(prof["samples"]), costs),
-           "admissions": by_admitted(samples_from(prof["samples"]), costs),
+           "batches": by_batch(samples, costs),
+           "admissions": by_admitted(samples, costs),
            "whatif": [whatif(p, twins, a.base_cap) for p in a.whatif]}
     write_atomic(a.json, json.dumps(out, indent=2) + "\n")
     print(f"wrote {a.json}")

@@ -190,6 +190,7 @@ class Campaign:
         self.whatif_burst = tuple(int(x) for x in args.whatif_burst.split(","))
         self.batch_sizes = tuple(int(b) for b in args.batch_sizes.split(","))
         self.crowds = tuple(int(k) for k in args.crowds.split(",") if k)
+        self.caps = tuple(int(k) for k in args.caps.split(","))      # whatif: each other cap
         self.cond = self.record.setdefault("conditions", {}).setdefault(args.condition, {})
         self.command = command
         self.moved = False                  # --front-end-on-engine: its twin is written for this profile
@@ -628,7 +629,7 @@ def run(c: Campaign, parts: list[str]) -> None:
         raise ConfigError(f"--warm-bursts: want 0 or more, got {a.warm_bursts}")
     if a.alternate_pairs < 1:
         raise ConfigError(f"--alternate-pairs: want at least 1, got {a.alternate_pairs}")
-    if "whatif" in parts and a.whatif_pairs and str(c.cfg.continuous.max_num_seqs) in [x.strip() for x in a.caps.split(",")]:
+    if "whatif" in parts and a.whatif_pairs and c.cfg.continuous.max_num_seqs in c.caps:
         raise ConfigError(f"--caps {a.caps}: the profile's cap {c.cfg.continuous.max_num_seqs} is every pair's "
                           "control; name only other caps (or --whatif-pairs 0)")
     if "profile" not in parts and (needing := [p for p in parts if p in TWIN_PARTS]) and not (c.out / "twin.yaml").is_file():
@@ -660,21 +661,21 @@ def run(c: Campaign, parts: list[str]) -> None:
             c.row_costs(backend)
     burst = {"burst": dict(zip(("requests", "prompt", "output"), c.whatif_burst))}
     if "whatif" in parts and a.whatif_pairs:
-        return whatif_paired(c, [int(x) for x in a.caps.split(",")], burst)
-    for cap in ([int(x) for x in a.caps.split(",")] if "whatif" in parts else []):
+        return whatif_in_pairs(c, burst)
+    for cap in (c.caps if "whatif" in parts else ()):
         with c.server(max_num_seqs=cap) as (_, backend):
             whatif.append(c.whatif_here(backend, cap))
         c.save("whatif", burst | {"caps": whatif})
 
 
-def whatif_paired(c: Campaign, caps: list[int], burst: dict) -> None:
+def whatif_in_pairs(c: Campaign, burst: dict) -> None:
     """The what-if cap by cap beside a server at the profile's cap (Campaign.whatif_paired); the
     first entry pools every control burst, each other its own pairs. Saved after each cap."""
     n, p, o = c.whatif_burst
     own = {"cap": c.cfg.continuous.max_num_seqs, "measured": [],
            "predicted": predicted_burst(c.twin(), n, p, o, max_num_seqs=c.cfg.continuous.max_num_seqs)}
     entries = [own]
-    for cap in caps:
+    for cap in c.caps:
         control, entry = c.whatif_paired(cap)
         own["measured"] += control
         entries.append(entry)
@@ -699,6 +700,8 @@ def main(argv: list[str] | None = None) -> None:
         raise ConfigError(f"--batch-sizes: want whole numbers separated by commas, got {args.batch_sizes!r}") from None
     if min(sizes) < 1:
         raise ConfigError(f"--batch-sizes: want sizes of 1 or more, got {args.batch_sizes!r}")
+    if not all(k.strip().isdigit() and int(k) > 0 for k in args.caps.split(",")):
+        raise ConfigError(f"--caps: want whole numbers above 0 separated by commas, got {args.caps!r}")
     if not all(k.isdigit() and int(k) > 0 for k in args.crowds.split(",") if k):
         raise ConfigError(f"--crowds: want whole numbers above 0 separated by commas, got {args.crowds!r}")
     if args.whatif_pairs < 0:

@@ -72,6 +72,7 @@ def test_the_serving_script_answers_help():
     ("twin.py", ["--whatif-runs", "0"], "--whatif-runs: want at least 1"),
     ("twin.py", ["--whatif-pairs", "-1"], "--whatif-pairs: want 0 or more"),
     ("twin.py", ["--parts", "whatif", "--caps", "8,32"], "--caps 8,32: the profile's cap 32 is every pair's control"),
+    ("twin.py", ["--caps", "8,big"], "--caps: want whole numbers above 0"),
     ("intervals.py", ["old=/nonexistent/validate"], "/nonexistent/validate: no validation.csv"),
     ("intervals.py", ["/nonexistent/validate"], "expected NAME=DIR"),
 ])
