@@ -889,7 +889,23 @@ def _twin_whatif(w: dict, server: str = "vllm") -> list[str]:
         caps = [(c["cap"], c["earlier_predictions"][i]) for c in w["caps"]]
         lines += ["", f"Predicted before by `{e['by']}`: " + "; ".join(
             f"cap {cap} {p['tok_s']:.0f} tok/s, p50 TPOT {1e3 * p['tpot_p50']:.1f} ms" for cap, p in caps) + "."]
-    return lines + ["", _twin_direction(w["caps"])] + _beside(w["caps"][1:])
+    return lines + ["", _twin_direction(w["caps"])] + _beside(w["caps"][1:]) + _steps(w["caps"], server)
+
+
+def _steps(caps: list[dict], server: str) -> list[str]:
+    """The engine steps each cap's bursts took on the server (its /metrics' per-step count)
+    against the twin's: a scheduling difference, apart from what each step costs."""
+    counted = [c for c in caps if "steps" in c["predicted"] and all("steps" in r for r in c["measured"])]
+    if not counted:
+        return []
+    parts = []
+    for c in counted:
+        steps = [r["steps"] for r in c["measured"]]
+        mid = statistics.median(steps)
+        parts.append(f"cap {c['cap']} {mid:.0f} ({min(steps):.0f} to {max(steps):.0f} over {len(steps)}) against "
+                     f"{c['predicted']['steps']} ({c['predicted']['steps'] / mid:.2f}×)")
+    return ["", f"Engine steps per burst, {SERVER_NAMES[server]}'s own count (its /metrics) against the twin's: "
+                + "; ".join(parts) + "."]
 
 
 def _beside(caps: list[dict]) -> list[str]:

@@ -213,6 +213,19 @@ def test_a_what_if_on_servers_one_after_another_compares_the_caps_medians():
     assert "cap 8 throughput -50.0 % measured, -50.0 % twin (same direction; the twin's change 1.00× the server's)" in text
 
 
+def test_a_what_if_with_engine_steps_counted_sets_the_servers_beside_the_twins():
+    mod = figures()
+    w = {"burst": {"requests": 8, "prompt": 64, "output": 32}, "command": "twin.py",
+         "caps": [{"cap": 32, "measured": [_burst(1000, 0.02, steps=100), _burst(900, 0.02, steps=104),
+                                           _burst(950, 0.02, steps=98)], "predicted": _burst(800, 0.025, steps=96)},
+                  {"cap": 8, "measured": [_burst(570, 0.01, steps=400)], "predicted": _burst(400, 0.0125, steps=384)}]}
+    line = "\n".join(mod._twin_whatif(w)).split("\n")[-1]
+    assert line == ("Engine steps per burst, vLLM's own count (its /metrics) against the twin's: cap 32 100 (98 to 104 "
+                    "over 3) against 96 (0.96×); cap 8 400 (400 to 400 over 1) against 384 (0.96×).")
+    del w["caps"][1]["measured"][0]["steps"]            # a cap not counted in every burst is left out
+    assert "cap 8" not in "\n".join(mod._twin_whatif(w)).split("\n")[-1]
+
+
 def test_past_the_knee_the_served_rate_is_set_beside_the_knees():
     mod = figures()
     d = _serving_result([40.0, 45.0])

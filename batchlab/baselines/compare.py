@@ -23,7 +23,7 @@ from batchlab.backends import process
 from batchlab.backends.openai_client import OpenAIBackend
 from batchlab.baselines import vllm
 from batchlab.baselines.loadtest import closed_loop, open_loop
-from batchlab.baselines.metrics import Peaks, metrics_url
+from batchlab.baselines.metrics import Peaks, engine_steps, metrics_url, steps_between
 from batchlab.core.clock import RealClock
 from batchlab.core.config import RunConfig
 from batchlab.core.files import write_atomic
@@ -144,8 +144,14 @@ def sent(backend: OpenAIBackend, trace: list[TraceItem]) -> list[Request]:
 def saturated(backend: OpenAIBackend, n: int, prompt_len: int, output_len: int) -> dict:
     """`n` requests sent at once (the same trace for every server), and the burst's figures
     (core/sustain.py burst_figures: tok/s and req/s in its steady middle, where the queue never
-    empties; median TPOT and TTFT over the finished; how many did not finish)."""
-    return {"requests": n} | burst_figures(sent(backend, fixed_burst(n, prompt_len, output_len)))
+    empties; median TPOT and TTFT over the finished; how many did not finish), with the engine
+    steps the server took for it where its /metrics count them (`steps`, and `step_sizes`: how
+    many fell in each bucket of the figure it counts per step; the twin's replay counts its own, so
+    a difference in how the two schedule shows apart from what each step costs)."""
+    before = engine_steps(backend.base_url)
+    figures = {"requests": n} | burst_figures(sent(backend, fixed_burst(n, prompt_len, output_len)))
+    after = engine_steps(backend.base_url) if before is not None else None
+    return figures | (steps_between(before, after) if before is not None and after is not None else {})
 
 
 def probe(name: str, backend: OpenAIBackend, cfg: RunConfig, rate: float) -> dict:

@@ -1,5 +1,6 @@
 """A server's /metrics read from outside: one scrape, the peaks of some series while it is loaded
-(a thread polling it), and a histogram's mean over a run from two scrapes of its _sum and _count.
+(a thread polling it), a histogram's mean over a run from two scrapes of its _sum and _count, and
+the engine steps a server took between two scrapes.
 The text format is parsed by prometheus_client (labels, escapes and comments that splitting a line
 gets wrong); batchlab serve and vLLM both expose it.
 """
@@ -13,6 +14,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
 POLL_S = 0.5
+# Histograms a server observes once per engine step (vLLM: the tokens each step computed; batchlab
+# serve: the rows of each step), so their _count is the steps it has taken since its start.
+STEP_HISTOGRAMS = ("vllm:iteration_tokens_total", "batchlab_batch_size")
 
 
 def samples(text: str) -> Iterator[Sample]:
@@ -37,6 +41,33 @@ def metrics_url(url: str) -> str:
 
 def scrape(url: str, names: Iterable[str]) -> dict[str, float]:
     return values(httpx.get(metrics_url(url), timeout=5).text, names)
+
+
+def engine_steps(url: str) -> dict[float, float] | None:
+    """The engine steps a server has taken since its start, by the bucket bounds of the first of
+    STEP_HISTOGRAMS it publishes (cumulative as published: the steps whose figure was at most the
+    bound; `math.inf`: all of them), summed over its engines; None where it publishes none or its
+    /metrics cannot be read (a count is only a reading, never a reason to fail the run around it)."""
+    try:
+        found: dict[str, dict[float, float]] = {}
+        for s in samples(httpx.get(metrics_url(url), timeout=5).text):
+            name = s.name.removesuffix("_bucket")
+            if name != s.name and name in STEP_HISTOGRAMS:
+                le = float(s.labels["le"])
+                found.setdefault(name, {})[le] = found.get(name, {}).get(le, 0.0) + s.value
+    except (httpx.HTTPError, ValueError, KeyError):
+        return None
+    return next((found[name] for name in STEP_HISTOGRAMS if name in found), None)
+
+
+def steps_between(before: dict[float, float], after: dict[float, float]) -> dict:
+    """The steps taken between two `engine_steps` readings (`steps`) and how many fell in each
+    bucket (`step_sizes`, keyed by its upper bound, only the buckets that got any)."""
+    bounds = sorted(after)
+    cumulative = [after[b] - before.get(b, 0.0) for b in bounds]
+    below = [0.0, *cumulative[:-1]]
+    sizes = {f"{b:g}": c - p for b, c, p in zip(bounds, cumulative, below, strict=True) if c != p}
+    return {"steps": cumulative[-1], "step_sizes": sizes}
 
 
 def histogram_means(before: dict[str, float], after: dict[str, float], names: Iterable[str]) -> dict[str, float | None]:

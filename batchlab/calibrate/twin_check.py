@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import secrets
 import statistics
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
@@ -29,6 +30,7 @@ import numpy as np
 from batchlab.backends.cost import StepCost
 from batchlab.backends.simulated import SimulatedBackend
 from batchlab.calibrate.validate import sim_cost
+from batchlab.core.clock import Clock
 from batchlab.core.config import RunConfig, SLOConfig, TrafficConfig
 from batchlab.core.metrics import summarize
 from batchlab.core.request import Request
@@ -36,6 +38,7 @@ from batchlab.core.search import knee, significant
 from batchlab.core.sustain import burst_figures, judge
 from batchlab.core.trace_item import TraceItem
 from batchlab.core.traffic import build_trace, fixed_burst
+from batchlab.core.work import Step
 from batchlab.run.point import run_point
 
 
@@ -53,11 +56,35 @@ class Twin:
         return replace(self, cfg=self.cfg.model_copy(update={"continuous": section}))
 
     def replay(self, trace: list[TraceItem], traffic: TrafficConfig | None = None, slo: SLOConfig | None = None,
-               rate: float = 1.0) -> list[Request]:
-        """The trace on the twin, in virtual time: its requests, times from the run's start."""
+               rate: float = 1.0, backend: SimulatedBackend | None = None) -> list[Request]:
+        """The trace on the twin, in virtual time: its requests, times from the run's start; on
+        `backend` where given (a fresh `simulator()`, to read its step count after)."""
         cfg = self.cfg.model_copy(update={"traffic": traffic or self.cfg.traffic, "slo": slo or self.cfg.slo})
-        backend = SimulatedBackend(sim_cost(cfg, self.cost or cfg.backend.cost(), self.scale))
-        return run_point(cfg, cfg.strategies[0], rate, 0, backend, trace).requests
+        return run_point(cfg, cfg.strategies[0], rate, 0, backend or self.simulator(), trace).requests
+
+    def simulator(self) -> SimulatedBackend:
+        """The simulated backend the twin's replays run on: its step costs, scaled."""
+        return SimulatedBackend(sim_cost(self.cfg, self.cost or self.cfg.backend.cost(), self.scale))
+
+
+class CountingSimulator(SimulatedBackend):
+    """The twin's simulator, one step at a time, counting its steps by the tokens each computed as
+    vLLM's `vllm:iteration_tokens_total` counts them: the prompt tokens computed plus one for every
+    row that got a token (a decode row, or a prompt completed in the step). Results are the same
+    as the simulator's with its decode windows (the windows only batch identical steps)."""
+
+    def __init__(self, cost: StepCost):
+        super().__init__(cost, decode_windows=False)
+        self.sizes: Counter[int] = Counter()
+
+    async def step(self, step: Step, clock: Clock) -> int:
+        size = 0
+        for r, n in step.chunks:
+            total = r.prompt_len + len(r.token_times)
+            decoding = n == 1 and r.num_computed_tokens + 1 == total and total > r.prompt_len
+            size += n + (not decoding and r.num_computed_tokens + n >= total)
+        self.sizes[size] += 1
+        return await super().step(step, clock)
 
 
 def predicted_knee(twin: Twin, traffic: TrafficConfig, slo: SLOConfig, bracket: tuple[float, float],
@@ -80,8 +107,12 @@ def predicted_knee(twin: Twin, traffic: TrafficConfig, slo: SLOConfig, bracket: 
 
 
 def predicted_burst(twin: Twin, n: int, prompt_len: int, output_len: int, **limits: Any) -> dict[str, float]:
-    """The burst on the twin, with `limits` replacing its own (the what-if)."""
-    return burst_figures((twin.with_limits(**limits) if limits else twin).replay(fixed_burst(n, prompt_len, output_len)))
+    """The burst on the twin, with `limits` replacing its own (the what-if), and the engine steps
+    it took (`steps`; `step_sizes`: how many computed each number of tokens, as vLLM counts them)."""
+    twin = twin.with_limits(**limits) if limits else twin
+    backend = CountingSimulator(twin.simulator().cost)
+    return burst_figures(twin.replay(fixed_burst(n, prompt_len, output_len), backend=backend)) | {
+        "steps": backend.steps, "step_sizes": {str(k): v for k, v in sorted(backend.sizes.items())}}
 
 
 def measured_change(entry: dict, first: dict, key: str) -> tuple[float, list[float]]:

@@ -36,6 +36,14 @@ def test_a_higher_sequence_cap_buys_burst_throughput_at_the_cost_of_tpot():
     assert t.cfg.continuous.max_num_seqs == 32          # the what-if leaves the twin itself alone
 
 
+@pytest.mark.parametrize("cap", [8, 16, 64])
+def test_a_burst_counts_the_steps_the_twin_took(cap):
+    """64 requests whose prompts all fit one step's token budget: each wave of `cap` takes one
+    prompt step (its first token) and 7 decode steps, and the next wave starts the step after."""
+    got = predicted_burst(twin(), 64, 16, 8, max_num_seqs=cap)
+    assert got["steps"] == 64 // cap * 8 and got["failed"] == 0
+
+
 def test_the_knee_is_a_rate_the_twin_holds_and_the_failed_rate_one_it_does_not():
     t = twin()
     k = predicted_knee(t, t.cfg.traffic, t.cfg.slo, bracket=(1.0, 200.0), tolerance=0.1, max_points=12)
