@@ -75,10 +75,15 @@ def saturated_tokens(requests: Iterable[Request]) -> float:
 
 def burst_figures(requests: list[Request]) -> dict[str, float]:
     """A saturated burst's figures, live or simulated alike: steady-middle output tok/s and req/s,
-    median TPOT and TTFT over its finished requests, and how many did not finish."""
+    median TPOT and TTFT over its finished requests, how many did not finish, and the median gap
+    between two tokens of any finished request (`gap_p50`): every running row gets a token each
+    step, and most of a burst's steps only decode, so this is its typical decode step, where TPOT
+    also carries the steps that computed others' prompts."""
     s = summarize(requests)
+    gaps = [np.diff(r.token_times) for r in requests if r.status.value == "finished" and len(r.token_times) > 1]
     return {"tok_s": saturated_tokens(requests), "req_s": saturated_rate(requests), "tpot_p50": s["tpot_p50"],
-            "ttft_p50": s["ttft_p50"], "failed": s["failed"] + s["unfinished"]}
+            "ttft_p50": s["ttft_p50"], "failed": s["failed"] + s["unfinished"],
+            "gap_p50": float(np.median(np.concatenate(gaps))) if gaps else float("nan")}
 
 
 def makespan_rate(requests: Iterable[Request]) -> float:

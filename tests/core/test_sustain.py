@@ -3,11 +3,21 @@ up, a queue growing fast or slowly, SLO percentiles, failures, a rate past satur
 reads, and the two measures of a burst."""
 import math
 
+import numpy as np
 import pytest
 
 from batchlab.core.config import SLOConfig
 from batchlab.core.request import Request, Status
-from batchlab.core.sustain import GROWTH, SERVED, judge, makespan_rate, queue_slope, saturated_rate, ttft_slope
+from batchlab.core.sustain import (
+    GROWTH,
+    SERVED,
+    burst_figures,
+    judge,
+    makespan_rate,
+    queue_slope,
+    saturated_rate,
+    ttft_slope,
+)
 
 SLO = SLOConfig(ttft_s=2.0, tpot_s=0.05)
 LO, HI = 2.0, 32.0
@@ -100,3 +110,20 @@ def test_a_deep_burst_measures_its_steady_middle_and_a_shallow_one_its_whole_spa
     shallow = burst(96, 96, step=2.0)                            # one batch: every request ends together
     assert makespan_rate(shallow) == pytest.approx(48.0)
     assert math.isinf(saturated_rate(shallow))                   # no middle to measure: why makespan_rate exists
+
+
+def test_a_bursts_gap_is_its_typical_step_where_tpot_carries_the_prompt_steps():
+    """Rows that decode in 10-ms steps, every fourth step 100 ms (others' prompts computed in it):
+    the median gap reads the decode step, the median TPOT the mean that includes the long ones."""
+    reqs = []
+    for i in range(12):
+        r = Request(f"r{i}", 8, 9, 0.0)
+        r.token_times = list(np.cumsum([0.5 + i] + [0.1 if k % 4 == 3 else 0.01 for k in range(8)]))
+        r.status = Status.FINISHED
+        reqs.append(r)
+    slow = Request("late", 8, 9, 0.0)                 # a request that never finished: none of its gaps count
+    slow.token_times, slow.status = [1.0, 3.0, 5.0], Status.FAILED
+    got = burst_figures([*reqs, slow])
+    assert got["gap_p50"] == pytest.approx(0.01)
+    assert got["tpot_p50"] == pytest.approx((6 * 0.01 + 2 * 0.1) / 8)
+    assert math.isnan(burst_figures([slow])["gap_p50"])
