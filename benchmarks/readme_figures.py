@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 from batchlab.calibrate.accuracy import twin_limit
-from batchlab.calibrate.twin_check import measured_change
+from batchlab.calibrate.twin_check import measured_change, steps_over
 
 
 def _spread(values: list[float], fmt: str = "{:.2f}") -> str:
@@ -893,19 +893,29 @@ def _twin_whatif(w: dict, server: str = "vllm") -> list[str]:
 
 
 def _steps(caps: list[dict], server: str) -> list[str]:
-    """The engine steps each cap's bursts took on the server (its /metrics' per-step count)
-    against the twin's: a scheduling difference, apart from what each step costs."""
+    """The engine steps each cap's bursts took on the server (its /metrics' per-step count) against
+    the twin's, and of them the steps that computed prompts, where counted: a scheduling difference,
+    apart from what each step costs; and the median gap between two tokens, the typical decode
+    step, where measured."""
+    name, lines = SERVER_NAMES[server], []
     counted = [c for c in caps if "steps" in c["predicted"] and all("steps" in r for r in c["measured"])]
-    if not counted:
-        return []
-    parts = []
-    for c in counted:
-        steps = [r["steps"] for r in c["measured"]]
-        mid = statistics.median(steps)
-        parts.append(f"cap {c['cap']} {mid:.0f} ({min(steps):.0f} to {max(steps):.0f} over {len(steps)}) against "
-                     f"{c['predicted']['steps']} ({c['predicted']['steps'] / mid:.2f}×)")
-    return ["", f"Engine steps per burst, {SERVER_NAMES[server]}'s own count (its /metrics) against the twin's: "
-                + "; ".join(parts) + "."]
+    if counted:
+        lines += ["", f"Engine steps per burst, {name}'s own count (its /metrics) against the twin's: " + "; ".join(
+            f"cap {c['cap']} {_spread([r['steps'] for r in c['measured']], '{:.0f}')} against {c['predicted']['steps']} "
+            f"({c['predicted']['steps'] / statistics.median(r['steps'] for r in c['measured']):.2f}×)" for c in counted) + "."]
+    sized = [c for c in counted if "step_sizes" in c["predicted"] and all("step_sizes" in r for r in c["measured"])]
+    if sized:
+        lines += ["", "Of them, the steps that computed more tokens than the cap (prompts beside the decoding rows): " + "; ".join(
+            f"cap {c['cap']} {_spread([steps_over(r['step_sizes'], c['cap']) for r in c['measured']], '{:.0f}')} against "
+            f"{steps_over(c['predicted']['step_sizes'], c['cap'])}" for c in sized) + "."]
+    if all("gap_p50" in r for c in caps for r in c["measured"]) and all("gap_p50" in c["predicted"] for c in caps):
+        lines += ["", "Median gap between two tokens (a burst's typical decode step; p50 TPOT also carries the prompt "
+                  "steps): " + "; ".join(
+                      f"cap {c['cap']} {_spread([1e3 * r['gap_p50'] for r in c['measured']], '{:.1f}')} ms against "
+                      f"{1e3 * c['predicted']['gap_p50']:.1f} ms" for c in caps) + "; " + "; ".join(
+                      f"cap {c['cap']}'s change {_signed(measured_change(c, caps[0], 'gap_p50')[0])} measured, "
+                      f"{_signed(c['predicted']['gap_p50'] / caps[0]['predicted']['gap_p50'] - 1)} twin" for c in caps[1:]) + "."]
+    return lines
 
 
 def _beside(caps: list[dict]) -> list[str]:
@@ -1030,7 +1040,8 @@ def refits(d: dict) -> str:
              + "; ".join(f"{n}: rms error {_pct(f['fit_rms_rel_error'])}, {1e3 * f['overhead_s']:.2f} ms a step, "
                          f"{1e6 * f['prefill_s_per_token']:.1f} µs a prompt token, {1e3 * f['prefill_step_s']:.2f} ms a "
                          f"prompt pass, {1e3 * f['admit_s']:.2f} ms an admitted request, "
-                         f"{1e6 * f['admit_s_per_row']:.0f} µs an arrival's running row"
+                         f"{1e6 * f['admit_s_per_row']:.0f} µs an arrival's running row, "
+                         f"{1e3 * f['frontend_s']:.1f} ms front end a request"
                          for n, f in d["fits"].items()) + ".", "",
              "| decode rows | steps | measured step | " + " | ".join(f"{n} | error" for n in names) + " |",
              "|---|---|---|" + "---|---|" * len(names)]
@@ -1070,24 +1081,36 @@ def intervals(d: dict) -> str:
 
 def _refit_bursts(w: dict, names: list[str]) -> list[str]:
     b = w["burst"]
+    figures = [("tok_s", "tok/s", "throughput"), ("tpot_p50", "p50 TPOT", "p50 TPOT")]
+    if "gap_p50" in w["caps"][0]["measured"]:
+        figures.append(("gap_p50", "median gap between tokens", "median gap"))
     lines = [f"Bursts of {b['requests']} requests ({b['prompt']} + {b['output']} tokens), `{w['record']}`: the server at "
              "each cap (median of its runs) and each twin (error against the server):", "",
-             "| cap | server tok/s | " + " | ".join(names) + " | server p50 TPOT | " + " | ".join(names) + " |",
-             "|---|---|" + "---|" * len(names) + "---|" + "---|" * len(names)]
+             "| cap | " + " | ".join(f"server {head} | " + " | ".join(names) for _, head, _ in figures) + " |",
+             "|---|" + ("---|" * (1 + len(names))) * len(figures)]
     for c in w["caps"]:
         m, v = c["measured"], c["variants"]
-        lines.append(f"| {c['cap']} | {m['tok_s']:.0f} | " + " | ".join(
-            f"{v[n]['tok_s']:.0f} ({_signed(v[n]['tok_s'] / m['tok_s'] - 1)})" for n in names)
-            + f" | {_fine_ms(m['tpot_p50'])} | " + " | ".join(
-            f"{_fine_ms(v[n]['tpot_p50'])} ({_signed(v[n]['tpot_p50'] / m['tpot_p50'] - 1)})" for n in names) + " |")
+        cells = [f"{_refit_figure(key, m[key])} | " + " | ".join(
+            f"{_refit_figure(key, v[n][key])} ({_signed(v[n][key] / m[key] - 1)})" for n in names) for key, _, _ in figures]
+        lines.append(f"| {c['cap']} | " + " | ".join(cells) + " |")
+    if all("steps" in c["measured"] for c in w["caps"]):
+        lines += ["", "Engine steps per burst (the server's own count, from its /metrics), and of them the steps that "
+                  "computed more tokens than the cap (prompts beside the decoding rows): " + "; ".join(
+                      f"cap {c['cap']} {c['measured']['steps']:.0f} and {c['measured']['prompt_steps']:.0f} on the server, "
+                      + ", ".join(f"{c['variants'][n]['steps']} and {c['variants'][n]['prompt_steps']} {n}" for n in names)
+                      for c in w["caps"]) + "."]
     for c in w["caps"]:
         if c["cap"] != w["base_cap"]:
             ch = c["change"]
             lines += ["", f"Cap {c['cap']} against cap {w['base_cap']}: " + "; ".join(
                 f"{what} {_signed(ch['measured'][key])} on the server, " + ", ".join(
                     f"{_signed(ch[n][key])} {n}" for n in names)
-                for key, what in (("tok_s", "throughput"), ("tpot_p50", "p50 TPOT"))) + "."]
+                for key, _, what in figures) + "."]
     return lines
+
+
+def _refit_figure(key: str, value: float) -> str:
+    return f"{value:.0f}" if key == "tok_s" else _fine_ms(value)
 
 
 def _fine_ms(seconds: float) -> str:

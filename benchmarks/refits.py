@@ -1,7 +1,7 @@
 """One server's profile fitted other ways, each judged on what the server did.
 
-    python benchmarks/refits.py DIR [--rows 32] [--admitted 2] [--without admit_s] [--whatif RECORD ...] [--base-cap 32]
-                                [--json docs/results/refits_NAME.json]
+    python benchmarks/refits.py DIR [--rows 32] [--admitted 2] [--without admit_s] [--front-end-idle]
+                                [--whatif RECORD ...] [--base-cap 32] [--json docs/results/refits_NAME.json]
 
 DIR holds a black-box profile and its twin (profile.json, twin.yaml: `batchlab profile` or
 benchmarks/twin.py writes them). Besides the profile as it was fitted, each variant fits the
@@ -15,7 +15,13 @@ kept validation can be judged on it too (benchmarks/corrections.py NAME=DIR@TWIN
   --admitted N: only the steps admitting at most N requests, what a profile without crowds of
      prompts sees (its prefill probes admit one or two); on a profile with crowds (batchlab
      profile --crowds), what the steps admitting many add to the fit;
-  --without TERMS: every step, the named terms held at zero (calibrate/fit.py COEFFS).
+  --without TERMS: every step, the named terms held at zero (calibrate/fit.py COEFFS);
+  --front-end-idle: the steps as fitted, the front end as the profile's idle reading, on the
+     engine: requests handed over one at a time, each taking the engine's time for it
+     (calibrate/twin.py `idle_reading`), where the arrival probe's price may hand them over at once;
+  --beyond-rows: the steps as fitted, and every decode row past the profile's largest batch priced
+     at what its top two batch sizes grew beyond the fitted lines (calibrate/twin.py
+     `beyond_the_profile`), where the lines alone are carried on.
 Per decode batch size, and per count of requests a prompt step admitted: the measured steps'
 median and each variant's median relative error on them. Per --whatif (a benchmarks/twin.py record of bursts measured at several sequence caps): each
 cap's burst on the server (median of its runs) and on every variant's twin, and each cap's change
@@ -36,22 +42,31 @@ import yaml
 
 from batchlab.backends.cost import COEFFS, StepCost
 from batchlab.calibrate.fit import SHAPE, StepSample, samples_from
-from batchlab.calibrate.twin import refitted
-from batchlab.calibrate.twin_check import Twin, measured_change, predicted_burst
+from batchlab.calibrate.twin import beyond_the_profile, idle_reading, refitted
+from batchlab.calibrate.twin_check import Twin, measured_change, predicted_burst, steps_over
 from batchlab.core.files import write_atomic
 from batchlab.errors import ConfigError, user_errors
 from batchlab.run.config import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 KEYS = ("tok_s", "tpot_p50", "ttft_p50")
+GAP = "gap_p50"             # a burst's median gap between two tokens: in records since it was measured
 AS_FITTED = "as profiled"
+IDLE = "front end one at a time"
+BEYOND = "rows past the profile"
 
 
-def variants(d: Path, prof: dict, rows: int | None, without: tuple[str, ...], admitted: int | None = None) -> dict[str, Path]:
+def variants(d: Path, prof: dict, rows: int | None, without: tuple[str, ...], admitted: int | None = None,
+             idle: bool = False, beyond: bool = False) -> dict[str, Path]:
     """Each variant's twin config, written beside the profile's own: name -> twin.yaml path."""
     samples, out = samples_from(prof["samples"]), {AS_FITTED: d / "twin.yaml"}
     twin_cfg = load_config(d / "twin.yaml")
     asked = []
+    if idle:
+        out[IDLE] = beside(d, "front-end-idle", idle_reading(prof), IDLE)
+    if beyond:
+        out[BEYOND] = beside(d, "beyond-rows", beyond_the_profile(prof), "decode rows past the profile's largest "
+                             "batch priced at its top two batches' growth beyond the lines")
     if rows:
         mine = [s for s in samples if s.decode_rows <= rows]
         if len(mine) == len(samples):
@@ -67,14 +82,18 @@ def variants(d: Path, prof: dict, rows: int | None, without: tuple[str, ...], ad
     if without:
         asked.append((f"without {', '.join(without)}", "without-" + "-".join(without), samples, without))
     for name, tag, mine, terms in asked:
-        path = d / f"profile-{tag}.json"
-        write_atomic(path, json.dumps(refitted(prof, mine, terms, twin_cfg), indent=2) + "\n")
-        tree = yaml.safe_load((d / "twin.yaml").read_text())
-        tree["backend"]["profile"] = str(path.resolve())
-        write_atomic(d / f"twin-{tag}.yaml", f"# twin.yaml with the profile fitted again: {name}.\n"
-                     + yaml.safe_dump(tree, sort_keys=False))
-        out[name] = d / f"twin-{tag}.yaml"
+        out[name] = beside(d, tag, refitted(prof, mine, terms, twin_cfg), f"the profile fitted again: {name}")
     return out
+
+
+def beside(d: Path, tag: str, profile: dict, what: str) -> Path:
+    """A variant's profile and twin written beside the originals (profile-TAG.json, twin-TAG.yaml)."""
+    path = d / f"profile-{tag}.json"
+    write_atomic(path, json.dumps(profile, indent=2) + "\n")
+    tree = yaml.safe_load((d / "twin.yaml").read_text())
+    tree["backend"]["profile"] = str(path.resolve())
+    write_atomic(d / f"twin-{tag}.yaml", f"# twin.yaml with {what}.\n" + yaml.safe_dump(tree, sort_keys=False))
+    return d / f"twin-{tag}.yaml"
 
 
 def judged(mine: list[StepSample], costs: dict[str, StepCost]) -> dict:
@@ -110,19 +129,32 @@ def whatif(path: Path, twins: dict[str, Twin], base: int | None) -> dict:
     w = json.loads(path.read_text())["conditions"]["quiet"]["whatif"]
     n, p, o = (w["burst"][k] for k in ("requests", "prompt", "output"))
     base = w["caps"][0]["cap"] if base is None else base
+    runs = [r for c in w["caps"] for r in c["measured"]]
+    keys = (*KEYS, GAP) if all(GAP in r for r in runs) else KEYS
     caps = []
     for c in w["caps"]:
-        real = {k: statistics.median(r[k] for r in c["measured"]) for k in KEYS}
+        real = {k: statistics.median(r[k] for r in c["measured"]) for k in keys} | counted(c["measured"], c["cap"])
+        bursts = {name: predicted_burst(t, n, p, o, max_num_seqs=c["cap"]) for name, t in twins.items()}
         caps.append({"cap": c["cap"], "measured": real, "variants": {
-            name: {k: predicted_burst(t, n, p, o, max_num_seqs=c["cap"])[k] for k in KEYS} for name, t in twins.items()}})
+            name: {k: b[k] for k in keys} | {"steps": b["steps"], "prompt_steps": steps_over(b["step_sizes"], c["cap"])}
+            for name, b in bursts.items()}})
     ref = next(c for c in caps if c["cap"] == base)
     for c, kept in zip(caps, w["caps"], strict=True):
         # from the record's first cap, a cap run beside its control reads its change pair by pair
-        real = ({k: measured_change(kept, w["caps"][0], k)[0] for k in KEYS} if base == w["caps"][0]["cap"] else
-                {k: c["measured"][k] / ref["measured"][k] - 1 for k in KEYS})
+        real = ({k: measured_change(kept, w["caps"][0], k)[0] for k in keys} if base == w["caps"][0]["cap"] else
+                {k: c["measured"][k] / ref["measured"][k] - 1 for k in keys})
         c["change"] = {"measured": real} | {
-            name: {k: v[k] / ref["variants"][name][k] - 1 for k in KEYS} for name, v in c["variants"].items()}
+            name: {k: v[k] / ref["variants"][name][k] - 1 for k in keys} for name, v in c["variants"].items()}
     return {"record": os.path.relpath(path.resolve(), ROOT), "burst": w["burst"], "base_cap": base, "caps": caps}
+
+
+def counted(runs: list[dict], cap: int) -> dict:
+    """The median engine steps of a cap's bursts on the server, and of its prompt steps, where its
+    /metrics counted every burst's."""
+    if not all("step_sizes" in r for r in runs):
+        return {}
+    return {"steps": statistics.median(r["steps"] for r in runs),
+            "prompt_steps": statistics.median(steps_over(r["step_sizes"], cap) for r in runs)}
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -132,6 +164,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--admitted", type=int,
                     help="a variant fitted on the steps admitting at most this many requests (a profile without crowds)")
     ap.add_argument("--without", default="", help="a variant fitted with these terms held at zero (comma-separated)")
+    ap.add_argument("--front-end-idle", action="store_true",
+                    help="a variant with the front end as the profile's idle reading, handing requests over one at a time")
+    ap.add_argument("--beyond-rows", action="store_true",
+                    help="a variant pricing decode rows past the profile's largest batch at its top batches' growth")
     ap.add_argument("--whatif", type=Path, action="append", default=[],
                     help="a benchmarks/twin.py record of bursts at several caps (repeatable)")
     ap.add_argument("--base-cap", type=int, help="the cap each what-if's changes are taken from (default: its first)")
@@ -144,8 +180,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         raise ConfigError(f"{a.dir}: want a profile's directory with profile.json and twin.yaml")
     if missing := [str(p) for p in a.whatif if not p.is_file()]:
         raise ConfigError(f"--whatif {', '.join(missing)}: no such file")
-    if not a.rows and not a.without and a.admitted is None:
-        raise ConfigError("name a variant: --rows N, --admitted N, --without TERMS, or several")
+    if not a.rows and not a.without and a.admitted is None and not a.front_end_idle and not a.beyond_rows:
+        raise ConfigError("name a variant: --rows N, --admitted N, --without TERMS, --front-end-idle, --beyond-rows, "
+                          "or several")
+    if a.front_end_idle and "frontend_idle_s" not in json.loads((a.dir / "profile.json").read_text()):
+        raise ConfigError(f"--front-end-idle: {a.dir / 'profile.json'} has no idle front-end reading (frontend_idle_s); "
+                          "a profile of a server records one")
     if a.admitted is not None and a.admitted < 0:
         raise ConfigError(f"--admitted: want 0 or more, got {a.admitted}")
     for path in a.whatif:          # NOTE: before any variant is written beside the profile
@@ -163,12 +203,14 @@ def main(argv: list[str] | None = None) -> None:
     a = parse(argv)
     prof = json.loads((a.dir / "profile.json").read_text())
     samples = samples_from(prof["samples"])
-    twins = {name: Twin(load_config(path)) for name, path in variants(a.dir, prof, a.rows, a.without, a.admitted).items()}
+    twins = {name: Twin(load_config(path)) for name, path in variants(a.dir, prof, a.rows, a.without, a.admitted,
+                                                                              a.front_end_idle, a.beyond_rows).items()}
     costs = {name: t.cfg.backend.cost() for name, t in twins.items()}
     out = {"command": " ".join(["python benchmarks/refits.py", *(argv if argv is not None else sys.argv[1:])]),
            "profile": os.path.relpath((a.dir / "profile.json").resolve(), ROOT), "grid": prof["grid"],
            "fits": {name: {"fit_rms_rel_error": json.loads(Path(t.cfg.backend.profile).read_text()).get("fit_rms_rel_error")}
-                    | {k: getattr(costs[name], k) for k in (*COEFFS, "admit_s_per_row", "frontend_s", "first_token_s")}
+                    | {k: getattr(costs[name], k) for k in (*COEFFS, "admit_s_per_row", "frontend_s", "first_token_s",
+                                                            "rows_profiled", "beyond_s_per_row")}
                     for name, t in twins.items()},
            "batches": by_batch(samples, costs),
            "admissions": by_admitted(samples, costs),

@@ -215,15 +215,24 @@ def test_a_what_if_on_servers_one_after_another_compares_the_caps_medians():
 
 def test_a_what_if_with_engine_steps_counted_sets_the_servers_beside_the_twins():
     mod = figures()
+    vllm = {"32": 30.0, "128": 2.0, "2048": 1.0, "inf": 0.0}
     w = {"burst": {"requests": 8, "prompt": 64, "output": 32}, "command": "twin.py",
-         "caps": [{"cap": 32, "measured": [_burst(1000, 0.02, steps=100), _burst(900, 0.02, steps=104),
-                                           _burst(950, 0.02, steps=98)], "predicted": _burst(800, 0.025, steps=96)},
-                  {"cap": 8, "measured": [_burst(570, 0.01, steps=400)], "predicted": _burst(400, 0.0125, steps=384)}]}
-    line = "\n".join(mod._twin_whatif(w)).split("\n")[-1]
-    assert line == ("Engine steps per burst, vLLM's own count (its /metrics) against the twin's: cap 32 100 (98 to 104 "
-                    "over 3) against 96 (0.96×); cap 8 400 (400 to 400 over 1) against 384 (0.96×).")
-    del w["caps"][1]["measured"][0]["steps"]            # a cap not counted in every burst is left out
-    assert "cap 8" not in "\n".join(mod._twin_whatif(w)).split("\n")[-1]
+         "caps": [{"cap": 32, "measured": [_burst(1000, 0.02, steps=100, step_sizes=vllm, gap_p50=0.010),
+                                           _burst(900, 0.02, steps=104, step_sizes=vllm, gap_p50=0.012),
+                                           _burst(950, 0.02, steps=98, step_sizes=vllm, gap_p50=0.011)],
+                   "predicted": _burst(800, 0.025, steps=96, step_sizes={"32": 95, "2080": 1}, gap_p50=0.010)},
+                  {"cap": 8, "measured": [_burst(570, 0.01, steps=400, step_sizes={"8": 390, "512": 10}, gap_p50=0.0066)],
+                   "predicted": _burst(400, 0.0125, steps=384, step_sizes={"8": 380, "520": 4}, gap_p50=0.006)}]}
+    text = "\n".join(mod._twin_whatif(w))
+    assert ("Engine steps per burst, vLLM's own count (its /metrics) against the twin's: cap 32 100 (98–104 "
+            "over 3) against 96 (0.96×); cap 8 400 (400–400 over 1) against 384 (0.96×).") in text
+    assert "(prompts beside the decoding rows): cap 32 3 (3–3 over 3) against 1; cap 8 10 (10–10 over 1) against 4." in text
+    assert "cap 32 11.0 (10.0–12.0 over 3) ms against 10.0 ms; cap 8 6.6 (6.6–6.6 over 1) ms" in text
+    assert "cap 8's change -40.0 % measured, -40.0 % twin." in text
+    for r in w["caps"][1]["measured"]:              # a cap not counted in every burst: no counts at all
+        del r["steps"], r["step_sizes"], r["gap_p50"]
+    text = "\n".join(mod._twin_whatif(w))
+    assert "Engine steps per burst" in text and "cap 8 400" not in text and "Median gap" not in text
 
 
 def test_past_the_knee_the_served_rate_is_set_beside_the_knees():

@@ -16,6 +16,9 @@
              + shape(tokens)               (a measured profile's correction by the tokens the pass computes:
                                             small matrix products run below the machine's rate, so cost
                                             bends with size where the terms above are straight lines)
+             + beyond * max(0, decode_rows - rows_profiled)   (past the largest batch a black-box profile
+                                            measured: its top batches' growth beyond the lines, carried on,
+                                            where the shape holds flat)
 
 One model for every strategy: continuous steps are charged by their contents, request-level
 batches step by step like Hugging Face `generate()` (every row padded, all decoding to the
@@ -45,7 +48,8 @@ LATER_TERMS = ("attn_s_per_pair", "admit_s", "warmup_s", "mix_s_per_token_row")
 WARM_STEPS = 32            # request-level decode steps over which a call's warm-up fades out
 # Every timing a step-time model holds, in seconds (besides the shape correction's knots): what a
 # machine running faster or slower scales
-TIME_TERMS = ("overhead_s", "weight_s") + COEFFS[1:] + ("frontend_s", "frontend_s_per_token", "admit_s_per_row")
+TIME_TERMS = ("overhead_s", "weight_s") + COEFFS[1:] + ("frontend_s", "frontend_s_per_token", "admit_s_per_row",
+                                                       "beyond_s_per_row")
 # The timings a request pays before its first token and never after: its prompt's pass (per token,
 # per prefill step, attention over the prompt, admission) and the server's front end
 FIRST_TOKEN_TERMS = ("prefill_s_per_token", "prefill_step_s", "attn_s_per_pair", "admit_s", "frontend_s",
@@ -106,6 +110,13 @@ class StepCost:
     # twin's burst at 128 sequences slower than at 32 where vLLM ran faster. Arrivals that wait
     # behind a full engine under steady traffic go unpriced too: what they cost is not measured.
     admit_s_per_row: float = 0.0
+    # A black-box profile batches no more decode rows than the server's own cap allows. Past the
+    # largest batch it measured (`rows_profiled`), each further decode row adds `beyond_s_per_row`
+    # beside the lines' own price: the growth of its top two measured batch sizes over what the
+    # lines gave them (the shape correction keeps that growth inside the batches measured and
+    # holds flat past them). 0: the lines alone past the profile, as before.
+    rows_profiled: int = 0
+    beyond_s_per_row: float = 0.0
 
     @property
     def arrival_delay_s(self) -> float:
@@ -158,6 +169,9 @@ class StepCost:
             t = t + self.admit_s_per_row * (admitted if arrived is None else arrived) * decode_rows
         if self.shape_s:
             t = t + self.shape(prefill_tokens + decode_rows)
+        if self.beyond_s_per_row:
+            beyond = self.beyond_s_per_row * np.maximum(np.asarray(decode_rows) - self.rows_profiled, 0)
+            t = t + (beyond if np.ndim(beyond) else float(beyond))
         return t
 
     def decode_ends(self, start: float, context_tokens: int, rows: int, steps: int,
@@ -172,7 +186,7 @@ class StepCost:
             raise ValueError(f"a decode step has at least one row (got {rows})")
         fixed = self.overhead_s + self.weight_s
         kv, per_rows = self.kv_s_per_token, self.decode_s_per_row * rows
-        if self.shape_s:                   # every step of the window computes `rows` tokens: one correction
+        if self.shape_s or self.beyond_s_per_row:   # corrections by the rows: step_time itself, step by step
             return self._decode_ends_shaped(start, context_tokens, rows, steps, until)
         no_prefill, no_pass = self.prefill_s_per_token * 0, self.prefill_step_s * False
         ends, t = [], start

@@ -62,11 +62,11 @@ def engine_steps(url: str) -> dict[float, float] | None:
 
 def steps_between(before: dict[float, float], after: dict[float, float]) -> dict:
     """The steps taken between two `engine_steps` readings (`steps`) and how many fell in each
-    bucket (`step_sizes`, keyed by its upper bound, only the buckets that got any)."""
+    bucket (`step_sizes`, keyed by its upper bound; every bucket, so the bounds are on record)."""
     bounds = sorted(after)
     cumulative = [after[b] - before.get(b, 0.0) for b in bounds]
     below = [0.0, *cumulative[:-1]]
-    sizes = {f"{b:g}": c - p for b, c, p in zip(bounds, cumulative, below, strict=True) if c != p}
+    sizes = {f"{b:g}": c - p for b, c, p in zip(bounds, cumulative, below, strict=True)}
     return {"steps": cumulative[-1], "step_sizes": sizes}
 
 

@@ -13,6 +13,7 @@ twin.yaml` then simulates the server; `batchlab validate CONFIG --twin twin.yaml
 from __future__ import annotations
 
 import json
+import statistics
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -21,11 +22,12 @@ import yaml
 
 from batchlab.backends.cost import StepCost
 from batchlab.calibrate.blackbox import BlackBoxProfile, ProbeGrid
-from batchlab.calibrate.fit import Fit, StepSample, fit_step_times
+from batchlab.calibrate.fit import Fit, StepSample, fit_step_times, samples_from
 from batchlab.calibrate.front_end import ArrivalProbe, bare, front_end, nested, with_front_end
 from batchlab.calibrate.twin_check import Twin
 from batchlab.core.config import RunConfig
 from batchlab.core.files import write_atomic
+from batchlab.errors import ConfigError
 from batchlab.run.config import validate
 from batchlab.schedulers import ContinuousConfig, ContinuousScheduler
 
@@ -156,6 +158,24 @@ def front_end_parts(idle_s: float, beside_s: float | None) -> tuple[float, float
     and 14.7 / 12.8 / 14.0 % with the beside reading as the front end (docs/results/twin.md,
     "The front end in two parts")."""
     return idle_s, (max(0.0, beside_s - idle_s) if beside_s is not None else 0.0)
+
+
+def beyond_the_profile(profile: dict) -> dict:
+    """A saved profile (its JSON) whose decode rows past its largest measured batch grow the step
+    as its top two batch sizes grew beyond the lines (StepCost `beyond_s_per_row`): each size's
+    median decode step over what the lines alone give it, the difference per row between the two.
+    NOTE: a what-if at a cap above the profile's extrapolates; the lines' slope comes mostly from
+    the small batches, which have most of the steps, and on vLLM on one core the decode step grew
+    per row from 32 to 128 rows as it did from 16 to 32, faster than the lines."""
+    lines = replace(StepCost.from_record(profile), shape_s=(), beyond_s_per_row=0.0)
+    decode = [s for s in samples_from(profile["samples"]) if s.kind == "decode"]
+    sizes = sorted({s.decode_rows for s in decode})
+    if len(sizes) < 2:
+        raise ConfigError("the profile has decode steps at fewer than two batch sizes: nothing to carry past them")
+    below, top = sizes[-2:]
+    over = {b: statistics.median(s.seconds - lines.step_time(s.context_tokens, 0, b) for s in decode if s.decode_rows == b)
+            for b in (below, top)}
+    return profile | {"rows_profiled": int(top), "beyond_s_per_row": (over[top] - over[below]) / (top - below)}
 
 
 def idle_reading(profile: dict) -> dict:

@@ -115,6 +115,14 @@ def predicted_burst(twin: Twin, n: int, prompt_len: int, output_len: int, **limi
         "steps": backend.steps, "step_sizes": {str(k): v for k, v in sorted(backend.sizes.items())}}
 
 
+def steps_over(sizes: dict[str, float], cap: int) -> float:
+    """The steps of a burst that computed more tokens than `cap` (in a saturated burst, the steps
+    that computed prompts beside the decoding rows), from `step_sizes`: a twin's exact sizes, or
+    a server's histogram buckets keyed by their upper bound (exact where `cap` is a bound, as 8,
+    32 and 128 are of vLLM's; otherwise the bucket holding `cap` counts whole)."""
+    return sum(n for k, n in sizes.items() if float(k) > cap)
+
+
 def measured_change(entry: dict, first: dict, key: str) -> tuple[float, list[float]]:
     """A what-if cap's change on the server from the first cap, for figure `key` of its bursts:
     where the cap ran beside its own control (`control`, burst by burst in pairs), the median of

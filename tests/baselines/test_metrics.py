@@ -104,5 +104,6 @@ def test_engine_steps_of_a_server_that_is_gone_is_none():
 def test_the_steps_between_two_readings_by_bucket():
     before = {32: 10.0, 128: 10.0, 2048: 12.0, math.inf: 12.0}
     after = {32: 382.0, 128: 390.0, 2048: 396.0, math.inf: 396.0}
-    assert metrics.steps_between(before, after) == {"steps": 384.0, "step_sizes": {"32": 372.0, "128": 8.0, "2048": 4.0}}
-    assert metrics.steps_between(after, after) == {"steps": 0.0, "step_sizes": {}}
+    assert metrics.steps_between(before, after) == {
+        "steps": 384.0, "step_sizes": {"32": 372.0, "128": 8.0, "2048": 4.0, "inf": 0.0}}
+    assert metrics.steps_between(after, after)["steps"] == 0.0

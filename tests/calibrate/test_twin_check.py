@@ -1,5 +1,7 @@
 """What a twin predicts: the knee searched and judged as a live server's, a what-if burst, and the
 twin scaled to a burst measured on the server."""
+from dataclasses import replace
+
 import pytest
 
 from batchlab.calibrate.twin_check import (
@@ -11,6 +13,7 @@ from batchlab.calibrate.twin_check import (
     predicted_knee,
     scaled_to_burst,
     stalled,
+    steps_over,
 )
 from batchlab.core.request import Request, Status
 from batchlab.core.traffic import fixed_burst
@@ -42,6 +45,23 @@ def test_a_burst_counts_the_steps_the_twin_took(cap):
     prompt step (its first token) and 7 decode steps, and the next wave starts the step after."""
     got = predicted_burst(twin(), 64, 16, 8, max_num_seqs=cap)
     assert got["steps"] == 64 // cap * 8 and got["failed"] == 0
+
+
+def test_a_twin_whose_front_end_hands_requests_over_one_at_a_time_splits_each_waves_prompts():
+    """All 64 prompts of a wave fit one step's token budget: handed over at once they are computed
+    in one step a wave; one at a time, each wave's prompts fall into several steps beside rows
+    still decoding, and so does every wave after (the lengths are all alike)."""
+    at_once = predicted_burst(twin(), 256, 16, 8, max_num_seqs=64)
+    cost = twin().simulator().cost
+    serial = Twin(twin().cfg, cost=replace(cost, frontend_s=0.002, frontend_on_engine=True))
+    one_by_one = predicted_burst(serial, 256, 16, 8, max_num_seqs=64)
+    assert steps_over(at_once["step_sizes"], 64) == 4 and at_once["step_sizes"]["64"] == 28
+    assert steps_over(one_by_one["step_sizes"], 64) > 4
+
+
+def test_steps_over_the_cap_count_exact_sizes_and_a_servers_buckets_alike():
+    assert steps_over({"32": 372, "2080": 12}, 32) == 12
+    assert steps_over({"16": 1, "32": 349, "128": 12, "1024": 12, "2048": 12, "inf": 0}, 32) == 36
 
 
 def test_the_knee_is_a_rate_the_twin_holds_and_the_failed_rate_one_it_does_not():
