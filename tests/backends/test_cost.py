@@ -138,3 +138,20 @@ def test_a_negative_first_token_move_takes_from_the_delay_then_the_front_end_nev
     assert (less.first_token_s, less.frontend_s) == pytest.approx((0.0, 0.003))
     none = c.first_token_moved(-0.050)
     assert (none.first_token_s, none.frontend_s, none.arrival_delay_s) == (0.0, 0.0, 0.0)
+
+
+def test_rows_past_the_profile_pay_the_carried_growth_and_no_step_within_it_changes():
+    from dataclasses import replace
+    past = replace(COST, rows_profiled=32, beyond_s_per_row=2e-4)
+    for step in [(900, 0, 1), (900, 64, 32), (0, 0, 0)]:
+        assert past.step_time(*step) == COST.step_time(*step)          # within the profile: bit for bit
+    assert past.step_time(9000, 0, 128) - COST.step_time(9000, 0, 128) == pytest.approx(96 * 2e-4)
+    assert past.step_time(9000, 512, 40) - COST.step_time(9000, 512, 40) == pytest.approx(8 * 2e-4)  # rows, not tokens
+    ctx, pre, rows = np.array([100, 9000, 9000]), np.array([0, 0, 512]), np.array([8, 128, 40])
+    assert past.step_time(ctx, pre, rows).tolist() == [past.step_time(int(c), int(p), int(r)) for c, p, r in zip(ctx, pre, rows)]
+    assert past.scaled(1.5).beyond_s_per_row == pytest.approx(3e-4)
+    t, expected = 0.0, []                              # a decode window past the profile: the same sums
+    for i in range(20):
+        t += past.step_time(4000 + 64 * i, 0, 64)
+        expected.append(t)
+    assert past.decode_ends(0.0, 4000, 64, 20) == expected

@@ -404,6 +404,23 @@ def test_refits_reads_a_cap_measured_beside_its_control_pair_by_pair(tmp_path):
     assert w["caps"][1]["measured"]["tok_s"] == 1040.0          # the burst itself: the median of its runs
 
 
+def test_refits_carries_rows_past_the_profile_and_refuses_a_front_end_it_never_read(tmp_path):
+    d = _reach_profile(tmp_path, 1.0)
+    script = [sys.executable, str(ROOT / "benchmarks" / "refits.py"), str(d)]
+    res = subprocess.run([*script, "--beyond-rows", "--json", str(d / "refits.json")], cwd=ROOT, capture_output=True,
+                         text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    fit = json.loads((d / "refits.json").read_text())["fits"]["rows past the profile"]
+    assert fit["rows_profiled"] == 128 and fit["beyond_s_per_row"] == pytest.approx(0.0, abs=1e-9)   # straight lines
+    assert json.loads((d / "profile-beyond-rows.json").read_text())["rows_profiled"] == 128
+    # the toy's record holds no idle front-end reading: one line, no variant written
+    before = sorted(f.name for f in d.iterdir())
+    res = subprocess.run([*script, "--front-end-idle", "--json", str(tmp_path / "x.json")], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 2 and "no idle front-end reading" in res.stderr and res.stderr.count("\n") == 1, res.stderr
+    assert sorted(f.name for f in d.iterdir()) == before and not (tmp_path / "x.json").exists()
+
+
 def test_refits_on_steps_of_one_admission_cannot_tell_a_pass_from_an_admission_and_crowds_can(tmp_path):
     """Prompt steps priced as a pass's setup and nothing per admission: with one admission a step
     the fit sees only the two prices' sum and may charge either; steps admitting 4 and 8 pin the

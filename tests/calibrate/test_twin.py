@@ -1,5 +1,9 @@
-"""The twin's limits: each from the most direct source there is, and said so."""
+"""The twin's limits: each from the most direct source there is, and said so; and decode rows past
+the profile's largest batch priced at its top batches' growth."""
+import pytest
+
 from batchlab.calibrate.twin import VLLM_DEFAULTS, limits
+from batchlab.errors import ConfigError
 from batchlab.run.config import load_config
 
 
@@ -53,3 +57,39 @@ def test_a_batchlab_server_that_states_its_limits_gets_them_and_no_vllm_default(
     assert {k: v for k, (v, source) in got.items() if source == "server /server_info"} == {
         k: v for k, v in stated.items() if k != "server"}
     assert not any(source.startswith("vLLM") for _, source in got.values())
+
+
+def _bent_profile(per_row_s: float) -> dict:
+    """The toy preset's record, its decode steps on its own lines up to 16 rows and `per_row_s` a
+    row more for every row past 16 at 32 (a batch that grows faster at the top than the lines)."""
+    import json
+    import tempfile
+    from pathlib import Path
+
+    from batchlab.backends.presets import load_cost
+    toy = load_cost("toy")
+    rows = [{"context_tokens": b * (16 + k), "prefill_tokens": 0, "decode_rows": b, "kind": "decode",
+             "seconds": toy.step_time(b * (16 + k), 0, b) + per_row_s * max(0, b - 16)}
+            for b in (1, 2, 4, 8, 16, 32) for k in (2, 6, 10, 14)]
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "profile.json"
+        toy.to_json(path, level="iteration", samples=rows)
+        return json.loads(path.read_text())
+
+
+@pytest.mark.parametrize("per_row_s", [0.0, 3e-5, -1e-5])
+def test_rows_past_a_profile_grow_as_its_top_two_batches_grew_beyond_the_lines(per_row_s):
+    from batchlab.backends.cost import StepCost
+    from batchlab.calibrate.twin import beyond_the_profile
+    record = beyond_the_profile(_bent_profile(per_row_s))
+    assert record["rows_profiled"] == 32 and record["beyond_s_per_row"] == pytest.approx(per_row_s, abs=1e-12)
+    cost, lines = StepCost.from_record(record), StepCost.from_record(_bent_profile(per_row_s))
+    assert cost.step_time(128 * 20, 0, 128) - lines.step_time(128 * 20, 0, 128) == pytest.approx(96 * per_row_s, abs=1e-12)
+
+
+def test_a_profile_of_one_batch_size_has_nothing_to_carry_past_it():
+    from batchlab.calibrate.twin import beyond_the_profile
+    record = _bent_profile(0.0)
+    record["samples"] = [s for s in record["samples"] if s["decode_rows"] == 32]
+    with pytest.raises(ConfigError, match="fewer than two batch sizes"):
+        beyond_the_profile(record)
