@@ -1,6 +1,6 @@
 """One server's profile fitted other ways, each judged on what the server did.
 
-    python benchmarks/refits.py DIR [--rows 32] [--admitted 2] [--without admit_s] [--front-end-idle]
+    python benchmarks/refits.py DIR [--rows 32] [--admitted 2] [--without admit_s] [--front-end-idle] [--beyond-rows]
                                 [--whatif RECORD ...] [--base-cap 32] [--json docs/results/refits_NAME.json]
 
 DIR holds a black-box profile and its twin (profile.json, twin.yaml: `batchlab profile` or
@@ -62,11 +62,7 @@ def variants(d: Path, prof: dict, rows: int | None, without: tuple[str, ...], ad
     samples, out = samples_from(prof["samples"]), {AS_FITTED: d / "twin.yaml"}
     twin_cfg = load_config(d / "twin.yaml")
     asked = []
-    if idle:
-        out[IDLE] = beside(d, "front-end-idle", idle_reading(prof), IDLE)
-    if beyond:
-        out[BEYOND] = beside(d, "beyond-rows", beyond_the_profile(prof), "decode rows past the profile's largest "
-                             "batch priced at its top two batches' growth beyond the lines")
+    carried = beyond_the_profile(prof) if beyond else None      # NOTE: every refusal before anything is written
     if rows:
         mine = [s for s in samples if s.decode_rows <= rows]
         if len(mine) == len(samples):
@@ -81,6 +77,11 @@ def variants(d: Path, prof: dict, rows: int | None, without: tuple[str, ...], ad
         asked.append((f"fit on ≤ {admitted} admissions", f"admitted-le-{admitted}", mine, ()))
     if without:
         asked.append((f"without {', '.join(without)}", "without-" + "-".join(without), samples, without))
+    if idle:
+        out[IDLE] = beside(d, "front-end-idle", idle_reading(prof), IDLE)
+    if carried:
+        out[BEYOND] = beside(d, "beyond-rows", carried, "decode rows past the profile's largest batch priced at its "
+                             "top two batches' growth beyond the lines")
     for name, tag, mine, terms in asked:
         out[name] = beside(d, tag, refitted(prof, mine, terms, twin_cfg), f"the profile fitted again: {name}")
     return out

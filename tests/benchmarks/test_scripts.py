@@ -419,6 +419,12 @@ def test_refits_carries_rows_past_the_profile_and_refuses_a_front_end_it_never_r
                          capture_output=True, text=True, timeout=300)
     assert res.returncode == 2 and "no idle front-end reading" in res.stderr and res.stderr.count("\n") == 1, res.stderr
     assert sorted(f.name for f in d.iterdir()) == before and not (tmp_path / "x.json").exists()
+    # a variant refused after another was asked for: neither written
+    fresh = _reach_profile(tmp_path, 2.0)
+    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "refits.py"), str(fresh), "--beyond-rows", "--rows",
+                          "128", "--json", str(tmp_path / "x.json")], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 2 and "no step of more than 128 rows" in res.stderr, res.stderr
+    assert sorted(f.name for f in fresh.iterdir()) == ["profile.json", "twin.yaml"]
 
 
 def test_refits_on_steps_of_one_admission_cannot_tell_a_pass_from_an_admission_and_crowds_can(tmp_path):
