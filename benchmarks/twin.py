@@ -287,6 +287,7 @@ class Campaign:
                                   "fit_samples": prof["fit_samples"],
                                   "frontend_s": prof.get("frontend_idle_s", prof["frontend_s"]),
                                   "front_end_priced": prof.get("front_end_priced"),
+                                  "hand_over": prof.get("hand_over"),
                                   "frontend_spread": prof.get("frontend_spread"),
                                   "frontend_beside_s": prof.get("frontend_beside_s"),
                                   "limits": prof["limits"], "load_1min": prof["setup"]["load_avg_1min"],

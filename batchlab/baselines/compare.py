@@ -20,10 +20,10 @@ from pathlib import Path
 import click
 
 from batchlab.backends import process
+from batchlab.backends.metrics_page import Peaks, engine_steps, metrics_url, steps_between
 from batchlab.backends.openai_client import OpenAIBackend
 from batchlab.baselines import vllm
 from batchlab.baselines.loadtest import closed_loop, open_loop
-from batchlab.baselines.metrics import Peaks, engine_steps, metrics_url, steps_between
 from batchlab.core.clock import RealClock
 from batchlab.core.config import RunConfig
 from batchlab.core.files import write_atomic

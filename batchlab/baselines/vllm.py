@@ -18,10 +18,10 @@ from pathlib import Path
 import click
 import httpx
 
+from batchlab.backends import metrics_page as metrics
 from batchlab.backends import process
 from batchlab.backends.baselines import VLLM_PIN, BaselineOptions, TransformersServeBaseline, VllmBaseline
 from batchlab.backends.server_limits import ServerLimits, from_section
-from batchlab.baselines import metrics
 from batchlab.errors import ConfigError, user_errors
 
 BROKEN_EXTRAS = ["torchvision", "torchaudio", "torchcodec"]

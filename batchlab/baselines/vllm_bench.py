@@ -20,8 +20,8 @@ from pathlib import Path
 import click
 import numpy as np
 
+from batchlab.backends import metrics_page as metrics
 from batchlab.backends.openai_client import OpenAIBackend, chunk_itls
-from batchlab.baselines import metrics
 from batchlab.core.clock import RealClock
 from batchlab.core.config import TrafficConfig
 from batchlab.core.files import write_atomic

@@ -79,6 +79,7 @@ class BlackBoxProfile:
     reference_burst_s: float | None = None   # validation's drift probe, timed on the server right after the probes
     frontend_beside_s: float | None = None   # median time before the scheduler of prompts sent beside a stream
     arrivals: dict[tuple[int, int], list[float]] | None = None   # (streams, prompt) -> an arrival's cost, per round
+    hand_over: list[dict[str, float]] | None = None   # each round's engine steps by bucket (calibrate/handover.py)
 
 
 class Prober:

@@ -6,6 +6,7 @@ every probe gave step times and the fit succeeded (calibrate/blackbox.py, calibr
 """
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable
 from dataclasses import replace
@@ -14,8 +15,10 @@ from pathlib import Path
 from batchlab.backends import make_backend
 from batchlab.backends.base import LoadTarget
 from batchlab.backends.cost import StepCost
+from batchlab.backends.metrics_page import engine_steps
 from batchlab.calibrate.blackbox import BlackBoxProfile, ProbeGrid, fit_profile, measure, refusal
 from batchlab.calibrate.front_end import ArrivalProbe, arrival_costs
+from batchlab.calibrate.handover import HandOverProbe, prompt_steps, read_server
 from batchlab.calibrate.twin import limits, started_record, write_twin
 from batchlab.calibrate.twin_check import ARRIVALS, Run
 from batchlab.calibrate.validate import SERVER, burst_seconds
@@ -26,11 +29,14 @@ from batchlab.errors import ConfigError
 
 def profile_server(cfg: RunConfig, grid: ProbeGrid, profile_path: Path, twin_path: Path, progress=None,
                    target: LoadTarget | None = None, transport=None,
-                   arrivals: ArrivalProbe | None = ArrivalProbe()) -> RunConfig:
+                   arrivals: ArrivalProbe | None = ArrivalProbe(),
+                   hand_over: HandOverProbe | None = HandOverProbe()) -> RunConfig:
     """Profile the server `cfg` names; write its profile and twin config; return the twin.
     `target` and `transport` replace the client and its HTTP transport (tests fake a server);
     `arrivals`: the probe that prices the front end's engine time (None: the idle reading is the
-    front end, on the engine only for a server that says it computes on the CPU)."""
+    front end, on the engine only for a server that says it computes on the CPU); `hand_over`: the
+    burst whose engine steps, counted by the server's /metrics, set how the twin's front end hands
+    requests over (calibrate/handover.py; skipped where the server publishes no step histogram)."""
     from batchlab.backends.openai_client import api_key, check_server, server_config, server_metrics
     key = api_key(cfg.backend.api_key_env)
     for line in check_server(cfg.backend.base_url, cfg.backend.model, key, transport=transport):
@@ -48,6 +54,15 @@ def profile_server(cfg: RunConfig, grid: ProbeGrid, profile_path: Path, twin_pat
                 progress(f"arrivals: {ARRIVALS} among {', '.join(map(str, arrivals.streams))} streams, prompts of "
                          f"{', '.join(map(str, arrivals.prompts))} tokens, {arrivals.rounds} rounds")
             costs = arrival_costs(_run_on(target, clock), arrivals)
+        steps = None
+        if hand_over:
+            if progress:
+                progress(f"hand-over: {hand_over.requests} prompts of {hand_over.prompt} tokens at once, "
+                         f"{hand_over.rounds} rounds, engine steps from the server's /metrics")
+            steps = read_server(_run_on(target, clock), lambda: engine_steps(cfg.backend.base_url, transport), hand_over)
+            if steps is None and progress:
+                progress("hand-over: the server publishes no engine-step histogram on /metrics; the front end stays as priced")
+        if arrivals or hand_over:
             clock.run(probes.check_reference(True))      # a server that changed during them is refused too
         # NOTE: a validation's drift is taken against this timing, so it measures the machine, not the fit
         reference = burst_seconds(target, SERVER, cfg)
@@ -58,28 +73,44 @@ def profile_server(cfg: RunConfig, grid: ProbeGrid, profile_path: Path, twin_pat
     if started[0] != started[1]:
         raise ConfigError("profile: the server restarted during the profile (its process start time changed); "
                           "nothing was written")
-    prof = replace(fit_profile(probes), reference_burst_s=reference, arrivals=costs)
+    prof = replace(fit_profile(probes), reference_burst_s=reference, arrivals=costs, hand_over=steps)
     found = limits(cfg, after, started_record(cfg.backend.base_url), server_config(cfg.backend.base_url, key, transport))
     setup = target.describe() | {"load_avg_1min": [load_before, os.getloadavg()[0]], "cpu_count": os.cpu_count(),
                                  "server_metrics": {k: v for k, v in after.items() if k != "process_start_time_seconds"}}
-    twin = write_twin(cfg, prof, grid, setup, found, profile_path, twin_path, arrivals)
+    twin = write_twin(cfg, prof, grid, setup, found, profile_path, twin_path, arrivals, hand_over)
     if progress:
-        _say(progress, prof, twin.backend.cost(), priced=bool(costs))
+        _say(progress, prof, twin.backend.cost(), json.loads(profile_path.read_text()))
         progress(f"wrote {profile_path} and {twin_path}: `batchlab run {twin_path}` simulates the server")
     return twin
 
 
-def _say(progress: Callable[[str], None], prof: BlackBoxProfile, c: StepCost, priced: bool) -> None:
-    """The fit and the front end, in two lines."""
+def _say(progress: Callable[[str], None], prof: BlackBoxProfile, c: StepCost, record: dict) -> None:
+    """The fit and the front end, in two lines, and a third for the hand-over where it was read."""
     f = prof.fit
     progress(f"fit ({f.num_samples} steps, rms error {100 * f.rms_rel_error:.1f}%): decode step "
              f"{1e3 * c.step_time(0, 0, 1):.2f} ms at batch 1, front end "
              f"{1e3 * prof.frontend_s:.1f} ms per request idle" + ("" if prof.frontend_beside_s is None else
              f", {1e3 * prof.frontend_beside_s:.1f} ms before the scheduler beside a stream"))
-    if priced:
-        progress(f"front end priced by the arrivals: {1e3 * c.frontend_s:.2f} ms + {1e6 * c.frontend_s_per_token:.1f} "
+    if fe := record.get("front_end_priced"):
+        progress(f"front end priced by the arrivals: {1e3 * fe['engine_s']:.2f} ms + {1e6 * c.frontend_s_per_token:.1f} "
                  f"us a prompt token + {1e6 * c.admit_s_per_row:.0f} us a running row of the engine's time, then "
-                 f"{1e3 * c.first_token_s:.1f} ms off the engine")
+                 f"{1e3 * fe['delay_s']:.1f} ms off the engine")
+    if ho := record.get("hand_over"):
+        progress(f"hand-over: the server computed the burst's prompts in {_steps(ho['server'], ho['probe'])}; the twin "
+                 f"in {_steps([ho['twin_priced']], ho['probe'])} at {1e3 * ho['priced_s']:.2f} ms a request of the engine, "
+                 f"in {_steps([ho['twin']], ho['probe'])} at {1e3 * ho['engine_s']:.2f} ms, which it takes "
+                 f"(then {1e3 * c.first_token_s:.1f} ms off the engine)")
+
+
+def _steps(rounds: list[dict[str, float]], probe: dict) -> str:
+    """Prompt steps by bucket, one round after another: '3 steps (<=128, <=1024, <=2048)'."""
+    said = []
+    for r in rounds:
+        kept = prompt_steps(r, HandOverProbe(**probe))
+        n = sum(kept.values())
+        said.append(f"{n:g} step{'s' * (n != 1)} (" + ", ".join(f"≤{k}" + (f" ×{v:g}" if v != 1 else "")
+                                                            for k, v in sorted(kept.items(), key=lambda kv: float(kv[0]))) + ")")
+    return "; ".join(said)
 
 
 def _run_on(target: LoadTarget, clock: RealClock) -> Run:

@@ -21,9 +21,11 @@ from typing import Any
 import yaml
 
 from batchlab.backends.cost import StepCost
+from batchlab.calibrate import handover
 from batchlab.calibrate.blackbox import BlackBoxProfile, ProbeGrid
 from batchlab.calibrate.fit import Fit, StepSample, fit_step_times, samples_from
 from batchlab.calibrate.front_end import ArrivalProbe, bare, front_end, nested, with_front_end
+from batchlab.calibrate.handover import HandOverProbe
 from batchlab.calibrate.twin_check import Twin
 from batchlab.core.config import RunConfig
 from batchlab.core.files import write_atomic
@@ -83,10 +85,12 @@ def _published(metrics: dict[str, Any]) -> dict[str, Limit]:
 
 def write_twin(cfg: RunConfig, prof: BlackBoxProfile, grid: ProbeGrid, setup: dict[str, Any],
                found: dict[str, Limit], profile_path: Path, twin_path: Path,
-               arrivals: ArrivalProbe | None = None) -> RunConfig:
+               arrivals: ArrivalProbe | None = None, hand_over: HandOverProbe | None = None) -> RunConfig:
     """Write the profile JSON and twin.yaml (the profile first: the config names it); returns the
     twin. With the server's arrival costs (prof.arrivals, from `arrivals`), the front end's engine
-    time is priced from them (calibrate/front_end.py); else the idle reading is the front end."""
+    time is priced from them (calibrate/front_end.py); else the idle reading is the front end. With
+    the server's engine steps on a burst (prof.hand_over, from `hand_over`), that engine time is the
+    one that splits the burst's prompts over the server's steps (calibrate/handover.py)."""
     kv = found.get("num_kv_blocks")
     block = int(found["block_size"].value)
     base = StepCost(0, 0, 0, 0, 0, kv_bytes_per_token=1,
@@ -104,6 +108,10 @@ def write_twin(cfg: RunConfig, prof: BlackBoxProfile, grid: ProbeGrid, setup: di
         cost = with_front_end(cost, fe)
         priced = {"front_end_priced": fe.record() | {"probe": asdict(arrivals), "rounds_s": nested(prof.arrivals),
                                                      "read": "inside one run"}}
+    if prof.hand_over and hand_over:
+        found_ho = handover.fit(prof.hand_over, Twin(twin), cost, front + beyond, hand_over, top(prof.frontend_s))
+        cost = handover.applied(cost, found_ho, front + beyond)
+        priced |= {"hand_over": found_ho.record()}
     pred = prof.fit.predict(prof.samples)
     rows = [asdict(s) | {"fit_seconds": float(p)} for s, p in zip(prof.samples, pred)]
     profile_path.parent.mkdir(parents=True, exist_ok=True)
@@ -142,9 +150,19 @@ def refitted(record: dict, samples: list[StepSample], without: tuple[str, ...] =
         fe = front_end(arrivals, Twin(twin, cost=bare(cost)).replay, front + beyond, probe)
         cost = with_front_end(cost, fe)
         priced = {"front_end_priced": fe.record() | {k: old[k] for k in ("probe", "rounds_s", "read") if k in old}}
+    if read := handover.from_record(record):
+        server, probe = read
+        found_ho = handover.fit(server, Twin(twin), cost, front + beyond, probe, top(front))
+        cost = handover.applied(cost, found_ho, front + beyond)
+        priced |= {"hand_over": found_ho.record()}
     rows = [asdict(s) | {"fit_seconds": float(p)} for s, p in zip(samples, fit.predict(samples))]
     return record | asdict(cost) | fit.summary() | priced | {
         "samples": rows, "refitted": {"without": list(without), "samples": len(samples), "from": len(record["samples"])}}
+
+
+def top(idle_s: float) -> float:
+    """The highest front-end engine time a hand-over fit tries: handover.GRID_TOP_S, or twice the idle reading where more."""
+    return max(handover.GRID_TOP_S, 2 * idle_s)
 
 
 def front_end_parts(idle_s: float, beside_s: float | None) -> tuple[float, float]:

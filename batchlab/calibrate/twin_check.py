@@ -159,7 +159,7 @@ FINISH_BASE = 32
 Run = Callable[[list[TraceItem]], list[Request]]     # a trace -> its requests, on a server or a twin
 
 
-def _unique(items: list[TraceItem], tag: str) -> list[TraceItem]:
+def unique(items: list[TraceItem], tag: str) -> list[TraceItem]:
     """Prompts of their own (no prefix cache can shorten one), each run afresh."""
     nonce = secrets.randbits(48)
     return [replace(t, content=(((tag, nonce, i), t.prompt_len),)) for i, t in enumerate(items)]
@@ -215,12 +215,12 @@ def arrival_seconds(run: Run, clump: int = 1, short: tuple[int, int] = SHORT,
     if output <= short[1]:
         raise ValueError(f"the streams must decode longer than the arrivals ({output} tokens against {short[1]})")
     longs = [TraceItem(0.0, prompt, output) for _ in range(count)]
-    solo = run(_unique(longs, "alone"))
+    solo = run(unique(longs, "alone"))
     start, alone = _decode(solo, output)
     lo, hi = (start + f * alone for f in ARRIVAL_SPAN)
     instants = ARRIVALS // clump
     shorts = [TraceItem(lo + (hi - lo) * (j // clump) / max(instants - 1, 1), *short) for j in range(ARRIVALS)]
-    both = run(_unique(longs + shorts, f"with-{clump}-{short[1]}"))
+    both = run(unique(longs + shorts, f"with-{clump}-{short[1]}"))
     _, together = _decode(both, output)
     return (together - alone) / ARRIVALS, alone, together, solo, within(both, output) / ARRIVALS
 
@@ -248,7 +248,7 @@ def finish_cost(run: Run) -> dict[str, float]:
     """What a completion adds to the next step: on the longest stream, the gap right after another
     stream's last token less the gap after it (same rows, no finish just before), median over the
     finishes; in seconds and in steps (of the median of those later gaps)."""
-    reqs = run(_unique([TraceItem(0.0, LONG_PROMPT, FINISH_BASE + 2 * i) for i in range(LONG)], "finish"))
+    reqs = run(unique([TraceItem(0.0, LONG_PROMPT, FINISH_BASE + 2 * i) for i in range(LONG)], "finish"))
     longest = max(reqs, key=lambda r: r.max_new_tokens)
     t = longest.token_times
     ends = [r.max_new_tokens for r in reqs if r is not longest]

@@ -6,7 +6,8 @@ its end (a new one's first token at the end of the step holding its prompt). A r
 engine frontend_s after it arrives; engine_per_token_s per prompt token of each new request is
 work done on the engine's processor outside the step holding its prompt (the step after it is
 that much longer): what a step model fitted from those steps cannot see. Switches make it
-misbehave the ways real servers do.
+misbehave the ways real servers do. With `step_histogram`, /metrics publishes each step's tokens
+(prompt tokens computed plus one per request that got a token) as vLLM's iteration_tokens_total.
 """
 from __future__ import annotations
 
@@ -15,15 +16,20 @@ import json
 
 import httpx
 
+STEP_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)   # vLLM's, for tokens per step
+
 
 class FakeServer:
     def __init__(self, step_s=0.003, per_row_s=0.0002, per_prompt_s=2e-5, frontend_s=0.002, *, engine_per_token_s=0.0,
-                 usage=True, merge=1, refuse_eos=False, rate_limit=False, restart=False, vllm_config=None):
+                 usage=True, merge=1, refuse_eos=False, rate_limit=False, restart=False, vllm_config=None,
+                 step_histogram=False):
         self.step_s, self.per_row_s, self.per_prompt_s, self.frontend_s = step_s, per_row_s, per_prompt_s, frontend_s
         self.engine_per_token_s = engine_per_token_s
         self.usage, self.merge, self.refuse_eos, self.rate_limit, self.restart = usage, merge, refuse_eos, rate_limit, restart
         self.vllm_config = vllm_config          # what /server_info states (None: no such page, as without dev mode)
         self.started = 1_700_000_000.0
+        self.step_histogram = step_histogram
+        self.step_sizes: list[int] = []         # every step's tokens, as vLLM counts them
         self.pending: list[dict] = []
         self.running: list[dict] = []
         self.wake: asyncio.Event | None = None
@@ -39,11 +45,22 @@ class FakeServer:
                     self.started += 60.0         # a new process every time anyone looks
                 text = (f'process_start_time_seconds {self.started}\n'
                         'vllm:cache_config_info{block_size="32",enable_prefix_caching="False",num_gpu_blocks="900"} 1.0\n')
+                if self.step_histogram:
+                    text += self._histogram()
                 return httpx.Response(200, text=text)
             if request.url.path == "/server_info" and self.vllm_config is not None:
                 return httpx.Response(200, json={"vllm_config": self.vllm_config, "vllm_env": {}})
             return httpx.Response(404)
         return httpx.MockTransport(handle)
+
+    def _histogram(self) -> str:
+        name = "vllm:iteration_tokens_total"
+        lines = [f"# TYPE {name} histogram"]
+        for le in (*STEP_BUCKETS, float("inf")):
+            n = sum(size <= le for size in self.step_sizes)
+            lines.append(f'{name}_bucket{{engine="0",le="{"+Inf" if le == float("inf") else f"{le:.1f}"}"}} {n}')
+        lines += [f'{name}_count{{engine="0"}} {len(self.step_sizes)}', f'{name}_sum{{engine="0"}} {sum(self.step_sizes)}']
+        return "\n".join(lines) + "\n"
 
     # -- the async side: streamed completions ------------------------------------------------
     def async_transport(self) -> httpx.MockTransport:
@@ -96,6 +113,7 @@ class FakeServer:
             after = sum(j["prompt"] for j in self.running if j["computed"] == 1)       # computed in the last step
             front = self.engine_per_token_s * after
             await asyncio.sleep(self.step_s + self.per_row_s * len(self.running) + self.per_prompt_s * prompts + front)
+            self.step_sizes.append(prompts + len(self.running))
             for j in self.running:
                 j["computed"] = j["computed"] + 1
                 j["left"] -= 1

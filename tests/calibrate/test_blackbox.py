@@ -281,3 +281,42 @@ def test_front_end_work_on_the_engine_is_priced_from_what_arrivals_cost_the_stre
     assert q["admit_s"] == 0 and q["without"] == ["admit_s"]
     assert q["front_end_priced"] == json.loads(json.dumps(bare["front_end_priced"]))
     assert "refitted, without admit_s" in q["description"]
+
+
+def test_a_server_whose_front_end_is_off_its_engine_gets_a_twin_that_hands_a_burst_over_faster(tmp_path):
+    import json
+
+    from batchlab.calibrate.fit import samples_from
+    from batchlab.calibrate.handover import HandOverProbe, prompt_steps
+    from batchlab.calibrate.twin import refitted
+    # the fake's front end delays every request 2 ms at once, not one after another on its engine,
+    # so a burst reaches the engine within a step or two; a twin charging the idle reading on the
+    # engine hands the same burst over one request at a time, over more steps
+    cfg = load_config(None, ["backend.kind=openai", "backend.base_url=http://fake/v1", "backend.model=fake",
+                             "strategies=[server]", "traffic.duration_s=2", "traffic.warmup_s=0", "traffic.rates=[5]"])
+    fake = FakeServer(vllm_config={"device_config": {"device": "cpu"}}, step_histogram=True)
+    target = OpenAIBackend("http://fake/v1", "fake", transport=fake.async_transport())
+    probe = HandOverProbe(requests=8, prompt=16, rounds=3)
+    twin = profile_server(cfg, SMALL, tmp_path / "p.json", tmp_path / "p.twin.yaml", target=target,
+                          transport=fake.sync_transport(), arrivals=None, hand_over=probe)
+    rec = json.loads((tmp_path / "p.json").read_text())
+    ho = rec["hand_over"]
+    # the server's own count, each round: every bucket it publishes, and one or two prompt steps
+    assert len(ho["server"]) == 3 and all(set(r) >= {"8", "32", "128", "256", "inf"} for r in ho["server"])
+    assert all(1 <= sum(prompt_steps(r, probe).values()) <= 2 for r in ho["server"])
+    assert ho["priced_s"] == rec["frontend_idle_s"] > 0 and sum(ho["twin_priced"].values()) > 2
+    assert ho["engine_s"] < ho["priced_s"] and ho["apart"] < ho["apart_priced"]
+    cost = twin.backend.cost()
+    assert cost.frontend_s == ho["engine_s"] and cost.frontend_on_engine
+    # what the profile read before the scheduler stays, the rest of it a delay off the engine
+    before = rec["frontend_idle_s"] + max(0.0, rec["frontend_beside_s"] - rec["frontend_idle_s"])
+    assert cost.frontend_s + cost.first_token_s == pytest.approx(before)
+    # refitted on its own steps, the profile takes the same hand-over
+    assert refitted(rec, samples_from(rec["samples"]))["frontend_s"] == pytest.approx(cost.frontend_s)
+
+
+def test_a_server_without_a_step_histogram_keeps_the_priced_front_end(tmp_path):
+    import json
+    twin = profile(FakeServer(vllm_config={"device_config": {"device": "cpu"}}), tmp_path)
+    rec = json.loads((tmp_path / "p.json").read_text())
+    assert "hand_over" not in rec and twin.backend.cost().frontend_s == rec["frontend_idle_s"]

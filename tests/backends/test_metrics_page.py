@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from batchlab.baselines import metrics
+from batchlab.backends import metrics_page as metrics
 
 TEXT = "\n".join(["# HELP batchlab_ttft_seconds x", "# TYPE batchlab_ttft_seconds histogram",
                   'batchlab_ttft_seconds_bucket{le="0.01"} 3', 'batchlab_ttft_seconds_bucket{le="+Inf"} 100',

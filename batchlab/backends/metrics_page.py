@@ -43,14 +43,16 @@ def scrape(url: str, names: Iterable[str]) -> dict[str, float]:
     return values(httpx.get(metrics_url(url), timeout=5).text, names)
 
 
-def engine_steps(url: str) -> dict[float, float] | None:
+def engine_steps(url: str, transport: httpx.BaseTransport | None = None) -> dict[float, float] | None:
     """The engine steps a server has taken since its start, by the bucket bounds of the first of
     STEP_HISTOGRAMS it publishes (cumulative as published: the steps whose figure was at most the
     bound; `math.inf`: all of them), summed over its engines; None where it publishes none or its
     /metrics cannot be read (a count is only a reading, never a reason to fail the run around it)."""
     try:
         found: dict[str, dict[float, float]] = {}
-        for s in samples(httpx.get(metrics_url(url), timeout=5).text):
+        with httpx.Client(timeout=5, transport=transport) as client:
+            text = client.get(metrics_url(url)).text
+        for s in samples(text):
             name = s.name.removesuffix("_bucket")
             if name != s.name and name in STEP_HISTOGRAMS:
                 le = float(s.labels["le"])
