@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 from batchlab.calibrate.accuracy import twin_limit
+from batchlab.calibrate.handover import described, handed
 from batchlab.calibrate.twin_check import measured_change, steps_over
 
 
@@ -729,11 +730,21 @@ def _front(p: dict) -> str:
     if fe:
         return (f"front end read idle {1e3 * p['frontend_s']:.1f} ms per request" +
                 ("" if beside is None else f", {1e3 * beside:.1f} ms before the scheduler beside a stream")
-                + _priced(fe))
+                + _priced(fe) + _handed(p.get("hand_over")))
     return f"front end {1e3 * p['frontend_s']:.1f} ms per request" + (
         "" if beside is None else
         f" (a prompt sent beside a stream: {1e3 * beside:.1f} ms before the scheduler; what it "
         "holds beyond the front end delays each request off the engine)")
+
+
+def _handed(ho: dict | None) -> str:
+    """What the hand-over probe read and what its fit found, as a clause of the profile line."""
+    if not ho:
+        return ""
+    pr = ho["probe"]
+    return (f"; of {pr['requests']} prompts of {pr['prompt']} tokens sent at once, the server computed the prompts in "
+            f"{described(ho['server'], pr)} (its own count, round by round), the twin at that price in "
+            f"{described([ho['twin_priced']], pr)}; {handed(ho)}")
 
 
 def _priced(fe: dict | None) -> str:

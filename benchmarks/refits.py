@@ -1,7 +1,8 @@
 """One server's profile fitted other ways, each judged on what the server did.
 
     python benchmarks/refits.py DIR [--rows 32] [--admitted 2] [--without admit_s] [--front-end-idle] [--beyond-rows]
-                                [--whatif RECORD ...] [--base-cap 32] [--json docs/results/refits_NAME.json]
+                                [--priced-front-end] [--hand-over-from MS,...] [--whatif RECORD ...] [--base-cap 32]
+                                [--json docs/results/refits_NAME.json]
 
 DIR holds a black-box profile and its twin (profile.json, twin.yaml: `batchlab profile` or
 benchmarks/twin.py writes them). Besides the profile as it was fitted, each variant fits the
@@ -21,7 +22,13 @@ kept validation can be judged on it too (benchmarks/corrections.py NAME=DIR@TWIN
      (calibrate/twin.py `idle_reading`), where the arrival probe's price may hand them over at once;
   --beyond-rows: the steps as fitted, and every decode row past the profile's largest batch priced
      at what its top two batch sizes grew beyond the fitted lines (calibrate/twin.py
-     `beyond_the_profile`), where the lines alone are carried on.
+     `beyond_the_profile`), where the lines alone are carried on;
+  --priced-front-end: the steps as fitted, the front end's engine time as priced before the
+     hand-over probe moved it (calibrate/twin.py `as_priced`): the twin without the hand-over;
+  --hand-over-from MS,...: for each start (milliseconds of engine time per request, or `idle`: the
+     profile's idle reading), two variants: the front end taking that much of the engine, and the
+     hand-over fitted from there (calibrate/twin.py `engine_time_at`, `handed_over_from`): what the
+     hand-over probe's reading alone sets, whatever the arrival probe priced.
 Per decode batch size, and per count of requests a prompt step admitted: the measured steps'
 median and each variant's median relative error on them. Per --whatif (a benchmarks/twin.py record of bursts measured at several sequence caps): each
 cap's burst on the server (median of its runs) and on every variant's twin, and each cap's change
@@ -42,7 +49,7 @@ import yaml
 
 from batchlab.backends.cost import COEFFS, StepCost
 from batchlab.calibrate.fit import SHAPE, StepSample, samples_from
-from batchlab.calibrate.twin import beyond_the_profile, idle_reading, refitted
+from batchlab.calibrate.twin import as_priced, beyond_the_profile, engine_time_at, handed_over_from, idle_reading, refitted
 from batchlab.calibrate.twin_check import Twin, measured_change, predicted_burst, steps_over
 from batchlab.core.files import write_atomic
 from batchlab.errors import ConfigError, user_errors
@@ -54,15 +61,23 @@ GAP = "gap_p50"             # a burst's median gap between two tokens: in record
 AS_FITTED = "as profiled"
 IDLE = "front end one at a time"
 BEYOND = "rows past the profile"
+PRICED = "front end as priced"
 
 
 def variants(d: Path, prof: dict, rows: int | None, without: tuple[str, ...], admitted: int | None = None,
-             idle: bool = False, beyond: bool = False) -> dict[str, Path]:
+             idle: bool = False, beyond: bool = False, priced: bool = False,
+             starts: tuple[str, ...] = ()) -> dict[str, Path]:
     """Each variant's twin config, written beside the profile's own: name -> twin.yaml path."""
     samples, out = samples_from(prof["samples"]), {AS_FITTED: d / "twin.yaml"}
     twin_cfg = load_config(d / "twin.yaml")
     asked = []
     carried = beyond_the_profile(prof) if beyond else None      # NOTE: every refusal before anything is written
+    before = as_priced(prof) if priced else None
+    handed = {}
+    for start in starts:
+        engine_s = prof["frontend_idle_s"] if start == "idle" else float(start) / 1e3
+        said = f"{1e3 * engine_s:.2f} ms" + (" (idle)" if start == "idle" else "")
+        handed[start] = (said, engine_time_at(prof, engine_s), handed_over_from(prof, engine_s, twin_cfg))
     if rows:
         mine = [s for s in samples if s.decode_rows <= rows]
         if len(mine) == len(samples):
@@ -82,6 +97,12 @@ def variants(d: Path, prof: dict, rows: int | None, without: tuple[str, ...], ad
     if carried:
         out[BEYOND] = beside(d, "beyond-rows", carried, "decode rows past the profile's largest batch priced at its "
                              "top two batches' growth beyond the lines")
+    if before:
+        out[PRICED] = beside(d, "front-end-priced", before, "the front end's engine time as priced before the hand-over")
+    for start, (said, at, fitted) in handed.items():
+        out[f"front end {said}"] = beside(d, f"front-end-{start}", at, f"the front end taking {said} of the engine")
+        out[f"hand-over from {said}"] = beside(d, f"hand-over-from-{start}", fitted,
+                                               f"the hand-over fitted from {said} of the engine")
     for name, tag, mine, terms in asked:
         out[name] = beside(d, tag, refitted(prof, mine, terms, twin_cfg), f"the profile fitted again: {name}")
     return out
@@ -169,6 +190,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                     help="a variant with the front end as the profile's idle reading, handing requests over one at a time")
     ap.add_argument("--beyond-rows", action="store_true",
                     help="a variant pricing decode rows past the profile's largest batch at its top batches' growth")
+    ap.add_argument("--priced-front-end", action="store_true",
+                    help="a variant with the front end's engine time as priced before the hand-over probe moved it")
+    ap.add_argument("--hand-over-from", default="",
+                    help="variants from these front-end engine times (ms, or idle), and the hand-over fitted from each")
     ap.add_argument("--whatif", type=Path, action="append", default=[],
                     help="a benchmarks/twin.py record of bursts at several caps (repeatable)")
     ap.add_argument("--base-cap", type=int, help="the cap each what-if's changes are taken from (default: its first)")
@@ -181,12 +206,15 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         raise ConfigError(f"{a.dir}: want a profile's directory with profile.json and twin.yaml")
     if missing := [str(p) for p in a.whatif if not p.is_file()]:
         raise ConfigError(f"--whatif {', '.join(missing)}: no such file")
-    if not a.rows and not a.without and a.admitted is None and not a.front_end_idle and not a.beyond_rows:
+    a.hand_over_from = starts(a.hand_over_from)
+    if not (a.rows or a.without or a.admitted is not None or a.front_end_idle or a.beyond_rows or a.priced_front_end
+            or a.hand_over_from):
         raise ConfigError("name a variant: --rows N, --admitted N, --without TERMS, --front-end-idle, --beyond-rows, "
-                          "or several")
-    if a.front_end_idle and "frontend_idle_s" not in json.loads((a.dir / "profile.json").read_text()):
-        raise ConfigError(f"--front-end-idle: {a.dir / 'profile.json'} has no idle front-end reading (frontend_idle_s); "
-                          "a profile of a server records one")
+                          "--priced-front-end, --hand-over-from MS, or several")
+    for flag, asked in (("--front-end-idle", a.front_end_idle), ("--hand-over-from", a.hand_over_from)):
+        if asked and "frontend_idle_s" not in json.loads((a.dir / "profile.json").read_text()):
+            raise ConfigError(f"{flag}: {a.dir / 'profile.json'} has no idle front-end reading (frontend_idle_s); "
+                              "a profile of a server records one")
     if a.admitted is not None and a.admitted < 0:
         raise ConfigError(f"--admitted: want 0 or more, got {a.admitted}")
     for path in a.whatif:          # NOTE: before any variant is written beside the profile
@@ -199,13 +227,27 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     return a
 
 
+def starts(text: str) -> tuple[str, ...]:
+    """--hand-over-from's values: milliseconds (0 or more) or `idle`, comma-separated."""
+    out = tuple(t.strip() for t in text.split(",") if t.strip())
+    for t in out:
+        try:
+            if t != "idle" and float(t) < 0:
+                raise ValueError
+        except ValueError:
+            raise ConfigError(f"--hand-over-from: want milliseconds (0 or more) or idle, got {t!r}") from None
+    return out
+
+
 @user_errors
 def main(argv: list[str] | None = None) -> None:
     a = parse(argv)
     prof = json.loads((a.dir / "profile.json").read_text())
     samples = samples_from(prof["samples"])
     twins = {name: Twin(load_config(path)) for name, path in variants(a.dir, prof, a.rows, a.without, a.admitted,
-                                                                              a.front_end_idle, a.beyond_rows).items()}
+                                                                              a.front_end_idle, a.beyond_rows,
+                                                                              a.priced_front_end,
+                                                                              a.hand_over_from).items()}
     costs = {name: t.cfg.backend.cost() for name, t in twins.items()}
     out = {"command": " ".join(["python benchmarks/refits.py", *(argv if argv is not None else sys.argv[1:])]),
            "profile": os.path.relpath((a.dir / "profile.json").resolve(), ROOT), "grid": prof["grid"],

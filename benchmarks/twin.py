@@ -84,6 +84,7 @@ from batchlab.baselines.loadtest import open_loop
 from batchlab.calibrate.accuracy import sides
 from batchlab.calibrate.blackbox import ProbeGrid
 from batchlab.calibrate.front_end import bare
+from batchlab.calibrate.handover import HandOverProbe
 from batchlab.calibrate.server import profile_server
 from batchlab.calibrate.twin import idle_reading
 from batchlab.calibrate.twin_check import (
@@ -152,9 +153,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--batch-sizes", default=",".join(map(str, GRID.batch_sizes)),
                     help="profile: the decode bursts' sizes (up to the server's cap: a profile of a server started "
                          "at a larger cap can measure the steps a what-if at that cap runs)")
-    ap.add_argument("--crowds", default="",
-                    help="profile: prompts sent at once beside one stream (e.g. 4,8,16; none by default), so the fit "
-                         "sees steps admitting many requests")
+    ap.add_argument("--hand-over-fit", action="store_true", help="profile: as batchlab profile --hand-over-fit")
+    ap.add_argument("--crowds", default="", help="profile: as batchlab profile --crowds (e.g. 4,8,16; none by default)")
     ap.add_argument("--speed-probe", action="store_true",
                     help="knee: a saturated burst before each search, and the twin scaled to match it")
     ap.add_argument("--contention-rounds", type=int, default=3, help="contention: rounds of quiet / server core / every core")
@@ -278,7 +278,8 @@ class Campaign:
     def profile(self, cfg) -> None:
         print("profile: the server from the client (black box)", flush=True)
         grid = replace(GRID, batch_sizes=self.batch_sizes, crowds=self.crowds)
-        twin = profile_server(cfg, grid, self.out / "profile.json", self.out / "twin.yaml", progress=print)
+        twin = profile_server(cfg, grid, self.out / "profile.json", self.out / "twin.yaml", progress=print,
+                              hand_over=HandOverProbe(fit=self.args.hand_over_fit))
         self.moved = False                  # a new profile: the moved twin is written again from it
         prof = json.loads((self.out / "profile.json").read_text())
         if "profile" in self.record:         # an earlier profile's figures stay, beside the new one's

@@ -253,3 +253,18 @@ def test_a_twin_validation_shows_its_signed_error_by_workload():
     line = mod._by_workload(by)[-1]
     assert "`base` -12.0 % / +2.0 % / -10.0 %; `long-outputs` +5.4 % / – / –." in line
     assert mod._by_workload(None) == [] and mod._by_workload({}) == []
+
+
+def test_the_profile_line_says_how_the_server_and_the_twin_split_a_burst_and_what_the_twin_took():
+    mod = figures()
+    probe = {"requests": 32, "prompt": 64, "output": 2, "rounds": 2}
+    ho = {"engine_s": 0.00065, "priced_s": 0.0, "probe": probe,
+          "server": [{"8": 30.0, "128": 1.0, "1024": 1.0, "2048": 1.0}, {"8": 30.0, "128": 1.0, "1024": 2.0}],
+          "twin_priced": {"4096": 1.0}, "twin": {"128": 1.0, "1024": 1.0, "2048": 1.0}}
+    text = mod._handed(ho)
+    assert "the server computed the prompts in 3 steps (≤128, ≤1024, ≤2048); 3 steps (≤128, ≤1024 ×2)" in text
+    assert "the twin at that price in 1 step (≤4096); the fit found 0.65 ms, splitting it in 3 steps" in text
+    assert "not taken (the twin keeps the price; --hand-over-fit takes it)" in text
+    taken = mod._handed(ho | {"probe": probe | {"fit": True}})
+    assert "; the twin takes 0.65 ms, splitting it in 3 steps (≤128, ≤1024, ≤2048)" in taken
+    assert "the fit keeps that price" in mod._handed(ho | {"engine_s": 0.0}) and mod._handed(None) == ""

@@ -217,6 +217,10 @@ def _ints(text: str, flag: str) -> tuple[int, ...]:
                    "many requests tell a price per admitted request from a prompt pass's setup (none by default).")
 @click.option("--arrival-rounds", type=int, default=3, show_default=True,
               help="A server: rounds of the arrival probe that prices its front end's engine time (0: none).")
+@click.option("--hand-over-rounds", type=int, default=3, show_default=True,
+              help="A server: bursts of 32 prompts sent at once whose engine steps its /metrics counts (0: none).")
+@click.option("--hand-over-fit", is_flag=True,
+              help="A server: the twin's front end takes the engine time that splits those bursts as the server did.")
 @click.option("--new-tokens", type=int, default=12, show_default=True, help="Tokens per burst.")
 @click.option("--repeats", type=int, default=3, show_default=True, help="Measured passes (medians).")
 @click.option("--warmup", type=int, default=1, show_default=True, help="Unmeasured passes over the grid.")
@@ -229,17 +233,19 @@ def _ints(text: str, flag: str) -> tuple[int, ...]:
 @click.option("--twin", "twin", default=None, type=click.Path(dir_okay=False),
               help="A server (backend.kind openai): where its twin's run config goes (default: beside --out, NAME.twin.yaml).")
 def profile_cmd(config, overrides, preset, strategy, batch_sizes, contexts, prompts, streams, crowds, arrival_rounds,
-                new_tokens, repeats, warmup, gap_ms, refit_src, without, out, twin):
+                hand_over_rounds, hand_over_fit, new_tokens, repeats, warmup, gap_ms, refit_src, without, out, twin):
     """Measure a backend's step times, fit the simulator's model, save it as a profile JSON. A
     server (backend.kind openai) is profiled from the client, and its twin's config written too."""
     user_errors(_profile_main)(config, overrides, preset, strategy, batch_sizes, contexts, prompts,
                                new_tokens, repeats, warmup, gap_ms, refit_src, without, out, twin, streams, arrival_rounds,
-                               crowds)
+                               crowds, hand_over_rounds, hand_over_fit)
 
 
-def _profile_server(cfg, grid: Grid, path: Path, twin: str | None, streams: str, arrival_rounds: int, crowds: str) -> None:
+def _profile_server(cfg, grid: Grid, path: Path, twin: str | None, streams: str, arrival_rounds: int, crowds: str,
+                    hand_over_rounds: int = 3, hand_over_fit: bool = False) -> None:
     """A server (backend.kind openai) measured from the client, once its grid is known to give enough samples."""
     from batchlab.calibrate.front_end import ArrivalProbe
+    from batchlab.calibrate.handover import HandOverProbe
     from batchlab.calibrate.server import profile_server
     probes = ProbeGrid(*astuple(grid)[:6], gap_s=grid.gap_s or ProbeGrid.gap_s, streams=_ints(streams, "--streams"),
                        crowds=_ints(crowds, "--crowds") if crowds else ())
@@ -249,13 +255,17 @@ def _profile_server(cfg, grid: Grid, path: Path, twin: str | None, streams: str,
                           f"or raise --new-tokens (a decode sample takes {WINDOW} tokens)")
     if arrival_rounds < 0:
         raise ConfigError(f"--arrival-rounds must be >= 0 (got {arrival_rounds})")
+    if hand_over_rounds < 0 or (hand_over_fit and not hand_over_rounds):
+        raise ConfigError(f"--hand-over-rounds must be >= 0, and >= 1 with --hand-over-fit (got {hand_over_rounds})")
     twin_path = Path(twin) if twin else path.with_name(path.stem + ".twin.yaml")
     profile_server(cfg, probes, path, twin_path, progress=lambda m: click.echo(f"  {m}"),
-                   arrivals=ArrivalProbe(rounds=arrival_rounds) if arrival_rounds else None)
+                   arrivals=ArrivalProbe(rounds=arrival_rounds) if arrival_rounds else None,
+                   hand_over=HandOverProbe(rounds=hand_over_rounds, fit=hand_over_fit) if hand_over_rounds else None)
 
 
 def _profile_main(config, overrides, preset, strategy, batch_sizes, contexts, prompts, new_tokens, repeats, warmup,
-                  gap_ms, refit_src, without, out, twin=None, streams="1,4,16", arrival_rounds=3, crowds=""):
+                  gap_ms, refit_src, without, out, twin=None, streams="1,4,16", arrival_rounds=3, crowds="",
+                  hand_over_rounds=3, hand_over_fit=False):
     path = Path(out)
     if without and refit_src is None:
         raise ConfigError("--without goes with --refit (a measured profile fits every term)")
@@ -276,10 +286,11 @@ def _profile_main(config, overrides, preset, strategy, batch_sizes, contexts, pr
         raise ConfigError(f"the grid gives {steps} steps; the step-time model has {len(COEFFS)} terms to fit: "
                           "add batch sizes, contexts or prompts, or raise --new-tokens")
     cfg = load_user_config(config, overrides)
-    if crowds and cfg.backend.role != TARGET:
-        raise ConfigError("--crowds probes a server (backend.kind openai); this backend's steps are timed directly")
+    if (crowds or hand_over_fit) and cfg.backend.role != TARGET:
+        raise ConfigError(f"{'--crowds' if crowds else '--hand-over-fit'} probes a server (backend.kind openai); this "
+                          "backend's steps are timed directly")
     if cfg.backend.role == TARGET:
-        return _profile_server(cfg, grid, path, twin, streams, arrival_rounds, crowds)
+        return _profile_server(cfg, grid, path, twin, streams, arrival_rounds, crowds, hand_over_rounds, hand_over_fit)
     cfg = cfg.model_copy(update={"strategies": [strategy]})
     backend = make_backend(cfg)
     load_before = os.getloadavg()[0]

@@ -18,7 +18,7 @@ from batchlab.backends.cost import StepCost
 from batchlab.backends.metrics_page import engine_steps
 from batchlab.calibrate.blackbox import BlackBoxProfile, ProbeGrid, fit_profile, measure, refusal
 from batchlab.calibrate.front_end import ArrivalProbe, arrival_costs
-from batchlab.calibrate.handover import HandOverProbe, prompt_steps, read_server
+from batchlab.calibrate.handover import HandOverProbe, described, handed, read_server
 from batchlab.calibrate.twin import limits, started_record, write_twin
 from batchlab.calibrate.twin_check import ARRIVALS, Run
 from batchlab.calibrate.validate import SERVER, burst_seconds
@@ -54,14 +54,7 @@ def profile_server(cfg: RunConfig, grid: ProbeGrid, profile_path: Path, twin_pat
                 progress(f"arrivals: {ARRIVALS} among {', '.join(map(str, arrivals.streams))} streams, prompts of "
                          f"{', '.join(map(str, arrivals.prompts))} tokens, {arrivals.rounds} rounds")
             costs = arrival_costs(_run_on(target, clock), arrivals)
-        steps = None
-        if hand_over:
-            if progress:
-                progress(f"hand-over: {hand_over.requests} prompts of {hand_over.prompt} tokens at once, "
-                         f"{hand_over.rounds} rounds, engine steps from the server's /metrics")
-            steps = read_server(_run_on(target, clock), lambda: engine_steps(cfg.backend.base_url, transport), hand_over)
-            if steps is None and progress:
-                progress("hand-over: the server publishes no engine-step histogram on /metrics; the front end stays as priced")
+        steps = _hand_over(cfg, target, clock, hand_over, progress, transport) if hand_over else None
         if arrivals or hand_over:
             clock.run(probes.check_reference(True))      # a server that changed during them is refused too
         # NOTE: a validation's drift is taken against this timing, so it measures the machine, not the fit
@@ -96,21 +89,22 @@ def _say(progress: Callable[[str], None], prof: BlackBoxProfile, c: StepCost, re
                  f"us a prompt token + {1e6 * c.admit_s_per_row:.0f} us a running row of the engine's time, then "
                  f"{1e3 * fe['delay_s']:.1f} ms off the engine")
     if ho := record.get("hand_over"):
-        progress(f"hand-over: the server computed the burst's prompts in {_steps(ho['server'], ho['probe'])}; the twin "
-                 f"in {_steps([ho['twin_priced']], ho['probe'])} at {1e3 * ho['priced_s']:.2f} ms a request of the engine, "
-                 f"in {_steps([ho['twin']], ho['probe'])} at {1e3 * ho['engine_s']:.2f} ms, which it takes "
+        progress(f"hand-over: the server computed the burst's prompts in {described(ho['server'], ho['probe'])}; the "
+                 f"twin at {1e3 * ho['priced_s']:.2f} ms a request of the engine in "
+                 f"{described([ho['twin_priced']], ho['probe'])}; {handed(ho)} "
                  f"(then {1e3 * c.first_token_s:.1f} ms off the engine)")
 
 
-def _steps(rounds: list[dict[str, float]], probe: dict) -> str:
-    """Prompt steps by bucket, one round after another: '3 steps (<=128, <=1024, <=2048)'."""
-    said = []
-    for r in rounds:
-        kept = prompt_steps(r, HandOverProbe(**probe))
-        n = sum(kept.values())
-        said.append(f"{n:g} step{'s' * (n != 1)} (" + ", ".join(f"≤{k}" + (f" ×{v:g}" if v != 1 else "")
-                                                            for k, v in sorted(kept.items(), key=lambda kv: float(kv[0]))) + ")")
-    return "; ".join(said)
+def _hand_over(cfg: RunConfig, target: LoadTarget, clock: RealClock, probe: HandOverProbe, progress,
+               transport) -> list[dict[str, float]] | None:
+    """The hand-over probe's rounds on the server (None where it publishes no engine-step histogram)."""
+    if progress:
+        progress(f"hand-over: {probe.requests} prompts of {probe.prompt} tokens at once, {probe.rounds} rounds, "
+                 "engine steps from the server's /metrics")
+    steps = read_server(_run_on(target, clock), lambda: engine_steps(cfg.backend.base_url, transport), probe)
+    if steps is None and progress:
+        progress("hand-over: the server publishes no engine-step histogram on /metrics; the front end stays as priced")
+    return steps
 
 
 def _run_on(target: LoadTarget, clock: RealClock) -> Run:

@@ -208,6 +208,42 @@ def idle_reading(profile: dict) -> dict:
                       "admit_s_per_row": 0.0, "first_token_s": beyond}
 
 
+def as_priced(profile: dict) -> dict:
+    """A saved profile (its JSON) with its front end's engine time as priced before the hand-over
+    moved it (the arrival probe's, or the idle reading), what the profile read before the
+    scheduler beyond that a delay off the engine, as before: the twin without the hand-over."""
+    ho = profile.get("hand_over")
+    if not ho:
+        raise ConfigError("the profile has no hand-over reading (hand_over): a profile of a server that publishes "
+                          "its engine steps on /metrics records one")
+    front, beyond = front_end_parts(profile["frontend_idle_s"], profile.get("frontend_beside_s"))
+    return profile | {"frontend_s": ho["priced_s"], "first_token_s": max(0.0, front + beyond - ho["priced_s"])}
+
+
+def engine_time_at(profile: dict, engine_s: float) -> dict:
+    """A saved profile (its JSON) whose front end takes `engine_s` of the engine per request (no
+    price per prompt token or running row), what the profile read before the scheduler beyond that
+    a delay off the engine."""
+    front, beyond = front_end_parts(profile["frontend_idle_s"], profile.get("frontend_beside_s"))
+    cost = handover.engine_time(replace(StepCost.from_record(profile), frontend_s_per_token=0.0, admit_s_per_row=0.0),
+                                engine_s, front + beyond)
+    return profile | asdict(cost)
+
+
+def handed_over_from(profile: dict, engine_s: float, twin: RunConfig) -> dict:
+    """engine_time_at's profile with the hand-over fitted from there: of the engine times that
+    split the profile's hand-over burst nearest the server's rounds, the one nearest `engine_s`
+    (the probe's reading alone, from a start that ignores the arrival probe)."""
+    if not (read := handover.from_record(profile)):
+        raise ConfigError("the profile has no hand-over reading (hand_over): a profile of a server that publishes "
+                          "its engine steps on /metrics records one")
+    start = engine_time_at(profile, engine_s)
+    front, beyond = front_end_parts(profile["frontend_idle_s"], profile.get("frontend_beside_s"))
+    cost = StepCost.from_record(start)
+    found = handover.fit(read[0], Twin(twin), cost, front + beyond, replace(read[1], fit=True), top(front))
+    return start | asdict(handover.applied(cost, found, front + beyond)) | {"hand_over": found.record()}
+
+
 def on_engine(found: dict[str, Limit]) -> bool:
     """Whether the server's front end shares the processor its model runs on: a server that says
     it computes on the CPU. Tokenizing and HTTP then take the engine's own cores (on one pinned

@@ -538,3 +538,56 @@ def test_a_paired_what_if_alternates_abba_between_two_servers_up_at_once(tmp_pat
     assert [r["tok_s"] for r in w["caps"][2]["measured"]] == [4000.0] * 3
     assert {r["beside_cpu_s"] for c in w["caps"][1:] for r in c["measured"] + c["control"]} == {0.5}
     assert w["caps"][1]["predicted"] == {"tok_s": 8.0}
+
+
+def test_refits_prices_the_front_end_as_before_the_hand_over_and_refuses_a_profile_without_one(tmp_path):
+    d = _reach_profile(tmp_path, 1.0)
+    script = [sys.executable, str(ROOT / "benchmarks" / "refits.py"), str(d), "--priced-front-end"]
+    res = subprocess.run([*script, "--json", str(tmp_path / "x.json")], cwd=ROOT, capture_output=True, text=True,
+                         timeout=300)
+    assert res.returncode == 2 and "no hand-over reading" in res.stderr and res.stderr.count("\n") == 1, res.stderr
+    assert sorted(f.name for f in d.iterdir()) == ["profile.json", "twin.yaml"] and not (tmp_path / "x.json").exists()
+    # a profile whose hand-over moved the front end's engine time from 0.5 to 1.5 ms (of 4 ms before the scheduler)
+    prof = json.loads((d / "profile.json").read_text())
+    moved = {"frontend_on_engine": True, "frontend_s": 0.0015, "first_token_s": 0.0025, "frontend_idle_s": 0.0005,
+             "frontend_beside_s": 0.004, "hand_over": {"priced_s": 0.0005, "engine_s": 0.0015}}
+    (d / "profile.json").write_text(json.dumps(prof | moved))
+    res = subprocess.run([*script, "--json", str(d / "refits.json")], cwd=ROOT, capture_output=True, text=True,
+                         timeout=300)
+    assert res.returncode == 0, res.stderr
+    fits = json.loads((d / "refits.json").read_text())["fits"]
+    assert fits["as profiled"]["frontend_s"] == 0.0015 and fits["as profiled"]["first_token_s"] == 0.0025
+    assert fits["front end as priced"]["frontend_s"] == 0.0005
+    assert fits["front end as priced"]["first_token_s"] == pytest.approx(0.0035)
+
+
+def test_refits_fits_the_hand_over_from_starts_that_ignore_the_arrival_probe(tmp_path):
+    from batchlab.backends.cost import StepCost
+    from batchlab.calibrate import handover as H
+    from batchlab.calibrate.twin_check import Twin
+    from batchlab.run.config import load_config
+    d = _reach_profile(tmp_path, 1.0)
+    prof = json.loads((d / "profile.json").read_text()) | {"frontend_idle_s": 0.003, "frontend_beside_s": 0.004}
+    # the server's rounds: what the toy's twin does with 1 ms of front end on its engine a request
+    bounds = ["1", "8", "16", "32", "64", "128", "256", "512", "1024", "2048", "4096", "8192", "16384", "inf"]
+    twin = Twin(load_config(d / "twin.yaml"))
+    server = H.on_twin(twin, H.engine_time(StepCost.from_record(prof), 0.001, 0.004), H.HandOverProbe(), bounds)
+    prof["hand_over"] = {"server": [server] * 3, "probe": {"requests": 32, "prompt": 64, "output": 2, "rounds": 3}}
+    (d / "profile.json").write_text(json.dumps(prof))
+    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "refits.py"), str(d), "--hand-over-from", "0,idle",
+                          "--json", str(d / "refits.json")], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    fits = json.loads((d / "refits.json").read_text())["fits"]
+    assert list(fits) == ["as profiled", "front end 0.00 ms", "hand-over from 0.00 ms", "front end 3.00 ms (idle)",
+                          "hand-over from 3.00 ms (idle)"]
+    assert fits["front end 0.00 ms"]["frontend_s"] == 0 and fits["front end 3.00 ms (idle)"]["frontend_s"] == 0.003
+    for start in ("0", "idle"):
+        fitted = json.loads((d / f"profile-hand-over-from-{start}.json").read_text())
+        assert fitted["hand_over"]["apart"] == 0 and fitted["frontend_on_engine"]
+        assert fitted["frontend_s"] + fitted["first_token_s"] == pytest.approx(0.004)
+    # each takes the engine time nearest its start that splits as the server did: from 0, the least of them
+    assert 0 < fits["hand-over from 0.00 ms"]["frontend_s"] <= fits["hand-over from 3.00 ms (idle)"]["frontend_s"]
+    # a start that is no number: one line, nothing written
+    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "refits.py"), str(d), "--hand-over-from", "soon"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 2 and "--hand-over-from: want milliseconds" in res.stderr, res.stderr

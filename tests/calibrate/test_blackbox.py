@@ -296,7 +296,7 @@ def test_a_server_whose_front_end_is_off_its_engine_gets_a_twin_that_hands_a_bur
                              "strategies=[server]", "traffic.duration_s=2", "traffic.warmup_s=0", "traffic.rates=[5]"])
     fake = FakeServer(vllm_config={"device_config": {"device": "cpu"}}, step_histogram=True)
     target = OpenAIBackend("http://fake/v1", "fake", transport=fake.async_transport())
-    probe = HandOverProbe(requests=8, prompt=16, rounds=3)
+    probe = HandOverProbe(requests=8, prompt=16, rounds=3, fit=True)
     twin = profile_server(cfg, SMALL, tmp_path / "p.json", tmp_path / "p.twin.yaml", target=target,
                           transport=fake.sync_transport(), arrivals=None, hand_over=probe)
     rec = json.loads((tmp_path / "p.json").read_text())

@@ -114,6 +114,12 @@ def test_cli_profiles_a_sim_backend_and_the_profile_drives_the_simulator(tmp_pat
     (["--set", "backend.kind=openai", "--set", "backend.base_url=http://127.0.0.1:9/v1", "--set", "backend.model=m",
       "--set", "strategies=[server]", "--crowds", "4,-8", "--out", "p.json"], "--crowds"),
     (["--set", "backend.preset=toy", "--crowds", "4,8", "--out", "p.json"], "--crowds probes a server"),
+    (["--set", "backend.preset=toy", "--hand-over-fit", "--out", "p.json"], "--hand-over-fit probes a server"),
+    (["--set", "backend.kind=openai", "--set", "backend.base_url=http://127.0.0.1:9/v1", "--set", "backend.model=m",
+      "--set", "strategies=[server]", "--hand-over-rounds", "-1", "--out", "p.json"], "--hand-over-rounds must be >= 0"),
+    (["--set", "backend.kind=openai", "--set", "backend.base_url=http://127.0.0.1:9/v1", "--set", "backend.model=m",
+      "--set", "strategies=[server]", "--hand-over-rounds", "0", "--hand-over-fit", "--out", "p.json"],
+     ">= 1 with --hand-over-fit"),
 ])
 def test_cli_bad_input_is_one_line_and_exit_2(args, needle, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
