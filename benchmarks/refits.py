@@ -100,7 +100,7 @@ def variants(d: Path, prof: dict, rows: int | None, without: tuple[str, ...], ad
     if before:
         out[PRICED] = beside(d, "front-end-priced", before, "the front end's engine time as priced before the hand-over")
     for start, (said, at, fitted) in handed.items():
-        out[f"front end {said}"] = beside(d, f"front-end-{start}", at, f"the front end taking {said} of the engine")
+        out[f"front end {said}"] = beside(d, f"front-end-at-{start}", at, f"the front end taking {said} of the engine")
         out[f"hand-over from {said}"] = beside(d, f"hand-over-from-{start}", fitted,
                                                f"the hand-over fitted from {said} of the engine")
     for name, tag, mine, terms in asked:

@@ -17,11 +17,11 @@ the server's histogram of tokens per step (vLLM `vllm:iteration_tokens_total`, r
 before and after). A step computing a prompt computes more tokens than the burst has rows, a
 decode step no more, so the buckets above `requests` count the prompt steps and roughly how many
 prompts each held. The twin replays the same burst with its front end's engine time per request
-at each of a grid of values, counting its steps the same way; the value whose prompt steps are
-nearest the server's (fewest steps off, bucket by bucket, the median over the rounds) is the
-twin's, the nearest the arrival probe's price among equals, and what the front end holds beyond
-it stays a delay off the engine. The twin takes it only where the probe asks (`fit`, see `applied`);
-otherwise the profile records the server's split, the twin's and the value found.
+at each of a grid of values, counting its steps the same way; the value found is the one whose
+prompt steps are nearest the server's (fewest steps off, bucket by bucket, the median over the
+rounds), the nearest the arrival probe's price among equals. Where the probe asks (`fit`, see
+`applied` for why not by default) the twin takes it, what the front end holds beyond it staying a
+delay off the engine; the profile records the server's split, the twin's and the value either way.
 """
 from __future__ import annotations
 
