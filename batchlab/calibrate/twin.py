@@ -89,8 +89,9 @@ def write_twin(cfg: RunConfig, prof: BlackBoxProfile, grid: ProbeGrid, setup: di
     """Write the profile JSON and twin.yaml (the profile first: the config names it); returns the
     twin. With the server's arrival costs (prof.arrivals, from `arrivals`), the front end's engine
     time is priced from them (calibrate/front_end.py); else the idle reading is the front end. With
-    the server's engine steps on a burst (prof.hand_over, from `hand_over`), that engine time is the
-    one that splits the burst's prompts over the server's steps (calibrate/handover.py)."""
+    the server's engine steps on a burst (prof.hand_over, from `hand_over`), the profile records how
+    the burst's prompts split on the server and on the twin, and where the probe asks (`fit`) the
+    twin takes the engine time that splits them as the server did (calibrate/handover.py)."""
     kv = found.get("num_kv_blocks")
     block = int(found["block_size"].value)
     base = StepCost(0, 0, 0, 0, 0, kv_bytes_per_token=1,
