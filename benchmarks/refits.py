@@ -211,8 +211,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
             or a.hand_over_from):
         raise ConfigError("name a variant: --rows N, --admitted N, --without TERMS, --front-end-idle, --beyond-rows, "
                           "--priced-front-end, --hand-over-from MS, or several")
+    read_idle = "frontend_idle_s" in json.loads((a.dir / "profile.json").read_text())
     for flag, asked in (("--front-end-idle", a.front_end_idle), ("--hand-over-from", a.hand_over_from)):
-        if asked and "frontend_idle_s" not in json.loads((a.dir / "profile.json").read_text()):
+        if asked and not read_idle:
             raise ConfigError(f"{flag}: {a.dir / 'profile.json'} has no idle front-end reading (frontend_idle_s); "
                               "a profile of a server records one")
     if a.admitted is not None and a.admitted < 0:

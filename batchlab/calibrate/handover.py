@@ -35,7 +35,7 @@ import numpy as np
 
 from batchlab.backends.cost import StepCost
 from batchlab.backends.metrics_page import steps_between
-from batchlab.calibrate.twin_check import CountingSimulator, Run, Twin, unique
+from batchlab.calibrate.twin_check import Run, Twin, predicted_burst, unique
 from batchlab.core.traffic import fixed_burst
 
 Sizes = dict[str, float]            # a histogram bucket's upper bound (as vLLM prints it) -> steps in it
@@ -101,9 +101,8 @@ def read_server(run: Run, read_steps: Callable[[], dict[float, float] | None], p
 
 def on_twin(twin: Twin, cost: StepCost, probe: HandOverProbe, bounds: list[str]) -> Sizes:
     """The probe's burst on the twin with step costs `cost`, its steps in the server's buckets."""
-    backend = CountingSimulator(replace(twin, cost=cost).simulator().cost)
-    replace(twin, cost=cost).replay(fixed_burst(probe.requests, probe.prompt, probe.output), backend=backend)
-    return bucketed({str(k): v for k, v in backend.sizes.items()}, bounds)
+    steps = predicted_burst(replace(twin, cost=cost), probe.requests, probe.prompt, probe.output)["step_sizes"]
+    return bucketed(steps, bounds)
 
 
 def engine_time(cost: StepCost, engine_s: float, before_s: float) -> StepCost:

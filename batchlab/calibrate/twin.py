@@ -110,9 +110,7 @@ def write_twin(cfg: RunConfig, prof: BlackBoxProfile, grid: ProbeGrid, setup: di
         priced = {"front_end_priced": fe.record() | {"probe": asdict(arrivals), "rounds_s": nested(prof.arrivals),
                                                      "read": "inside one run"}}
     if prof.hand_over and hand_over:
-        found_ho = handover.fit(prof.hand_over, Twin(twin), cost, front + beyond, hand_over, top(prof.frontend_s))
-        cost = handover.applied(cost, found_ho, front + beyond)
-        priced |= {"hand_over": found_ho.record()}
+        cost, priced["hand_over"] = handed_over(cost, prof.hand_over, hand_over, twin, front + beyond, front)
     pred = prof.fit.predict(prof.samples)
     rows = [asdict(s) | {"fit_seconds": float(p)} for s, p in zip(prof.samples, pred)]
     profile_path.parent.mkdir(parents=True, exist_ok=True)
@@ -152,18 +150,18 @@ def refitted(record: dict, samples: list[StepSample], without: tuple[str, ...] =
         cost = with_front_end(cost, fe)
         priced = {"front_end_priced": fe.record() | {k: old[k] for k in ("probe", "rounds_s", "read") if k in old}}
     if read := handover.from_record(record):
-        server, probe = read
-        found_ho = handover.fit(server, Twin(twin), cost, front + beyond, probe, top(front))
-        cost = handover.applied(cost, found_ho, front + beyond)
-        priced |= {"hand_over": found_ho.record()}
+        cost, priced["hand_over"] = handed_over(cost, *read, twin, front + beyond, front)
     rows = [asdict(s) | {"fit_seconds": float(p)} for s, p in zip(samples, fit.predict(samples))]
     return record | asdict(cost) | fit.summary() | priced | {
         "samples": rows, "refitted": {"without": list(without), "samples": len(samples), "from": len(record["samples"])}}
 
 
-def top(idle_s: float) -> float:
-    """The highest front-end engine time a hand-over fit tries: handover.GRID_TOP_S, or twice the idle reading where more."""
-    return max(handover.GRID_TOP_S, 2 * idle_s)
+def handed_over(cost: StepCost, server: list[dict[str, float]], probe: HandOverProbe, twin: RunConfig,
+                before_s: float, idle_s: float) -> tuple[StepCost, dict]:
+    """The step model with the hand-over fit applied where `probe` asks for it, and the fit's record.
+    The fit tries engine times up to handover.GRID_TOP_S, or twice the idle reading where more."""
+    found = handover.fit(server, Twin(twin), cost, before_s, probe, max(handover.GRID_TOP_S, 2 * idle_s))
+    return handover.applied(cost, found, before_s), found.record()
 
 
 def front_end_parts(idle_s: float, beside_s: float | None) -> tuple[float, float]:
@@ -209,25 +207,33 @@ def idle_reading(profile: dict) -> dict:
                       "admit_s_per_row": 0.0, "first_token_s": beyond}
 
 
+def _before_scheduler(profile: dict) -> float:
+    """What a saved profile read before the scheduler: its front end and the delay beyond it."""
+    return sum(front_end_parts(profile["frontend_idle_s"], profile.get("frontend_beside_s")))
+
+
+def _hand_over_record(profile: dict) -> dict:
+    """A saved profile's hand-over record, or one line saying it has none."""
+    if not profile.get("hand_over"):
+        raise ConfigError("the profile has no hand-over reading (hand_over): a profile of a server that publishes "
+                          "its engine steps on /metrics records one")
+    return profile["hand_over"]
+
+
 def as_priced(profile: dict) -> dict:
     """A saved profile (its JSON) with its front end's engine time as priced before the hand-over
     moved it (the arrival probe's, or the idle reading), what the profile read before the
     scheduler beyond that a delay off the engine, as before: the twin without the hand-over."""
-    ho = profile.get("hand_over")
-    if not ho:
-        raise ConfigError("the profile has no hand-over reading (hand_over): a profile of a server that publishes "
-                          "its engine steps on /metrics records one")
-    front, beyond = front_end_parts(profile["frontend_idle_s"], profile.get("frontend_beside_s"))
-    return profile | {"frontend_s": ho["priced_s"], "first_token_s": max(0.0, front + beyond - ho["priced_s"])}
+    priced = _hand_over_record(profile)["priced_s"]
+    return profile | {"frontend_s": priced, "first_token_s": max(0.0, _before_scheduler(profile) - priced)}
 
 
 def engine_time_at(profile: dict, engine_s: float) -> dict:
     """A saved profile (its JSON) whose front end takes `engine_s` of the engine per request (no
     price per prompt token or running row), what the profile read before the scheduler beyond that
     a delay off the engine."""
-    front, beyond = front_end_parts(profile["frontend_idle_s"], profile.get("frontend_beside_s"))
     cost = handover.engine_time(replace(StepCost.from_record(profile), frontend_s_per_token=0.0, admit_s_per_row=0.0),
-                                engine_s, front + beyond)
+                                engine_s, _before_scheduler(profile))
     return profile | asdict(cost)
 
 
@@ -235,14 +241,12 @@ def handed_over_from(profile: dict, engine_s: float, twin: RunConfig) -> dict:
     """engine_time_at's profile with the hand-over fitted from there: of the engine times that
     split the profile's hand-over burst nearest the server's rounds, the one nearest `engine_s`
     (the probe's reading alone, from a start that ignores the arrival probe)."""
-    if not (read := handover.from_record(profile)):
-        raise ConfigError("the profile has no hand-over reading (hand_over): a profile of a server that publishes "
-                          "its engine steps on /metrics records one")
+    _hand_over_record(profile)
+    server, probe = handover.from_record(profile)
     start = engine_time_at(profile, engine_s)
-    front, beyond = front_end_parts(profile["frontend_idle_s"], profile.get("frontend_beside_s"))
-    cost = StepCost.from_record(start)
-    found = handover.fit(read[0], Twin(twin), cost, front + beyond, replace(read[1], fit=True), top(front))
-    return start | asdict(handover.applied(cost, found, front + beyond)) | {"hand_over": found.record()}
+    cost, record = handed_over(StepCost.from_record(start), server, replace(probe, fit=True), twin,
+                               _before_scheduler(profile), profile["frontend_idle_s"])
+    return start | asdict(cost) | {"hand_over": record}
 
 
 def on_engine(found: dict[str, Limit]) -> bool:
