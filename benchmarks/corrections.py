@@ -23,8 +23,11 @@ applies gate 2. --defaults-only judges only the combination `validate` applies b
 live factor and the first-token delay; the drift probe's reading is recorded, not applied), at
 each gate. --se-units cells,workloads judges each at both counts of the
 corrections' standard errors (`validation.se_units`: every cell independent, or every workload).
+--set KEY=VALUE (repeatable) changes the config of every replay besides the combination, e.g.
+`--set validation.drift_against=prediction` divides the drift probe's timings by the profile's
+replay of the burst instead of its timing on the server when profiled.
 Usage: python benchmarks/corrections.py NAME=DIR[@TWIN] ... [--gates 0,2] [--se-units cells,workloads]
-       [--defaults-only] [--json FILE]
+       [--defaults-only] [--set KEY=VALUE ...] [--json FILE]
   DIR holds validate.yaml (the config the validation ran with); TWIN is the server's twin config
   where accuracy.json does not name it.
 """
@@ -75,12 +78,12 @@ def label(on: dict) -> str:
     return (text or "none") + (f" ({', '.join(tags)})" if tags else "")
 
 
-def judge(src: Path, twin: str | None, on: dict[str, bool], scratch: Path) -> dict:
-    """One combination on a scratch copy of the validation in `src`: per metric its median
-    |error| and sign shares, the coverage."""
+def judge(src: Path, twin: str | None, on: dict[str, bool], scratch: Path, extra: tuple[str, ...] = ()) -> dict:
+    """One combination on a scratch copy of the validation in `src` (with the config overrides in
+    `extra` besides): per metric its median |error| and sign shares, the coverage."""
     where = scratch / re.sub(r"[^A-Za-z0-9.]+", "-", label(on)).strip("-")
     shutil.copytree(src, where, ignore=shutil.ignore_patterns("validation.*", "accuracy.json", "live_*"))
-    overrides = [f"validation.{k}={str(v).lower()}" for k, v in on.items()]
+    overrides = [*extra, *(f"validation.{k}={str(v).lower()}" for k, v in on.items())]
     cfg = load_config(str(src / "validate.yaml"), overrides)
     acc = json.loads((src / "accuracy.json").read_text())
     profiles = [] if twin else [p["path"] for p in acc["profiles"].values()]
@@ -94,13 +97,16 @@ def judge(src: Path, twin: str | None, on: dict[str, bool], scratch: Path) -> di
             "floor": {m: float(summ.loc[m, "noise_median"]) for m in METRICS}}
 
 
-def checked(name: str, spec: str) -> tuple[Path, str | None]:
+def checked(name: str, spec: str, extra: tuple[str, ...] = ()) -> tuple[Path, str | None]:
     """A NAME=DIR[@TWIN] argument's validation directory and twin config, refused before anything
-    is replayed (a run of every argument takes minutes)."""
+    is replayed (a run of every argument takes minutes), as is an override in `extra` its config
+    does not take."""
     path, _, twin = spec.partition("@")
     src = Path(path)
     if not (src / "validate.yaml").is_file() or not (src / "accuracy.json").is_file():
         raise ConfigError(f"{name}: {src} is not a finished validation (validate.yaml and accuracy.json)")
+    if extra:
+        load_config(str(src / "validate.yaml"), list(extra))
     acc = json.loads((src / "accuracy.json").read_text())
     if twin and not Path(twin).is_file():
         raise ConfigError(f"{name}: no twin config at {twin}")
@@ -118,12 +124,12 @@ def combinations(gates: list[float], defaults_only: bool, units: list[str] | Non
     return [on | t for t in tunings for on in ons if by_default(on) or not defaults_only]
 
 
-def condition(name: str, spec: str, scratch: Path, combos: list[dict]) -> dict:
-    src, twin = checked(name, spec)
+def condition(name: str, spec: str, scratch: Path, combos: list[dict], extra: tuple[str, ...] = ()) -> dict:
+    src, twin = checked(name, spec, extra)
     path = spec.partition("@")[0]
     runs = []
     for on in combos:
-        runs.append(judge(src, twin, on, scratch / name) | {"label": label(on)})
+        runs.append(judge(src, twin, on, scratch / name, extra) | {"label": label(on)})
         print(f"{name}: {runs[-1]['label']}: " + ", ".join(
             f"{m} {100 * r['error_median']:.1f}% (below {100 * r['below']:.0f}%)" for m, r in runs[-1]["metrics"].items()),
             flush=True)
@@ -184,6 +190,18 @@ def tunings(gates_arg: str, units_arg: str) -> tuple[list[float], list[str]]:
     return gates, units
 
 
+def overrides(pairs: list[str]) -> tuple[str, ...]:
+    """--set values, refused with one line where one is not KEY=VALUE or sets what the combinations
+    themselves vary."""
+    for pair in pairs:
+        key = pair.partition("=")[0]
+        if "=" not in pair or not key:
+            raise ConfigError(f"--set: expected KEY=VALUE, got {pair!r}")
+        if key.removeprefix("validation.") in (*SWITCHES, *TUNING):
+            raise ConfigError(f"--set {key}: set by the combinations themselves (--gates, --se-units)")
+    return tuple(pairs)
+
+
 @user_errors
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -195,22 +213,25 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--se-units", default="", metavar="U,...",
                     help="validation.se_units values (cells, workloads) to judge each combination at")
     ap.add_argument("--defaults-only", action="store_true", help="only the combination validate applies by default, at each gate")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
+                    help="a config override for every replay besides the combination (repeatable)")
     args = ap.parse_args(argv)
     gates, units = tunings(args.gates, args.se_units)
+    extra = overrides(args.overrides)
     specs = dict(d.split("=", 1) if "=" in d else (Path(d).name, d) for d in args.dirs)
     held = [h for h in args.held_out.split(",") if h]
     if set(held) - set(specs):
         raise ConfigError(f"--held-out: no directory named {', '.join(sorted(set(held) - set(specs)))}")
     for name, spec in specs.items():
-        checked(name, spec)
+        checked(name, spec, extra)
     with tempfile.TemporaryDirectory(prefix="corrections-") as tmp:
         combos = combinations(gates, args.defaults_only, units)
-        conditions = {name: condition(name, spec, Path(tmp), combos) for name, spec in specs.items()}
+        conditions = {name: condition(name, spec, Path(tmp), combos, extra) for name, spec in specs.items()}
     record = {"command": "python benchmarks/corrections.py " + " ".join(args.dirs) + (
         f" --held-out {args.held_out}" if held else "") + (f" --gates {args.gates}" if args.gates != "0" else "") + (
-        f" --se-units {args.se_units}" if units else "") + (
-        " --defaults-only" if args.defaults_only else "") + (f" --json {args.json}" if args.json else ""),
-        "one_sided_above": ONE_SIDED, "conditions": conditions, "held_out": held,
+        f" --se-units {args.se_units}" if units else "") + (" --defaults-only" if args.defaults_only else "") + "".join(
+        f" --set {o}" for o in extra) + (f" --json {args.json}" if args.json else ""),
+        "one_sided_above": ONE_SIDED, "conditions": conditions, "held_out": held, "set": list(extra),
         "summary": summary({n: c for n, c in conditions.items() if n not in held}),
         "summary_held_out": summary({n: c for n, c in conditions.items() if n in held}),
         "summary_all": summary(conditions) if held else []}

@@ -7,6 +7,7 @@ every probe gave step times and the fit succeeded (calibrate/blackbox.py, calibr
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Callable
 from dataclasses import replace
@@ -16,12 +17,13 @@ from batchlab.backends import make_backend
 from batchlab.backends.base import LoadTarget
 from batchlab.backends.cost import StepCost
 from batchlab.backends.metrics_page import engine_steps
+from batchlab.backends.simulated import SimulatedBackend
 from batchlab.calibrate.blackbox import BlackBoxProfile, ProbeGrid, fit_profile, measure, refusal
 from batchlab.calibrate.front_end import ArrivalProbe, arrival_costs
 from batchlab.calibrate.handover import HandOverProbe, described, handed, read_server
 from batchlab.calibrate.twin import limits, started_record, write_twin
 from batchlab.calibrate.twin_check import ARRIVALS, Run
-from batchlab.calibrate.validate import SERVER, burst_seconds
+from batchlab.calibrate.validate import SERVER, burst_seconds, load_profiles
 from batchlab.core.clock import RealClock
 from batchlab.core.config import RunConfig
 from batchlab.errors import ConfigError
@@ -73,6 +75,7 @@ def profile_server(cfg: RunConfig, grid: ProbeGrid, profile_path: Path, twin_pat
     twin = write_twin(cfg, prof, grid, setup, found, profile_path, twin_path, arrivals, hand_over)
     if progress:
         _say(progress, prof, twin.backend.cost(), json.loads(profile_path.read_text()))
+        progress(_reference_line(twin_path, prof))
         progress(f"wrote {profile_path} and {twin_path}: `batchlab run {twin_path}` simulates the server")
     return twin
 
@@ -93,6 +96,20 @@ def _say(progress: Callable[[str], None], prof: BlackBoxProfile, c: StepCost, re
                  f"twin at {1e3 * ho['priced_s']:.2f} ms a request of the engine in "
                  f"{described([ho['twin_priced']], ho['probe'])}; {handed(ho)} "
                  f"(then {1e3 * c.first_token_s:.1f} ms off the engine)")
+
+
+def _reference_line(twin_path: Path, prof: BlackBoxProfile) -> str:
+    """The drift probe's one timing here beside the fit's replay of the same burst: a validation
+    divides its own timings by the first (validation.drift_against: profile), so a slow moment at
+    it would read as a faster machine at every validation after."""
+    timed, twin = prof.reference_burst_s, load_profiles([], str(twin_path))[SERVER]
+    predicted = burst_seconds(SimulatedBackend(twin.cost), SERVER, prof=twin)
+    ratio, sigma = timed / predicted, prof.fit.rms_rel_error
+    far = abs(math.log(ratio)) > 2 * sigma
+    return (f"drift probe: its burst took {1e3 * timed:.0f} ms, {ratio:.2f}x the fit's replay of it (fit rms "
+            f"{100 * sigma:.1f}%)" + (": more than twice the fit's error apart, so a validation's drift against this "
+                                      "timing carries it; validation.drift_against: prediction divides by the replay"
+                                      if far else ""))
 
 
 def _hand_over(cfg: RunConfig, target: LoadTarget, clock: RealClock, probe: HandOverProbe, progress,

@@ -357,8 +357,10 @@ NO_DRIFT = Drift()
 FIRST_FORMS = {"factor": ("first", live.estimate, LIVE_NONE), "delay": ("delay", live.estimate_delay, NO_DELAY)}
 
 
-def drift_factors(path: Path, profiles: dict[str, Profile], strategies: list[str]) -> dict[str, Drift]:
-    """level -> its Drift, from the reference bursts in `path`."""
+def drift_factors(path: Path, profiles: dict[str, Profile], strategies: list[str],
+                  against: str = "profile") -> dict[str, Drift]:
+    """level -> its Drift, from the reference bursts in `path`, against the burst as the profile
+    timed it (`against="profile"`, where it did) or as the profile predicts it (validation.drift_against)."""
     times = pd.read_csv(path).groupby("level")["seconds"]
     out = {}
     for s in strategies:
@@ -367,7 +369,7 @@ def drift_factors(path: Path, profiles: dict[str, Profile], strategies: list[str
         med = float(np.median(real))
         spread = float(np.std(real, ddof=1) / med) if len(real) > 1 else 0.0
         prof = profile_for(s, profiles)
-        if prof.reference_s:     # NOTE: against a prediction, the fit's error at this one shape would read as drift
+        if prof.reference_s and against == "profile":     # NOTE: against a prediction, the fit's error at this one shape would read as drift
             out[level] = Drift(med / prof.reference_s, spread, "profile time", timings=len(real))
         else:
             out[level] = Drift(med / burst_seconds(SimulatedBackend(prof.cost), level, prof=prof), spread,
@@ -503,7 +505,8 @@ def measure_workload(cfg: RunConfig, name: str, profiles: dict[str, Profile], wh
         if cfg.validation.saturation:
             where.mkdir(parents=True, exist_ok=True)
             saturation_real(wc, where / "saturation.csv", noise, real_backend, say)
-        return Measured(real, rerun, drift_factors(ref, profiles, cfg.strategies) if drift_on else {})
+        return Measured(real, rerun, drift_factors(ref, profiles, cfg.strategies, cfg.validation.drift_against)
+                        if drift_on else {})
     finally:
         real_backend.close()
 

@@ -63,6 +63,9 @@ def test_the_serving_script_answers_help():
     ("corrections.py", ["old=/nonexistent/validate", "--gates", "0,two"], "--gates: expected numbers separated by commas"),
     ("corrections.py", ["old=/nonexistent/validate", "--gates", "-1"], "--gates: each gate is between 0 and 10"),
     ("corrections.py", ["old=/nonexistent/validate", "--se-units", "cells,runs"], "--se-units: expected cells or workloads"),
+    ("corrections.py", ["old=/nonexistent/validate", "--set", "validation.drift=apply"],
+     "--set validation.drift: set by the combinations themselves"),
+    ("corrections.py", ["old=/nonexistent/validate", "--set", "drift_against"], "--set: expected KEY=VALUE"),
     ("per_request.py", ["/nonexistent/validate", "--twin", "t.yaml"], "/nonexistent/validate: not a kept validation"),
     ("beside_rows.py", ["/nonexistent/profile.json"], "not a measured profile"),
     ("refits.py", ["/nonexistent", "--rows", "32"], "want a profile's directory"),
@@ -74,6 +77,7 @@ def test_the_serving_script_answers_help():
     ("twin.py", ["--parts", "whatif", "--caps", "8,32"], "--caps 8,32: the profile's cap 32 is every pair's control"),
     ("twin.py", ["--caps", "8,big"], "--caps: want whole numbers above 0"),
     ("intervals.py", ["old=/nonexistent/validate"], "/nonexistent/validate: no validation.csv"),
+    ("drift_baseline.py", ["old=/nonexistent/twin"], "old: /nonexistent/twin holds no profile.json and twin.yaml"),
     ("intervals.py", ["/nonexistent/validate"], "expected NAME=DIR"),
 ])
 def test_bad_input_is_one_line_exit_2_and_nothing_written(tmp_path, script, args, says):
@@ -309,6 +313,57 @@ def test_corrections_judges_each_count_of_the_standard_errors(tmp_path):
         "live factor + first-token delay (gate 2, standard errors over workloads)"]
     assert [v["on"]["se_units"] for v in variants] == ["cells", "workloads"]
     assert "--gates 2 --se-units cells,workloads --defaults-only" in rec["command"]
+
+
+def test_corrections_sets_an_override_on_every_replay_and_refuses_one_the_config_does_not_take(tmp_path):
+    """--set overrides reach every replay's config (the intervals' rule shows it) and are named in
+    the record (command and `set`); a value the config refuses is one line before anything is
+    replayed."""
+    from batchlab.calibrate.validate import INTERVAL
+    toy_validation(tmp_path / "v")
+    out = tmp_path / "set.json"
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "corrections.py"), f"toy={tmp_path / 'v'}", "--defaults-only"]
+    bad = subprocess.run([*cmd, "--set", "validation.drift_against=sometimes", "--json", str(out)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and "drift_against" in bad.stderr and bad.stderr.count("\n") == 1 and not out.exists()
+    sets = ["validation.drift_against=prediction", "validation.interval=step-cost"]
+    res = subprocess.run([*cmd, *(x for s in sets for x in ("--set", s)), "--json", str(out)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr
+    rec = json.loads(out.read_text())
+    assert rec["set"] == sets
+    assert rec["command"].endswith(f"--defaults-only --set {sets[0]} --set {sets[1]} --json {out}")
+    # the replays ran under it: the validation was made with held-out intervals, its replays were not
+    assert json.loads((tmp_path / "v" / "accuracy.json").read_text())["interval"] == INTERVAL["held-out"]
+    assert rec["conditions"]["toy"]["interval"] == INTERVAL["step-cost"]
+
+
+def test_drift_baseline_puts_the_profiles_one_timing_and_each_validations_beside_the_fits_replay(tmp_path):
+    """A profile whose timing of the burst ran 1.3x its own replay: the record says 1.3, and a
+    validation's timings read against the replay and against the timing alike."""
+    from batchlab.backends.presets import load_cost
+    from batchlab.backends.simulated import SimulatedBackend
+    from batchlab.calibrate.validate import SERVER, burst_seconds, load_profiles
+    d = tmp_path / "twin"
+    d.mkdir()
+    (d / "twin.yaml").write_text(f"backend:\n  kind: sim\n  profile: {d / 'profile.json'}\nstrategies: [continuous]\n")
+    load_cost("toy").to_json(d / "profile.json", level="any", fit_rms_rel_error=0.05)
+    prof = load_profiles([], str(d / "twin.yaml"))[SERVER]
+    predicted = burst_seconds(SimulatedBackend(prof.cost), SERVER, prof=prof)
+    load_cost("toy").to_json(d / "profile.json", level="any", fit_rms_rel_error=0.05, reference_burst_s=1.3 * predicted)
+    v = d / "quiet" / "validate"
+    (v / "base").mkdir(parents=True)
+    (v / "accuracy.json").write_text("{}")
+    (v / "base" / "reference.csv").write_text("when,level,seconds\nbefore,server,1.0\nbetween,server,2.0\nafter,server,9.0\n")
+    out = tmp_path / "drift.json"
+    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "drift_baseline.py"), f"t={d}", "--json", str(out)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    p = json.loads(out.read_text())["profiles"]["t"]
+    assert p["timed_over_predicted"] == pytest.approx(1.3) and p["fit_rms"] == pytest.approx(0.05)
+    base = p["validations"]["quiet"]["base"]
+    assert base["over_prediction"] == pytest.approx(2.0 / predicted)
+    assert base["over_profile"] == pytest.approx(2.0 / (1.3 * predicted))
 
 
 def test_a_repeated_what_if_prediction_is_the_same_figures_to_the_last_bits_only():

@@ -1,5 +1,7 @@
 """The black-box profile: step times from chunk stamps, a twin written from them, and a server
 that cannot be profiled refused in one line with nothing written."""
+import math
+
 import pytest
 
 pytest.importorskip("httpx")
@@ -320,3 +322,26 @@ def test_a_server_without_a_step_histogram_keeps_the_priced_front_end(tmp_path):
     twin = profile(FakeServer(vllm_config={"device_config": {"device": "cpu"}}), tmp_path)
     rec = json.loads((tmp_path / "p.json").read_text())
     assert "hand_over" not in rec and twin.backend.cost().frontend_s == rec["frontend_idle_s"]
+
+
+def test_the_profile_says_how_far_its_timing_of_the_drift_probe_stood_from_its_own_replay(tmp_path):
+    """A validation's drift is the server's timings over this one (validation.drift_against:
+    profile): the profile prints it beside the fit's replay of the same burst, with the ratio."""
+    import json
+
+    from batchlab.backends.simulated import SimulatedBackend
+    from batchlab.calibrate.validate import SERVER, burst_seconds, load_profiles
+    cfg = load_config(None, ["backend.kind=openai", "backend.base_url=http://fake/v1", "backend.model=fake",
+                             "strategies=[server]", "traffic.duration_s=2", "traffic.warmup_s=0", "traffic.rates=[5]"])
+    fake = FakeServer()
+    said: list[str] = []
+    profile_server(cfg, SMALL, tmp_path / "p.json", tmp_path / "p.twin.yaml", said.append,
+                   target=OpenAIBackend("http://fake/v1", "fake", transport=fake.async_transport()),
+                   transport=fake.sync_transport(), arrivals=None, hand_over=None)
+    line = next(s for s in said if s.startswith("drift probe:"))
+    rec = json.loads((tmp_path / "p.json").read_text())
+    timed, sigma = rec["reference_burst_s"], rec["fit_rms_rel_error"]
+    twin = load_profiles([], str(tmp_path / "p.twin.yaml"))[SERVER]
+    ratio = timed / burst_seconds(SimulatedBackend(twin.cost), SERVER, prof=twin)
+    assert f"took {1e3 * timed:.0f} ms, {ratio:.2f}x the fit's replay" in line
+    assert ("more than twice the fit's error apart" in line) == (abs(math.log(ratio)) > 2 * sigma)

@@ -223,6 +223,25 @@ def test_a_server_profile_that_timed_the_drift_probe_is_the_drift_baseline_not_t
     assert d.factor == pytest.approx(1.2) and d.against == "profile time"
 
 
+def test_drift_against_the_prediction_divides_by_the_profiles_replay_even_where_it_timed_the_probe(tmp_path):
+    """validation.drift_against: prediction: a slow moment at the one timing the profile took does
+    not become every validation's baseline; the replay of the burst on the fitted steps is."""
+    from batchlab.backends.presets import load_cost
+    from batchlab.backends.simulated import SimulatedBackend
+    from batchlab.calibrate.validate import Profile, burst_seconds, drift_factors
+    ref = tmp_path / "reference.csv"
+    pd.DataFrame([{"when": w, "level": "iteration", "seconds": s} for w, s in
+                  (("before", 1.1), ("between", 1.2), ("after", 1.3))]).to_csv(ref, index=False)
+    prof = Profile("p.json", load_cost("toy"), 0.1, twin=None, reference_s=1.0)
+    predicted = burst_seconds(SimulatedBackend(prof.cost), "iteration", prof=prof)
+    d = drift_factors(ref, {"any": prof}, ["continuous"], against="prediction")["iteration"]
+    assert predicted != pytest.approx(1.0)
+    assert d.factor == pytest.approx(1.2 / predicted) and d.against == "prediction"
+    assert drift_factors(ref, {"any": prof}, ["continuous"])["iteration"].factor == pytest.approx(1.2)
+    with pytest.raises(ConfigError, match="drift_against"):
+        load_config(None, BASE + ["validation.drift_against=sometimes"])
+
+
 def test_the_live_factor_from_the_other_workloads_absorbs_a_bias_the_drift_probe_misses(tmp_path):
     import json
     # Drift off: nothing tells the replays that the profile reads every step 1.3x slow but the cells

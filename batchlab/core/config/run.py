@@ -65,7 +65,15 @@ class ValidateConfig(Model):
     validations, none one-sided either way (`benchmarks/corrections.py`). The live factor is read
     on the other workloads' real runs of the same validation, so it carries the machine's speed
     during them; the probe is three short bursts a workload, gated workload by workload, and on a
-    host whose speed swings it gave workloads side by side different machines."""
+    host whose speed swings it gave workloads side by side different machines. A second test fixed
+    before a fresh session, of `apply` with the live factor and first-token delay on top, failed:
+    26.4 % against 12.8 % there, 17.7 % against 13.5 % over fourteen validations."""
+    drift_against: Literal["profile", "prediction"] = "profile"
+    """What the drift probe's timings are divided by. `profile`: the same burst as timed on the
+    server when it was profiled (where the profile timed it; otherwise the prediction), so the
+    fit's error at this one shape does not read as drift, but a slow moment at that one timing
+    does; `prediction`: the profile's own replay of the burst, the model every replay uses, so the
+    drift is the machine against the fit's average over the whole profile."""
     live: bool = True
     """Scale each workload's replays by the live factor: real over replayed p50 TPOT on the *other*
     workloads (closed-burst profiles read below live traffic); needs two workloads or more."""
