@@ -1541,6 +1541,29 @@ def busy_threads(d: dict) -> str:
     return "\n".join(lines)
 
 
+def drift_baseline(d: dict) -> str:
+    """Each profile's one timing of the drift probe's burst beside the fit's replay of it, and each
+    kept validation's timings against both."""
+    b = d["burst"]
+    conds = sorted({c for p in d["profiles"].values() for c in p["validations"]}, key=lambda c: (c != "quiet", c))
+
+    def spread(per: dict, key: str) -> str:
+        vals = [w[key] for w in per.values()]
+        return f"{min(vals):.2f}–{max(vals):.2f}×"
+    lines = [f"`{d['command']}` (the burst: {b['rows']} requests of {b['prompt']} prompt and {b['new']} new tokens; "
+             "each validation's range is over its workloads, each a median of its timings before, between and after "
+             "its runs):", "",
+             "| profile | fit's rms error | timed at the profile | the fit's replay | timed over replay | "
+             + " | ".join(f"{c}: over the timing | {c}: over the replay" for c in conds) + " |",
+             "|---|---|---|---|---|" + "---|---|" * len(conds)]
+    for name, p in d["profiles"].items():
+        cells = [f"{spread(p['validations'][c], 'over_profile')} | {spread(p['validations'][c], 'over_prediction')}"
+                 if c in p["validations"] else "– | –" for c in conds]
+        lines.append(f"| {name} | {_pct(p['fit_rms'])} | {1e3 * p['timed_s']:.0f} ms | {1e3 * p['predicted_s']:.0f} ms | "
+                     f"{p['timed_over_predicted']:.2f}× | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 RENDER = {"sim_speed": sim_speed, "hf_dynamic_vs_naive": hf_dynamic_vs_naive, "engine_vs_hf_cb": engine_vs_hf_cb,
           "validate_sim": validate_sim, "serving": serving, "client_vs_vllm_bench": client_vs_vllm_bench,
           "prefix_cache": prefix_cache, "policies": policies, "ray_sweep": ray_sweep,
@@ -1555,7 +1578,7 @@ RENDER = {"sim_speed": sim_speed, "hf_dynamic_vs_naive": hf_dynamic_vs_naive, "e
           "twin_vllm_per_request_s81": per_request, "twin_vllm_alternate_warm": twin_alternate,
           "twin_vllm_whatif_warm": twin_whatif,
           "torch_thread_ab": torch_thread_ab,
-          "busy_threads": busy_threads}
+          "busy_threads": busy_threads, "drift_baseline": drift_baseline}
 # Result files written by a benchmark with other settings (serving-max-num-seqs-128.json, ...) use its renderer.
 FAMILIES = {"serving-": serving, "twin_vllm_per_request_": per_request,  # before "twin_": the first prefix wins
             "twin_vllm_whatif_": twin_whatif,
