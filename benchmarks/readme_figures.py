@@ -791,9 +791,12 @@ def _twin_validate(cond: str, v: dict) -> list[str]:
 def _drifts(drift: dict) -> str:
     """Each workload's drift factor, and where the replays were not scaled by it (left out by the
     gate, or `validation.drift: measure`); a record made before the gate does not say."""
-    return ", ".join(f"`{w}` {f[next(iter(f))]['factor']:.2f}×"
-                     + (" (not applied)" if all(x.get("applied") is False for x in f.values()) else "")
-                     for w, f in drift.items())
+    def one(f: dict) -> str:
+        first = f[next(iter(f))]
+        notes = ([f"{first['vs_prediction']:.2f}× against the fit's replay"] if "vs_prediction" in first else []) + (
+            ["not applied"] if all(x.get("applied") is False for x in f.values()) else [])
+        return f"{first['factor']:.2f}×" + (f" ({', '.join(notes)})" if notes else "")
+    return ", ".join(f"`{w}` {one(f)}" for w, f in drift.items())
 
 
 def _by_workload(by: dict | None) -> list[str]:

@@ -181,6 +181,13 @@ def test_a_drift_factor_the_replays_were_not_scaled_by_says_so():
     assert figures()._drifts(drift) == "`base` 1.29× (not applied), `long` 1.61×, `old` 1.10×"
 
 
+def test_a_drift_factor_against_the_profiles_timing_gives_the_one_against_the_fits_replay_beside():
+    drift = {"base": {"server": {"factor": 0.74, "vs_prediction": 0.97, "applied": False}},
+             "long": {"server": {"factor": 1.30, "vs_prediction": 1.02, "applied": True}}}
+    assert figures()._drifts(drift) == ("`base` 0.74× (0.97× against the fit's replay, not applied), "
+                                        "`long` 1.30× (1.02× against the fit's replay)")
+
+
 def _burst(tok_s: float, tpot_s: float, **more) -> dict:
     return {"requests": 8, "tok_s": tok_s, "req_s": tok_s / 10, "tpot_p50": tpot_s, "ttft_p50": 0.1, "failed": 0} | more
 

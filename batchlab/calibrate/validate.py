@@ -317,6 +317,8 @@ class Drift:
     first: Live = LIVE_NONE       # the first-token terms' factor left after that, from the other workloads' p50 TTFT
     delay: Delay = NO_DELAY       # or, validation.first_token: delay, the same miss as seconds a request
     timings: int = 1              # how many reference bursts the factor is the median of
+    vs_prediction: float | None = None   # against profile time, the same timings over the prediction, recorded beside:
+                                         # where the two part, the profile's one timing stood apart from its own fit
 
     @property
     def scale(self) -> float:
@@ -369,11 +371,12 @@ def drift_factors(path: Path, profiles: dict[str, Profile], strategies: list[str
         med = float(np.median(real))
         spread = float(np.std(real, ddof=1) / med) if len(real) > 1 else 0.0
         prof = profile_for(s, profiles)
+        predicted = burst_seconds(SimulatedBackend(prof.cost), level, prof=prof)
         if prof.reference_s and against == "profile":     # NOTE: against a prediction, the fit's error at this one shape would read as drift
-            out[level] = Drift(med / prof.reference_s, spread, "profile time", timings=len(real))
+            out[level] = Drift(med / prof.reference_s, spread, "profile time", timings=len(real),
+                               vs_prediction=med / predicted)
         else:
-            out[level] = Drift(med / burst_seconds(SimulatedBackend(prof.cost), level, prof=prof), spread,
-                               timings=len(real))
+            out[level] = Drift(med / predicted, spread, timings=len(real))
     return out
 
 
@@ -635,7 +638,10 @@ def _sweep(wc: RunConfig, path: Path, real: LentBackend, say) -> pd.DataFrame:
 
 
 def _against(drift: dict) -> str:
-    return "as timed on the server when profiled" if drift.get("against") == "profile time" else "as its fit predicts it"
+    if drift.get("against") != "profile time":
+        return "as its fit predicts it"
+    return "as timed on the server when profiled" + (
+        f"; {drift['vs_prediction']:.2f}x as its fit predicts it" if drift.get("vs_prediction") is not None else "")
 
 
 def interval_rule(cfg: RunConfig) -> str:
@@ -658,6 +664,7 @@ def accuracy_record(cfg: RunConfig, profiles: dict[str, Profile], table: pd.Data
             "workloads": {"base": {}} | cfg.validation.workloads, "noise_runs": 2 if cfg.validation.noise else 1,
             "drift": {w: {lvl: {"factor": d.factor, "spread": d.spread, "timings": d.timings, "against": d.against,
                                 "applied": cfg.validation.drift_applied and d.gated(cfg.validation.gate) is d}
+                                | ({"vs_prediction": d.vs_prediction} if d.vs_prediction is not None else {})
                           for lvl, d in ds.items()} for w, ds in drifts.items()},
             "load_1min": _loads(out, ["base", *cfg.validation.workloads]),
             "reference_burst": {"rows": REFERENCE[0], "prompt": REFERENCE[1], "new_tokens": REFERENCE[2]},

@@ -20,6 +20,8 @@ def toy_profile(tmp_path, level="any", name="toy.json", scale=1.0):
     return str(path)
 
 
+# a server profile's twin: its scheduler on the simulator (a profile of a server always has one)
+TOY_TWIN = load_config(None, ["backend.preset=toy", "strategies=[continuous]"])
 BASE = ["backend.preset=toy", "traffic.rates=[5,20]", "traffic.duration_s=8", "traffic.warmup_s=1",
         "traffic.prompt_len=32", "traffic.output_len=16"]
 
@@ -218,9 +220,12 @@ def test_a_server_profile_that_timed_the_drift_probe_is_the_drift_baseline_not_t
     ref = tmp_path / "reference.csv"
     pd.DataFrame([{"when": w, "level": SERVER, "seconds": s} for w, s in
                   (("before", 1.1), ("between", 1.2), ("after", 1.3))]).to_csv(ref, index=False)
-    prof = Profile("p.json", load_cost("toy"), 0.1, twin=None, reference_s=1.0)
+    prof = Profile("p.json", load_cost("toy"), 0.1, twin=TOY_TWIN, reference_s=1.0)
     d = drift_factors(ref, {SERVER: prof}, ["server"])[SERVER]
     assert d.factor == pytest.approx(1.2) and d.against == "profile time"
+    # the other baseline recorded beside: where the two part, the profile's timing stood apart from its fit
+    pred = drift_factors(ref, {SERVER: prof}, ["server"], "prediction")[SERVER]
+    assert d.vs_prediction == pytest.approx(pred.factor) and pred.vs_prediction is None
 
 
 def test_drift_against_the_prediction_divides_by_the_profiles_replay_even_where_it_timed_the_probe(tmp_path):
@@ -404,7 +409,7 @@ def test_the_drift_factors_uncertainty_is_its_medians_standard_error_not_one_bur
     ref = tmp_path / "reference.csv"
     pd.DataFrame([{"when": w, "level": SERVER, "seconds": s} for w, s in
                   (("before", 1.0), ("between", 1.2), ("after", 1.4))]).to_csv(ref, index=False)
-    prof = Profile("p.json", load_cost("toy"), 0.05, twin=None, reference_s=1.0)
+    prof = Profile("p.json", load_cost("toy"), 0.05, twin=TOY_TWIN, reference_s=1.0)
     d = drift_factors(ref, {SERVER: prof}, ["server"])[SERVER]
     assert d.timings == 3 and d.spread == pytest.approx(0.2 / 1.2)
     drift_se = d.spread * math.sqrt(math.pi / 2) / math.sqrt(3)
@@ -422,7 +427,7 @@ def test_a_drift_factor_the_probes_spread_cannot_tell_from_one_is_not_applied_bu
     ref = tmp_path / "reference.csv"
     pd.DataFrame([{"when": w, "level": SERVER, "seconds": s} for w, s in
                   (("before", 1.0), ("between", 1.2), ("after", 1.4))]).to_csv(ref, index=False)
-    prof = Profile("p.json", load_cost("toy"), 0.05, twin=None, reference_s=1.0)
+    prof = Profile("p.json", load_cost("toy"), 0.05, twin=TOY_TWIN, reference_s=1.0)
     d = drift_factors(ref, {SERVER: prof}, ["server"])[SERVER]
     assert math.log(d.factor) / d.se == pytest.approx(1.51, abs=0.01)      # 1.2 from three timings 0.2 apart
     assert d.gated(1.5) is d and d.gated(0.0) is d
@@ -484,3 +489,11 @@ def test_the_cli_says_what_the_replays_did_with_the_drift_probe():
     assert _drift_use("measure", [False, False]) == "; recorded, not applied (validation.drift: measure)"
     assert _drift_use("apply", [True, True]) == "; the replays were scaled by it"
     assert _drift_use("apply", [True, False]) == "; applied where it passed the gate only"
+
+
+def test_validates_drift_line_gives_the_factor_against_the_fits_prediction_beside_the_profiles_timing():
+    from batchlab.calibrate.validate import _against
+    assert _against({"against": "profile time", "vs_prediction": 0.974}) == (
+        "as timed on the server when profiled; 0.97x as its fit predicts it")
+    assert _against({"against": "profile time"}) == "as timed on the server when profiled"   # a record made before
+    assert _against({"against": "prediction"}) == "as its fit predicts it"
