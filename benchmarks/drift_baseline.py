@@ -18,23 +18,21 @@ import json
 import sys
 from pathlib import Path
 
-import numpy as np
-import pandas as pd
-
-from batchlab.backends.simulated import SimulatedBackend
-from batchlab.calibrate.validate import REFERENCE, SERVER, burst_seconds, load_profiles
+from batchlab.calibrate.validate import REFERENCE, SERVER, Profile, drift_factors, load_profiles
 from batchlab.core.files import write_atomic
 from batchlab.errors import ConfigError, user_errors
 
 
-def validations(d: Path, timed: float, predicted: float) -> dict:
-    """condition -> workload -> the median of its reference timings against either baseline."""
+def validations(d: Path, prof: Profile) -> dict:
+    """condition -> workload -> the median of its reference timings against either baseline, as
+    `validate` reads them (drift_factors)."""
     out = {}
     for acc in sorted(d.glob("*/validate/accuracy.json")):
         per = {}
         for ref in sorted(acc.parent.glob("*/reference.csv")):
-            med = float(np.median(pd.read_csv(ref)["seconds"]))
-            per[ref.parent.name] = {"median_s": med, "over_profile": med / timed, "over_prediction": med / predicted}
+            drift = drift_factors(ref, {SERVER: prof}, [SERVER])[SERVER]
+            per[ref.parent.name] = {"median_s": drift.factor * prof.reference_s, "over_profile": drift.factor,
+                                    "over_prediction": drift.vs_prediction}
         if per:
             out[acc.parent.parent.name] = per
     return out
@@ -47,10 +45,9 @@ def one(name: str, path: str) -> dict:
     prof = load_profiles([], str(d / "twin.yaml"))[SERVER]
     if not prof.reference_s:
         raise ConfigError(f"{name}: {d}/profile.json has no timing of the reference burst (reference_burst_s)")
-    predicted = burst_seconds(SimulatedBackend(prof.cost), SERVER, prof=prof)
+    predicted = prof.predicted_reference_s(SERVER)
     return {"dir": path, "fit_rms": prof.sigma, "timed_s": prof.reference_s, "predicted_s": predicted,
-            "timed_over_predicted": prof.reference_s / predicted,
-            "validations": validations(d, prof.reference_s, predicted)}
+            "timed_over_predicted": prof.reference_s / predicted, "validations": validations(d, prof)}
 
 
 @user_errors

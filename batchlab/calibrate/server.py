@@ -17,7 +17,6 @@ from batchlab.backends import make_backend
 from batchlab.backends.base import LoadTarget
 from batchlab.backends.cost import StepCost
 from batchlab.backends.metrics_page import engine_steps
-from batchlab.backends.simulated import SimulatedBackend
 from batchlab.calibrate.blackbox import BlackBoxProfile, ProbeGrid, fit_profile, measure, refusal
 from batchlab.calibrate.front_end import ArrivalProbe, arrival_costs
 from batchlab.calibrate.handover import HandOverProbe, described, handed, read_server
@@ -103,7 +102,7 @@ def _reference_line(twin_path: Path, prof: BlackBoxProfile) -> str:
     divides its own timings by the first (validation.drift_against: profile), so a slow moment at
     it would read as a faster machine at every validation after."""
     timed, twin = prof.reference_burst_s, load_profiles([], str(twin_path))[SERVER]
-    predicted = burst_seconds(SimulatedBackend(twin.cost), SERVER, prof=twin)
+    predicted = twin.predicted_reference_s(SERVER)
     ratio, sigma = timed / predicted, prof.fit.rms_rel_error
     far = abs(math.log(ratio)) > 2 * sigma
     return (f"drift probe: its burst took {1e3 * timed:.0f} ms, {ratio:.2f}x the fit's replay of it (fit rms "

@@ -71,6 +71,11 @@ class Profile:
     twin: RunConfig | None = None   # a server's twin config (its scheduler and limits); None: the run's own strategy
     reference_s: float | None = None  # the drift probe timed on the server when it was profiled (None: not timed)
 
+    def predicted_reference_s(self, level: str) -> float:
+        """The drift probe's burst as this profile predicts it: replayed on its steps (and a
+        server's on its twin's scheduler)."""
+        return burst_seconds(SimulatedBackend(self.cost), level, prof=self)
+
     def replay_as(self, cfg: RunConfig, strategy: str) -> tuple[RunConfig, str]:
         """The config and strategy a point of `cfg` is replayed with in simulation: the real
         config on the simulator, or the server's twin with the point's traffic and SLO."""
@@ -371,7 +376,7 @@ def drift_factors(path: Path, profiles: dict[str, Profile], strategies: list[str
         med = float(np.median(real))
         spread = float(np.std(real, ddof=1) / med) if len(real) > 1 else 0.0
         prof = profile_for(s, profiles)
-        predicted = burst_seconds(SimulatedBackend(prof.cost), level, prof=prof)
+        predicted = prof.predicted_reference_s(level)
         if prof.reference_s and against == "profile":     # NOTE: against a prediction, the fit's error at this one shape would read as drift
             out[level] = Drift(med / prof.reference_s, spread, "profile time", timings=len(real),
                                vs_prediction=med / predicted)
