@@ -1587,7 +1587,7 @@ FAMILIES = {"serving-": serving, "twin_vllm_per_request_": per_request,  # befor
             "twin_vllm_whatif_": twin_whatif,
             "engine_vs_hf_cb_": engine_vs_hf_cb, "validate_sim_": validate_sim, "twin_": twin, "four_modes_": four_modes,
             "length_grouping_": length_grouping, "corrections_": corrections, "refits_": refits,
-            "intervals_": intervals}
+            "intervals_": intervals, "drift_baseline_": drift_baseline}
 BLOCK = re.compile(r"(<!-- figures:([\w.-]+) -->\n)(.*?)(<!-- /figures:\2 -->)", re.S)
 
 
