@@ -30,7 +30,7 @@ def validations(d: Path, prof: Profile) -> dict:
     for acc in sorted(d.glob("*/validate/accuracy.json")):
         per = {}
         for ref in sorted(acc.parent.glob("*/reference.csv")):
-            drift = drift_factors(ref, {SERVER: prof}, [SERVER])[SERVER]
+            drift = drift_factors(ref, {SERVER: prof}, [SERVER], against="profile")[SERVER]
             per[ref.parent.name] = {"median_s": drift.factor * prof.reference_s, "over_profile": drift.factor,
                                     "over_prediction": drift.vs_prediction}
         if per:

@@ -216,18 +216,20 @@ def first_token_delay(real: float, at_now: float, at_probe: float) -> float:
     return x * DELAY_PROBE_S / dx
 
 
-def write_live_profile(src: str, dst: Path, live: Live, first: Live | Delay = NONE) -> None:
-    """The profile `src` with its step-time model scaled by the live factor and, for a first-token
+def write_live_profile(src: str, dst: Path, live: Live, first: Live | Delay = NONE, drift: float = 1.0) -> None:
+    """The profile `src` with its step-time model scaled by the drift factor the validation's
+    replays ran at (`drift`) times the live factor measured on top of it and, for a first-token
     factor, its first-token terms by it (`StepCost.scaled`), or a first-token delay set; everything
     else it holds kept and the corrections recorded, so `backend.profile: dst` simulates live traffic."""
     cost = StepCost.from_json(src)
     if isinstance(first, Delay):
-        cost = cost.scaled(live.factor).first_token_moved(first.seconds)
+        cost = cost.scaled(drift * live.factor).first_token_moved(first.seconds)
     else:
-        cost = cost.scaled(live.factor, first.factor)
+        cost = cost.scaled(drift * live.factor, first.factor)
     record = json.loads(Path(src).read_text()) | asdict(cost)
     record["live_factor"] = {"factor": live.factor, "se": live.se, "cells": live.cells, "metric": METRIC,
                              "from": str(src)}
+    record["drift_factor"] = drift
     if first.cells:
         record["first_token_delay" if isinstance(first, Delay) else "first_token_factor"] = asdict(first) | {
             "metric": FIRST_METRIC}

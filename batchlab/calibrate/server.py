@@ -98,16 +98,17 @@ def _say(progress: Callable[[str], None], prof: BlackBoxProfile, c: StepCost, re
 
 
 def _reference_line(twin_path: Path, prof: BlackBoxProfile) -> str:
-    """The drift probe's one timing here beside the fit's replay of the same burst: a validation
-    divides its own timings by the first (validation.drift_against: profile), so a slow moment at
-    it would read as a faster machine at every validation after."""
+    """The drift probe's one timing here beside the fit's replay of the same burst. A validation
+    divides its timings by the replay (validation.drift_against: prediction); with `profile` it
+    divides by this timing instead, and a slow moment here would read as a faster machine at every
+    validation after, so the line says where the two stand apart."""
     timed, twin = prof.reference_burst_s, load_profiles([], str(twin_path))[SERVER]
     predicted = twin.predicted_reference_s(SERVER)
     ratio, sigma = timed / predicted, prof.fit.rms_rel_error
     far = abs(math.log(ratio)) > 2 * sigma
     return (f"drift probe: its burst took {1e3 * timed:.0f} ms, {ratio:.2f}x the fit's replay of it (fit rms "
             f"{100 * sigma:.1f}%)" + (": more than twice the fit's error apart, so a validation's drift against this "
-                                      "timing carries it; validation.drift_against: prediction divides by the replay"
+                                      "timing (validation.drift_against: profile) would carry it"
                                       if far else ""))
 
 

@@ -9,8 +9,9 @@ For each workload (the config's own traffic, `base`, and any held-out ones in `v
    `batchlab profile` wrote, its scheduler and limits); twice more with costs scaled by 1 -+ the
    fit's RMS error; every replay's step costs times the live factor measured on the *other*
    workloads' real runs (calibrate/live.py, `validation.live`), so no workload is judged on
-   itself; the machine's speed around the runs (a reference burst, `validation.drift`) is
-   recorded beside, and scales the replays too with `validation.drift: apply`;
+   itself; the machine's speed around the runs (a reference burst, `validation.drift`, against
+   the profile's replay of it) scales the replays too where it passes the gate, or is recorded
+   only with `validation.drift: measure`;
 4. a burst per strategy (a queue that never empties) on both sides: throughput is judged there,
    where the backend sets it; below capacity the trace sets it and hides any error.
 Latency (p50 E2E, p50/p99 TTFT, p50 TPOT) is judged per trace below capacity. The profiles are
@@ -364,8 +365,8 @@ NO_DRIFT = Drift()
 FIRST_FORMS = {"factor": ("first", live.estimate, LIVE_NONE), "delay": ("delay", live.estimate_delay, NO_DELAY)}
 
 
-def drift_factors(path: Path, profiles: dict[str, Profile], strategies: list[str],
-                  against: str = "profile") -> dict[str, Drift]:
+def drift_factors(path: Path, profiles: dict[str, Profile], strategies: list[str], *,
+                  against: str) -> dict[str, Drift]:
     """level -> its Drift, from the reference bursts in `path`, against the burst as the profile
     timed it (`against="profile"`, where it did) or as the profile predicts it (validation.drift_against)."""
     times = pd.read_csv(path).groupby("level")["seconds"]
@@ -403,7 +404,7 @@ def validate(cfg: RunConfig, profile_paths: list[str], out: Path, progress=None,
     record = accuracy_record(cfg, profiles, table, summ, {name: m.drift for name, m in measured.items()}, out)
     record["live"] = live_record({level_of(s): profile_for(s, profiles) for s in cfg.strategies}, fixes.ratios,
                                  fixes.lives, out, (fixes.firsts, fixes.first), cfg.validation.first_token,
-                                 cfg.validation.gate, cfg.validation.se_units)
+                                 cfg.validation.gate, cfg.validation.se_units, drift=pooled_drift(fixes.drifts))
     record["twin"] = twin
     write_atomic(out / "validation.csv", table.to_csv(index=False))
     write_atomic(out / "accuracy.json", json.dumps(record, indent=2) + "\n")
@@ -513,7 +514,7 @@ def measure_workload(cfg: RunConfig, name: str, profiles: dict[str, Profile], wh
         if cfg.validation.saturation:
             where.mkdir(parents=True, exist_ok=True)
             saturation_real(wc, where / "saturation.csv", noise, real_backend, say)
-        return Measured(real, rerun, drift_factors(ref, profiles, cfg.strategies, cfg.validation.drift_against)
+        return Measured(real, rerun, drift_factors(ref, profiles, cfg.strategies, against=cfg.validation.drift_against)
                         if drift_on else {})
     finally:
         real_backend.close()
@@ -597,13 +598,26 @@ def judge_workload(cfg: RunConfig, name: str, m: Measured, drift: dict[str, Drif
     return cells
 
 
+def pooled_drift(drifts: dict[str, dict[str, Drift]]) -> dict[str, float]:
+    """level -> the drift probe's factor the replays ran at (after the gate; 1 where it was left
+    out or not applied), the geometric mean over workloads: what the machine's speed adds to the
+    live factor, which is measured on replays already scaled by it."""
+    by_level: dict[str, list[float]] = {}
+    for per in drifts.values():
+        for level, d in per.items():
+            by_level.setdefault(level, []).append(math.log(d.factor))
+    return {level: math.exp(sum(logs) / len(logs)) for level, logs in by_level.items()}
+
+
 def live_record(profiles: dict[str, Profile], ratios: dict[str, dict[str, list[float]]],
                 per_workload: dict[str, dict[str, Live]], out: Path, first=({}, {}), form: str = "factor",
-                gate: float = 0.0, units: str = "cells") -> dict:
+                gate: float = 0.0, units: str = "cells", drift: dict[str, float] | None = None) -> dict:
     """accuracy.json's live section: each workload's leave-one-out factor (`per_workload`), the
     one pooled over every workload's `ratios`, the same two for the first-token correction (`first`:
     its values and its per-workload factors or delays, `form`), and the profiles (`profiles`: level
-    -> the one its strategies replay on) rewritten with the pooled corrections (OUT/live_<profile>).
+    -> the one its strategies replay on) rewritten with the pooled corrections (OUT/live_<profile>),
+    times the drift factor the replays ran at (`drift`: level -> pooled_drift), so a live profile
+    runs at the machine's speed during the validation whether or not the probe was applied.
     Each estimate is recorded as measured, with whether it passed `gate` (live.distinct) and so was
     applied; `units`: what the standard errors count (validation.se_units)."""
     if not ratios and not first[0]:
@@ -611,12 +625,13 @@ def live_record(profiles: dict[str, Profile], ratios: dict[str, dict[str, list[f
     _, est, none = FIRST_FORMS.get(form, FIRST_FORMS["factor"])
     lives, firsts, written = live.pooled(ratios, units=units), live.pooled(first[0], est, units), {}
     for level in profiles:
-        lv, ft = lives.get(level, LIVE_NONE), firsts.get(level, none)
+        lv, ft, machine = lives.get(level, LIVE_NONE), firsts.get(level, none), (drift or {}).get(level, 1.0)
         if lv.cells or ft.cells:
             dst = out / f"live_{Path(profiles[level].path).name}"
-            live.write_live_profile(profiles[level].path, dst, live.gated(lv, gate), live.gated(ft, gate))
+            live.write_live_profile(profiles[level].path, dst, live.gated(lv, gate), live.gated(ft, gate), machine)
             written[level] = {"factor": lv.factor, "se": lv.se, "cells": lv.cells, "applied": live.distinct(lv, gate),
-                              "profile": str(dst), "first_token": asdict(ft) | {"applied": live.distinct(ft, gate)}}
+                              "drift": machine, "profile": str(dst),
+                              "first_token": asdict(ft) | {"applied": live.distinct(ft, gate)}}
     as_dict = lambda per_w: {w: {lvl: asdict(lv) | {"applied": live.distinct(lv, gate)} for lvl, lv in per.items()}  # noqa: E731
                              for w, per in per_w.items()}
     return {"metric": live.METRIC, "method": "leave one workload out", "estimator": live.ESTIMATOR, "gate": gate,
@@ -764,7 +779,7 @@ def validate_cmd(config, profiles, overrides, out, executor, twin):
 def _drift_use(mode: str, applied: list[bool]) -> str:
     """What the replays did with the drift probe's reading."""
     if mode != "apply":
-        return "; recorded, not applied (validation.drift: measure)"
+        return "; recorded, not applied (validation.drift: measure)"   # the live factor carries it instead
     return "; the replays were scaled by it" if all(applied) else "; applied where it passed the gate only"
 
 
@@ -788,7 +803,9 @@ def live_lines(rec: dict, on: bool, first_on: str = "off") -> list[str]:
     for lvl, v in rec.get("pooled", {}).items():
         ft = v.get("first_token", {})
         also = f", first-token {correction(ft)}{skipped(ft)}" if ft.get("cells") else ""
-        lines.append(f"live factor ({lvl}, every workload): {v['factor']:.2f}x{skipped(v)}{also}; profile with it: {v['profile']}")
+        machine = f", on the drift probe's {v['drift']:.2f}x" if v.get("drift", 1.0) != 1.0 else ""
+        lines.append(f"live factor ({lvl}, every workload): {v['factor']:.2f}x{skipped(v)}{machine}{also}; "
+                     f"profile with it: {v['profile']}")
     return lines
 
 

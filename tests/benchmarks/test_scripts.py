@@ -290,8 +290,8 @@ def test_corrections_judges_the_default_combination_at_each_gate(tmp_path):
     assert res.returncode == 0, res.stderr
     rec = json.loads(out.read_text())
     variants = rec["conditions"]["toy"]["variants"]
-    assert [v["label"] for v in variants] == ["live factor + first-token delay",       # validate's default
-                                              "live factor + first-token delay (gate 2)"]
+    assert [v["label"] for v in variants] == ["drift probe + live factor + first-token delay",   # validate's default
+                                              "drift probe + live factor + first-token delay (gate 2)"]
     assert [v["on"]["gate"] for v in variants] == [0.0, 2.0]
     assert rec["command"].endswith("--gates 0,2 --defaults-only --json " + str(out))
     assert [s["label"] for s in rec["summary"]] == [v["label"] for v in variants]
@@ -309,8 +309,8 @@ def test_corrections_judges_each_count_of_the_standard_errors(tmp_path):
     rec = json.loads(out.read_text())
     variants = rec["conditions"]["toy"]["variants"]
     assert [v["label"] for v in variants] == [
-        "live factor + first-token delay (gate 2, standard errors over cells)",
-        "live factor + first-token delay (gate 2, standard errors over workloads)"]
+        "drift probe + live factor + first-token delay (gate 2, standard errors over cells)",
+        "drift probe + live factor + first-token delay (gate 2, standard errors over workloads)"]
     assert [v["on"]["se_units"] for v in variants] == ["cells", "workloads"]
     assert "--gates 2 --se-units cells,workloads --defaults-only" in rec["command"]
 

@@ -80,12 +80,23 @@ def test_drift_correction_absorbs_a_uniform_speed_change_but_not_a_wrong_shape(t
     assert v.cells["error"].abs().max() > 0.02
 
 
-def test_by_default_the_drift_probe_is_timed_and_recorded_but_scales_nothing(tmp_path):
-    """validation.drift: measure (the default): the reference bursts are timed and their factor
-    kept in accuracy.json, not applied, so the replays are those with the probe off."""
+def test_by_default_the_drift_probe_against_the_fits_replay_scales_the_replays(tmp_path):
+    """validation.drift: apply and drift_against: prediction (the defaults): a profile that reads
+    every step 1.3x slow is a machine 1.3x faster today, and the replays absorb it."""
     import json
     cfg = load_config(None, BASE + ["strategies=[continuous]"])
-    assert cfg.validation.drift == "measure"
+    assert (cfg.validation.drift, cfg.validation.drift_against) == ("apply", "prediction")
+    v = validate(cfg, [toy_profile(tmp_path, scale=1.3)], tmp_path / "a")
+    drift = json.loads((tmp_path / "a" / "accuracy.json").read_text())["drift"]["base"]["iteration"]
+    assert drift["factor"] == pytest.approx(1 / 1.3) and drift["against"] == "prediction" and drift["applied"] is True
+    assert by_cell(v, "tpot_p50")["error"].abs().max() < 1e-9
+
+
+def test_measure_times_the_drift_probe_and_records_it_but_scales_nothing(tmp_path):
+    """validation.drift: measure: the reference bursts are timed and their factor kept in
+    accuracy.json, not applied, so the replays are those with the probe off."""
+    import json
+    cfg = load_config(None, BASE + ["strategies=[continuous]", "validation.drift=measure"])
     v = validate(cfg, [toy_profile(tmp_path, scale=1.3)], tmp_path / "m")
     acc = json.loads((tmp_path / "m" / "accuracy.json").read_text())
     assert acc["drift"]["base"]["iteration"]["factor"] == pytest.approx(1 / 1.3)
@@ -97,6 +108,29 @@ def test_by_default_the_drift_probe_is_timed_and_recorded_but_scales_nothing(tmp
     assert by_cell(v, "tpot_p50")["error"].to_numpy() == pytest.approx(0.30, abs=0.01)     # the 1.3x not absorbed
     with pytest.raises(ConfigError, match="drift"):
         load_config(None, BASE + ["validation.drift=sometimes"])
+
+
+def test_the_live_profile_runs_at_the_validations_speed_whether_the_drift_probe_or_the_live_factor_read_it(tmp_path):
+    """The live factor is measured on replays already scaled by the drift probe, so the profile
+    written with it carries the drift too: applied or only measured, the machine 1.3x faster than
+    the profile says comes out of the written profile alike."""
+    import json
+    three = BASE + ["strategies=[continuous]",
+                    "validation.workloads={bursty: {arrival: gamma, burstiness: 0.25}, long: {prompt_len: 200}}"]
+    written = {}
+    for mode in ("apply", "measure"):
+        validate(load_config(None, three + [f"validation.drift={mode}"]), [toy_profile(tmp_path, scale=1.3)], tmp_path / mode)
+        pooled = json.loads((tmp_path / mode / "accuracy.json").read_text())["live"]["pooled"]["iteration"]
+        written[mode] = (pooled, json.loads(open(pooled["profile"]).read()))
+    (applied, prof_a), (measured, prof_m) = written["apply"], written["measure"]
+    assert applied["drift"] == pytest.approx(1 / 1.3) and applied["factor"] == pytest.approx(1.0, abs=0.02)
+    assert measured["drift"] == 1.0 and measured["factor"] == pytest.approx(1 / 1.3, rel=0.02)
+    assert prof_a["drift_factor"] == pytest.approx(1 / 1.3)
+    toy = load_cost("toy").decode_s_per_row
+    assert prof_a["decode_s_per_row"] == pytest.approx(toy, rel=0.02) and prof_m["decode_s_per_row"] == pytest.approx(toy, rel=0.02)
+    from batchlab.calibrate.validate import live_lines
+    said = live_lines(json.loads((tmp_path / "apply" / "accuracy.json").read_text())["live"], True, "delay")
+    assert any("on the drift probe's 0.77x" in line for line in said)
 
 
 def test_the_noise_floor_is_a_second_run_of_the_same_traces(tmp_path):
@@ -221,10 +255,10 @@ def test_a_server_profile_that_timed_the_drift_probe_is_the_drift_baseline_not_t
     pd.DataFrame([{"when": w, "level": SERVER, "seconds": s} for w, s in
                   (("before", 1.1), ("between", 1.2), ("after", 1.3))]).to_csv(ref, index=False)
     prof = Profile("p.json", load_cost("toy"), 0.1, twin=TOY_TWIN, reference_s=1.0)
-    d = drift_factors(ref, {SERVER: prof}, ["server"])[SERVER]
+    d = drift_factors(ref, {SERVER: prof}, ["server"], against="profile")[SERVER]
     assert d.factor == pytest.approx(1.2) and d.against == "profile time"
     # the other baseline recorded beside: where the two part, the profile's timing stood apart from its fit
-    pred = drift_factors(ref, {SERVER: prof}, ["server"], "prediction")[SERVER]
+    pred = drift_factors(ref, {SERVER: prof}, ["server"], against="prediction")[SERVER]
     assert d.vs_prediction == pytest.approx(pred.factor) and pred.vs_prediction is None
 
 
@@ -242,7 +276,7 @@ def test_drift_against_the_prediction_divides_by_the_profiles_replay_even_where_
     d = drift_factors(ref, {"any": prof}, ["continuous"], against="prediction")["iteration"]
     assert predicted != pytest.approx(1.0)
     assert d.factor == pytest.approx(1.2 / predicted) and d.against == "prediction"
-    assert drift_factors(ref, {"any": prof}, ["continuous"])["iteration"].factor == pytest.approx(1.2)
+    assert drift_factors(ref, {"any": prof}, ["continuous"], against="profile")["iteration"].factor == pytest.approx(1.2)
     with pytest.raises(ConfigError, match="drift_against"):
         load_config(None, BASE + ["validation.drift_against=sometimes"])
 
@@ -410,7 +444,7 @@ def test_the_drift_factors_uncertainty_is_its_medians_standard_error_not_one_bur
     pd.DataFrame([{"when": w, "level": SERVER, "seconds": s} for w, s in
                   (("before", 1.0), ("between", 1.2), ("after", 1.4))]).to_csv(ref, index=False)
     prof = Profile("p.json", load_cost("toy"), 0.05, twin=TOY_TWIN, reference_s=1.0)
-    d = drift_factors(ref, {SERVER: prof}, ["server"])[SERVER]
+    d = drift_factors(ref, {SERVER: prof}, ["server"], against="profile")[SERVER]
     assert d.timings == 3 and d.spread == pytest.approx(0.2 / 1.2)
     drift_se = d.spread * math.sqrt(math.pi / 2) / math.sqrt(3)
     assert d.sigma(prof) == pytest.approx(math.hypot(0.05, drift_se))
@@ -428,7 +462,7 @@ def test_a_drift_factor_the_probes_spread_cannot_tell_from_one_is_not_applied_bu
     pd.DataFrame([{"when": w, "level": SERVER, "seconds": s} for w, s in
                   (("before", 1.0), ("between", 1.2), ("after", 1.4))]).to_csv(ref, index=False)
     prof = Profile("p.json", load_cost("toy"), 0.05, twin=TOY_TWIN, reference_s=1.0)
-    d = drift_factors(ref, {SERVER: prof}, ["server"])[SERVER]
+    d = drift_factors(ref, {SERVER: prof}, ["server"], against="profile")[SERVER]
     assert math.log(d.factor) / d.se == pytest.approx(1.51, abs=0.01)      # 1.2 from three timings 0.2 apart
     assert d.gated(1.5) is d and d.gated(0.0) is d
     off = d.gated(2.0)

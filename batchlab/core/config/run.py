@@ -54,26 +54,27 @@ class ValidateConfig(Model):
     """Run the real backend twice on the same traces (the noise floor)."""
     saturation: bool = True
     """A burst per strategy: throughput where the backend, not the trace, sets it."""
-    drift: Literal["apply", "measure", "off"] = "measure"
+    drift: Literal["apply", "measure", "off"] = "apply"
     """The machine's speed around each workload's runs: a reference burst timed before, between and
-    after them, against the profile. `measure` records it (accuracy.json's `drift`) and leaves the
-    replays as they are; `apply` scales the workload's replays by it (where it passes the gate);
-    `off` times nothing. `true` is `apply` and `false` `off` (the two forms before `measure`).
-    `measure` by a test fixed before its fresh session: replayed on vLLM's kept validations, the
-    live factor and the first-token delay without the drift probe had a mean of the six median
-    errors of 12.2 % on that session against 14.6 % with it, 11.9 % against 17.8 % over eight
-    validations, none one-sided either way (`benchmarks/corrections.py`). The live factor is read
-    on the other workloads' real runs of the same validation, so it carries the machine's speed
-    during them; the probe is three short bursts a workload, gated workload by workload, and on a
-    host whose speed swings it gave workloads side by side different machines. A second test fixed
-    before a fresh session, of `apply` with the live factor and first-token delay on top, failed:
-    26.4 % against 12.8 % there, 17.7 % against 13.5 % over fourteen validations."""
-    drift_against: Literal["profile", "prediction"] = "profile"
-    """What the drift probe's timings are divided by. `profile`: the same burst as timed on the
-    server when it was profiled (where the profile timed it; otherwise the prediction), so the
-    fit's error at this one shape does not read as drift, but a slow moment at that one timing
-    does; `prediction`: the profile's own replay of the burst, the model every replay uses, so the
-    drift is the machine against the fit's average over the whole profile."""
+    after them, against the profile (validation.drift_against). `apply` scales the workload's
+    replays by it where it passes the gate; `measure` records it (accuracy.json's `drift`) and
+    leaves the replays as they are; `off` times nothing. `true` is `apply` and `false` `off`.
+    `apply`, divided by the fit's replay, by a test fixed before its fresh vLLM session: with the
+    live factor and first-token delay on top, a mean of the six median errors of 13.5 % on that
+    session against 15.4 % with `measure`, and 13.9 % against 15.7 % over the four latest sessions'
+    eight validations, none one-sided (`benchmarks/corrections.py`). Over all sixteen kept
+    validations `measure` stays ahead, 13.8 % against 17.2 %: the four oldest sessions ran on a
+    slower, loaded host, where three short bursts a workload, gated workload by workload, gave
+    workloads side by side different machines; the live factor, read on the other workloads'
+    real runs, carries the machine's speed during them either way."""
+    drift_against: Literal["profile", "prediction"] = "prediction"
+    """What the drift probe's timings are divided by. `prediction`: the profile's own replay of the
+    burst, the model every replay uses, so the drift is the machine against the fit's average over
+    the whole profile; `profile`: the same burst as timed on the server at the end of its profile
+    (where the profile timed it; otherwise the prediction), free of the fit's error at this one
+    shape but not of that one moment: a profile whose timing ran 1.30x its own replay read every
+    later validation as a faster machine, and applying the probe against it lost a held-out test
+    (26.4 % against 12.8 %) that the replay would have won (10.7 %)."""
     live: bool = True
     """Scale each workload's replays by the live factor: real over replayed p50 TPOT on the *other*
     workloads (closed-burst profiles read below live traffic); needs two workloads or more."""
