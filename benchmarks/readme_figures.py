@@ -234,7 +234,7 @@ def _live(rec: dict | None) -> list[str]:
         pooled = rec.get("pooled", {})
         lines += ["", "Live factor (real over replayed p50 TPOT on the *other* workloads' cells, both real runs; "
                   "each workload's replays scaled by its own, so no cell is judged on itself): " + measured
-                  + ("; over every workload " + ", ".join(f"{v['factor']:.2f}× ({lvl})" for lvl, v in pooled.items())
+                  + ("; over every workload " + ", ".join(f"{v['factor']:.2f}× ({lvl})" + _on_drift(v) for lvl, v in pooled.items())
                      + ", the factor written into the live profiles." if pooled else ".")]
     first = _per_workload(rec.get("first_token", {}).get("per_workload", {}))
     if first:
@@ -779,13 +779,25 @@ def _twin_validate(cond: str, v: dict) -> list[str]:
                      f"{_pct(m['error_p90'])} | {_pct(m['noise_median'])} / {_pct(m['noise_p90'])} | {side} | "
                      f"{_twin_verdict(m)} |")
     lines += ["", f"90 % intervals held **{_pct(v['coverage'])}** of the cells (target 85–95 %). Drift (a reference "
-              f"burst timed around each workload's runs, against the profile): {_drifts(v['drift'])}."]
+              f"burst timed around each workload's runs, against {_drift_baseline(v['drift'])}): {_drifts(v['drift'])}."]
     if v.get("uncorrected"):
         plain = "; ".join(f"{METRIC_NAMES.get(k, k)} {_pct(e['error_median'])}" for k, e in v["uncorrected"].items())
         corrections = ("drift, live and first-token corrections" if (v.get("live") or {}).get("first_token")
                        else "drift and live corrections" if v.get("live") else "drift correction")
         lines += [f"Without the {corrections}, the median errors are {plain}."]
     return lines + _by_workload(v.get("by_workload")) + _live(v.get("live")) + _without_live(v.get("without_live"))
+
+
+def _drift_baseline(drift: dict) -> str:
+    """What a validation's drift factors divide by, as its record says (older records: the profile)."""
+    against = {x.get("against") for f in drift.values() for x in f.values()}
+    return {frozenset({"profile time"}): "the profile's timing of it",
+            frozenset({"prediction"}): "the fit's replay of it"}.get(frozenset(against), "the profile")
+
+
+def _on_drift(pooled: dict) -> str:
+    """' on the drift probe's 1.28×' where the live profile also carries the drift the replays ran at."""
+    return f" on the drift probe's {pooled['drift']:.2f}×" if pooled.get("drift", 1.0) != 1.0 else ""
 
 
 def _drifts(drift: dict) -> str:
