@@ -92,9 +92,22 @@ def judge(src: Path, twin: str | None, on: dict[str, bool], scratch: Path, extra
     signs = sides(v.cells)
     acc = json.loads((where / "accuracy.json").read_text())
     return {"on": on, "coverage": float(v.cells["inside"].mean()), "interval": acc["interval"],
+            "live_profile": live_scales(acc),
             "by_workload": {w: {m: r[m]["median_error"] for m in METRICS if m in r} for w, r in acc.get("by_workload", {}).items()},
             "metrics": {m: {"error_median": float(summ.loc[m, "error_median"]), **signs[m]} for m in METRICS},
             "floor": {m: float(summ.loc[m, "noise_median"]) for m in METRICS}}
+
+
+def live_scales(acc: dict) -> dict[str, float]:
+    """level -> what the live profile this replay wrote multiplies the decode step by, read off the
+    two files (the written profile and the one it was made from), not from the factors' record."""
+    out = {}
+    for level, rec in (acc.get("live") or {}).get("pooled", {}).items():
+        written = json.loads(Path(rec["profile"]).read_text())
+        source = json.loads(Path(written["live_factor"]["from"]).read_text())
+        if source.get("decode_s_per_row"):
+            out[level] = written["decode_s_per_row"] / source["decode_s_per_row"]
+    return out
 
 
 def checked(name: str, spec: str, extra: tuple[str, ...] = ()) -> tuple[Path, str | None]:

@@ -275,7 +275,21 @@ def corrections(d: dict) -> str:
             f" {h['balanced']} of {h['of']} | {100 * h['mean_error']:.1f} % |" for h in
             [s, *(rows.get(s["label"]) for rows in extra.values())] if h))
     lines += ["", "Validations: " + "; ".join(f"`{n}` {conds[n]['dir']} ({conds[n]['cells']} cells per metric)" for n in names) + "."]
-    return "\n".join(lines + _correction_coverage(d, names) + _worst_workload(conds, names))
+    return "\n".join(lines + _correction_coverage(d, names) + _worst_workload(conds, names) + _live_profiles(conds, names))
+
+
+def _live_profiles(conds: dict, names: list[str]) -> list[str]:
+    """Per validation, what the live profile each default combination wrote multiplies the decode
+    step by, with the drift probe applied and without (records that kept it; none: nothing)."""
+    pair = ("drift probe + live factor + first-token delay", "live factor + first-token delay")
+    rows = []
+    for n in names:
+        got = [next((v.get("live_profile") for v in conds[n]["variants"] if v["label"].split(" (gate")[0] == p), None)
+               for p in pair]
+        if all(got):
+            rows.append(f"`{n}` " + " / ".join(", ".join(f"{x:.2f}×" for x in g.values()) for g in got))
+    return ["", f"The decode step in the live profile each validation wrote (over the profile's), {pair[0]} / "
+            f"{pair[1]}: " + "; ".join(rows) + "."] if rows else []
 
 
 FULL = {"factor": "drift probe + live factor + first-token factor", "delay": "drift probe + live factor + first-token delay"}

@@ -166,6 +166,18 @@ def test_the_corrections_block_sums_the_held_out_validations_apart_and_with_the_
     assert lines[5].endswith("| 1 of 1 | 10.0 % | 0 of 1 | 20.0 % | 1 of 2 | 15.0 % |")
 
 
+def test_the_corrections_block_puts_each_validations_live_profile_with_and_without_the_drift_probe_side_by_side():
+    d = _two_variants([{"gate": 2.0}, {"gate": 2.0, "drift": False}], [0.9, 0.9])
+    for v, label, scale in zip(d["conditions"]["a"]["variants"], ("drift probe + live factor + first-token delay",
+                                                                  "live factor + first-token delay"), (1.47, 1.49)):
+        v.update(label=f"{label} (gate 2)", live_profile={"server": scale})
+    d["summary"] = [{"label": v["label"], "balanced": 1, "of": 1, "mean_error": 0.1} for v in d["conditions"]["a"]["variants"]]
+    text = figures().corrections(d)
+    assert text.endswith("live factor + first-token delay: `a` 1.47× / 1.49×.")
+    del d["conditions"]["a"]["variants"][1]["live_profile"]          # a record made before it was kept: no line
+    assert "live profile" not in figures().corrections(d)
+
+
 def test_a_correction_the_gate_left_out_says_so():
     mod = figures()
     rec = {"per_workload": {"base": {"server": {"factor": 1.01, "se": 0.02, "cells": 8, "applied": False}},

@@ -297,6 +297,29 @@ def test_corrections_judges_the_default_combination_at_each_gate(tmp_path):
     assert [s["label"] for s in rec["summary"]] == [v["label"] for v in variants]
 
 
+def test_corrections_reads_what_each_replays_live_profile_scales_the_decode_step_by_off_the_files(tmp_path):
+    """live_scales: the written profile's decode step over its source's, per level; a profile 1.3x
+    slow, corrected by the drift probe and the live factor on top, writes one at the machine's speed."""
+    import importlib.util
+
+    from batchlab.backends.presets import load_cost
+    from batchlab.calibrate.validate import validate
+    from batchlab.run.config import load_config
+    spec = importlib.util.spec_from_file_location("corrections_script", ROOT / "benchmarks" / "corrections.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    slow = tmp_path / "slow.json"
+    toy = load_cost("toy")
+    toy.scaled(1.3).to_json(slow, level="any")
+    cfg = load_config(None, ["backend.preset=toy", "traffic.rates=[5]", "traffic.duration_s=4", "traffic.warmup_s=1",
+                             "traffic.prompt_len=32", "traffic.output_len=8", "strategies=[continuous]",
+                             "validation.workloads={long: {prompt_len: 96}}"])
+    validate(cfg, [str(slow)], tmp_path / "v")
+    got = mod.live_scales(json.loads((tmp_path / "v" / "accuracy.json").read_text()))
+    assert got == {"iteration": pytest.approx(1 / 1.3, rel=0.02)}
+    assert mod.live_scales({"live": {}}) == {}
+
+
 def test_corrections_judges_each_count_of_the_standard_errors(tmp_path):
     """--se-units cells,workloads: the default combination at gate 2 once per count, each replay
     run with that validation.se_units and its record saying which."""
