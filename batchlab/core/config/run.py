@@ -74,7 +74,7 @@ class ValidateConfig(Model):
     (where the profile timed it; otherwise the prediction), free of the fit's error at this one
     shape but not of that one moment: a profile whose timing ran 1.30x its own replay read every
     later validation as a faster machine, and applying the probe against it lost a held-out test
-    (26.4 % against 12.8 %) that the replay would have won (10.7 %)."""
+    (26.4 % against 12.8 %) where the replay, tried afterwards on the same runs, read 10.7 %."""
     live: bool = True
     """Scale each workload's replays by the live factor: real over replayed p50 TPOT on the *other*
     workloads (closed-burst profiles read below live traffic); needs two workloads or more."""
