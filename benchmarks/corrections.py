@@ -19,13 +19,14 @@ Where --json already holds a record whose intervals were built by another rule (
 --gates 0,2 judges each combination at each `validation.gate` (a correction applied only where it
 lies more than that many standard errors from none); without it every combination is judged at
 gate 0 (each correction applied as measured, so its whole effect shows), while `validate` itself
-applies gate 2. --defaults-only judges only the combination `validate` applies by default (the
-live factor and the first-token delay; the drift probe's reading is recorded, not applied), at
-each gate. --se-units cells,workloads judges each at both counts of the
+applies gate 2. --defaults-only judges only the combination `validate` applies by default (its
+config's own defaults: by_default), at each gate. --se-units cells,workloads judges each at both counts of the
 corrections' standard errors (`validation.se_units`: every cell independent, or every workload).
---set KEY=VALUE (repeatable) changes the config of every replay besides the combination, e.g.
-`--set validation.drift_against=prediction` divides the drift probe's timings by the profile's
-replay of the burst instead of its timing on the server when profiled.
+--set KEY=VALUE (repeatable) changes the config of every replay besides the combination. Every
+other setting is the validation's own (its validate.yaml holds every field, so a re-judge
+reproduces it): a default changed since it ran needs --set, e.g. `--set
+validation.drift_against=prediction` for one that divided the drift probe's timings by the
+burst's timing on the server when profiled.
 Usage: python benchmarks/corrections.py NAME=DIR[@TWIN] ... [--gates 0,2] [--se-units cells,workloads]
        [--defaults-only] [--set KEY=VALUE ...] [--json FILE]
   DIR holds validate.yaml (the config the validation ran with); TWIN is the server's twin config

@@ -281,10 +281,10 @@ def corrections(d: dict) -> str:
 def _live_profiles(conds: dict, names: list[str]) -> list[str]:
     """Per validation, what the live profile each default combination wrote multiplies the decode
     step by, with the drift probe applied and without (records that kept it; none: nothing)."""
-    pair = ("drift probe + live factor + first-token delay", "live factor + first-token delay")
+    pair = (FULL["delay"], FULL["delay"].removeprefix("drift probe + "))
     rows = []
     for n in names:
-        got = [next((v.get("live_profile") for v in conds[n]["variants"] if v["label"].split(" (gate")[0] == p), None)
+        got = [next((v.get("live_profile") for v in conds[n]["variants"] if v["label"].split(" (")[0] == p), None)
                for p in pair]
         if all(got):
             rows.append(f"`{n}` " + " / ".join(", ".join(f"{x:.2f}×" for x in g.values()) for g in got))
