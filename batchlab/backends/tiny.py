@@ -6,6 +6,15 @@ randomly initialised `LlamaForCausalLM` (hidden 256, 4 layers, ~4.7 M parameters
 with `save_pretrained`, so loading goes through `AutoModelForCausalLM`/`AutoTokenizer` exactly like
 any real checkpoint. Its outputs are gibberish; its shapes, cache and timings are real.
 `backend.model: tiny` in a config means "the cached copy of this model" (see `resolve_model`).
+
+`tiny-text` is the same model that never emits a token with no text of its own: special tokens and
+byte tokens that are not a whole character. A server that streams text (transformers serve)
+decodes tokens incrementally and sends nothing for such a token, so its text arrives with the next
+token's, in one chunk, and chunk gaps stop being step times. A trained model rarely emits them on
+ordinary text; greedy decoding on random weights falls into loops that do. Their rows of the
+output layer are zero, so their logit is 0 where the best of the other random logits lies
+above it: argmax never picks them, and the weights' shapes, and so every step's cost, stay
+the same.
 """
 from __future__ import annotations
 
@@ -19,6 +28,7 @@ from pathlib import Path
 import numpy as np
 
 TINY_ALIAS = "tiny"
+TEXT_ALIAS = "tiny-text"              # the same model, every output token streaming text of its own
 MARKER = "batchlab_tiny.json"        # written last: its presence means the build completed
 SPECIAL_TOKENS = ["<unk>", "<s>", "</s>", "<pad>"]
 
@@ -47,47 +57,56 @@ def data_dir() -> Path:
 
 
 def resolve_model(name: str | None) -> str:
-    """Map the `tiny` alias (or an unset model) to the cached tiny model's directory."""
+    """Map the `tiny` alias (or an unset model) to the cached tiny model's directory, and
+    `tiny-text` to its text-streaming copy's."""
     if name in (None, "", TINY_ALIAS):
         return str(ensure_tiny_model())
+    if name == TEXT_ALIAS:
+        return str(ensure_tiny_model(data_dir() / "tiny-llama-text", text_tokens_only=True))
     return name
 
 
-def ensure_tiny_model(path: str | Path | None = None, spec: TinySpec = TinySpec()) -> Path:
-    """Build the tiny model once (default: <data dir>/tiny-llama) and return its directory.
+def ensure_tiny_model(path: str | Path | None = None, spec: TinySpec = TinySpec(), text_tokens_only: bool = False) -> Path:
+    """Build the tiny model once (default: <data dir>/tiny-llama) and return its directory;
+    `text_tokens_only`: the tiny-text copy (module docstring).
 
     NOTE: several processes (parallel test runs) may ask at once. Each builds into its own
     temporary directory and renames it into place; a loser of the race keeps the winner's copy.
     """
     target = Path(path) if path is not None else data_dir() / "tiny-llama"
-    if _is_built(target, spec):
+    if _is_built(target, spec, text_tokens_only):
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".tiny-build-", dir=target.parent))
     try:
-        make_tiny_model(tmp, spec)
-        if target.exists() and not _is_built(target, spec):
+        make_tiny_model(tmp, spec, text_tokens_only)
+        if target.exists() and not _is_built(target, spec, text_tokens_only):
             shutil.rmtree(target, ignore_errors=True)     # stale or half-written: replace it
         try:
             os.rename(tmp, target)
         except OSError:
-            if not _is_built(target, spec):
+            if not _is_built(target, spec, text_tokens_only):
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return target
 
 
-def _is_built(path: Path, spec: TinySpec) -> bool:
+def _marker(spec: TinySpec, text_tokens_only: bool) -> dict:
+    return asdict(spec) | ({"text_tokens_only": True} if text_tokens_only else {})
+
+
+def _is_built(path: Path, spec: TinySpec, text_tokens_only: bool = False) -> bool:
     marker = path / MARKER
     try:
-        return json.loads(marker.read_text()) == asdict(spec)
+        return json.loads(marker.read_text()) == _marker(spec, text_tokens_only)
     except (OSError, ValueError):
         return False
 
 
-def make_tiny_model(path: str | Path, spec: TinySpec = TinySpec()) -> Path:
-    """Train the tokenizer, build the random model, save both under `path` (deterministic)."""
+def make_tiny_model(path: str | Path, spec: TinySpec = TinySpec(), text_tokens_only: bool = False) -> Path:
+    """Train the tokenizer, build the random model, save both under `path` (deterministic);
+    `text_tokens_only`: with the output rows of silent_tokens zeroed (module docstring)."""
     import torch
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
@@ -96,9 +115,24 @@ def make_tiny_model(path: str | Path, spec: TinySpec = TinySpec()) -> Path:
     with torch.random.fork_rng(devices=[]):          # leave the caller's RNG state alone
         torch.manual_seed(spec.seed)
         model = _build_model(spec, tokenizer)
+    if text_tokens_only:
+        with torch.no_grad():
+            model.lm_head.weight[silent_tokens(tokenizer)] = 0.0
     model.save_pretrained(path)
-    (path / MARKER).write_text(json.dumps(asdict(spec)))
+    (path / MARKER).write_text(json.dumps(_marker(spec, text_tokens_only)))
     return path
+
+
+def silent_tokens(tokenizer) -> list[int]:
+    """The ids that decode to no whole text on their own, as a streaming server decodes a token:
+    special tokens, and byte tokens that are part of a character."""
+    from tokenizers.decoders import DecodeStream
+    out = []
+    for i in range(len(tokenizer)):
+        text = DecodeStream([], skip_special_tokens=True).step(tokenizer._tokenizer, i)
+        if not text or "\ufffd" in text:
+            out.append(i)
+    return out
 
 
 def corpus(n_words: int, seed: int) -> list[str]:

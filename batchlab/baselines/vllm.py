@@ -150,7 +150,8 @@ def vllm_cmd() -> None:
 @click.argument("config", required=False, type=click.Path(dir_okay=False))
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Override a config key (repeatable).")
 @SERVER_OPT
-@click.option("--model", default="tiny", show_default=True, help="Local model directory, or 'tiny'.")
+@click.option("--model", default="tiny", show_default=True,
+              help="Local model directory, 'tiny', or 'tiny-text' (the tiny model that streams one token a chunk as text).")
 @click.option("--port", type=int, default=None, help="Default: 8001 (vllm), 8002 (transformers).")
 @click.option("--venv", default=".venv-vllm", show_default=True, type=click.Path(file_okay=False))
 @click.option("--max-model-len", default=1024, show_default=True, type=int)
