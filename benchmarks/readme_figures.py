@@ -1021,7 +1021,29 @@ def twin(d: dict) -> str:
         lines += _twin_knee(conds) + [""]
     if "whatif" in conds.get("quiet", {}):
         lines += _twin_whatif(conds["quiet"]["whatif"], d.get("server", "vllm")) + [""]
+    if "sizes" in conds.get("quiet", {}):
+        lines += _twin_sizes(conds["quiet"]["sizes"], d.get("server", "vllm")) + [""]
     return "\n".join(lines + [PUBLISHED])
+
+
+def _twin_sizes(s: dict, server: str) -> list[str]:
+    """Bursts of several sizes on the server and on the twin, each over its whole span: where the
+    twin leaves the batch sizes its profile timed."""
+    b, name = s["burst"], SERVER_NAMES.get(server, server)
+    lines = [f"Bursts of each size at once on {name} and on its twin (`{s['command']}`; {b['prompt']} + {b['output']} "
+             f"tokens a request; output tok/s from the first arrival to the last token; the median gap between two "
+             f"tokens of a request, its typical decode step; the profile timed decode bursts of "
+             f"{', '.join(map(str, s['batch_sizes_profiled']))} requests; 1-minute load {s['load_1min_after']:.1f} after):", "",
+             "| requests at once | measured tok/s | twin tok/s | twin / measured | measured median gap | twin median gap |",
+             "|---|---|---|---|---|---|"]
+    for row in s["sizes"]:
+        got, pred = row["measured"], row["predicted"]
+        tok = statistics.median(r["span_tok_s"] for r in got)
+        toks = ", ".join(f"{r['span_tok_s']:,.0f}" for r in got)
+        gaps = ", ".join(f"{1e3 * r['gap_p50']:.1f}" for r in got)
+        lines.append(f"| {row['requests']} | {toks} | {pred['span_tok_s']:,.0f} | {pred['span_tok_s'] / tok:.2f}× | "
+                     f"{gaps} ms | {1e3 * pred['gap_p50']:.1f} ms |")
+    return lines
 
 
 def twin_contention(d: dict) -> str:

@@ -1,6 +1,6 @@
 """Check a server's twin: profile the server from the client, then hold the twin to what the server does.
 
-    python benchmarks/twin.py configs/twin-vllm.yaml [--condition quiet|busy] [--parts profile,knee,validate,whatif,contention,requests,rows]
+    python benchmarks/twin.py configs/twin-vllm.yaml [--condition quiet|busy] [--parts profile,knee,validate,whatif,contention,requests,rows,sizes]
 
 The server (vLLM by default; --server transformers or batchlab: `transformers serve` or
 `batchlab serve` continuous on --serve-config's model) starts with the config's `continuous`
@@ -47,6 +47,11 @@ parts see it fresh: on vLLM its first half-minute of traffic ran about 1.3x slow
    one by one with 384-token prompts (what a long prompt adds), and 16
    streams one of which finishes every other step (what a finish adds
    to the next step); calibrate/twin_check.py.
+8. sizes: bursts of each of --sizes requests at once (the what-if burst's prompt and output
+   lengths, --whatif-runs each) on the server as started, and the same bursts on the twin, each
+   judged over its whole span (tok/s from the first arrival to the last token, the median gap
+   between two tokens): how the step follows the number of rows past the batch sizes the profile
+   timed (a server with no sequence cap, such as transformers serve, runs a whole burst at once).
 7. rows: the arrival probe among 4, 16 and 26 streams, the arrivals one at a time, in clumps
    of six, and one at a time with 384-token prompts, --request-rounds rounds on the server (each in another order) and once on the twin:
    whether one arrival costs a server more, beyond the twin's steps, the more rows it lands among.
@@ -107,15 +112,15 @@ from batchlab.calibrate.twin_check import (
 from batchlab.calibrate.validate import report_lines, validate
 from batchlab.core.files import write_atomic
 from batchlab.core.search import significant
-from batchlab.core.sustain import saturated_rate
-from batchlab.core.traffic import build_trace, burst_trace
+from batchlab.core.sustain import burst_figures, makespan_rate, saturated_rate
+from batchlab.core.traffic import build_trace, burst_trace, fixed_burst
 from batchlab.errors import ConfigError, user_errors
 from batchlab.run.config import load_config
 from batchlab.schedulers import ContinuousConfig
 
 ROOT = Path(__file__).resolve().parents[1]
-PARTS = ("alternate", "profile", "knee", "validate", "whatif", "contention", "requests", "rows")
-TWIN_PARTS = ("alternate", "knee", "validate", "whatif", "requests", "rows")   # the parts that predict on the twin
+PARTS = ("alternate", "profile", "knee", "validate", "whatif", "contention", "requests", "rows", "sizes")
+TWIN_PARTS = ("alternate", "knee", "validate", "whatif", "requests", "rows", "sizes")   # the parts that predict on the twin
 ROWS = (4, 16, 26)                 # rows: streams the arrivals land among (26 and a clump of 6 fill a cap of 32)
 GRID = ProbeGrid(batch_sizes=(1, 2, 4, 8, 16, 32), contexts=(16, 64, 128, 256), prompts=(16, 64, 256, 512),
                  new_tokens=24, repeats=3, warmup=1)
@@ -144,6 +149,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--whatif-burst", default=",".join(map(str, BURST)), metavar="N,PROMPT,OUTPUT",
                     help="whatif: the burst measured at each cap (requests, prompt and output tokens; an output of 2 "
                          "times the prompt passes almost alone)")
+    ap.add_argument("--sizes", default="16,32,64,128,192", help="sizes: requests sent at once in each burst")
     ap.add_argument("--whatif-runs", type=int, default=2, help="whatif, --whatif-pairs 0: bursts at each cap (median judged)")
     ap.add_argument("--whatif-pairs", type=int, default=6,
                     help="whatif: each other cap's server runs beside one at the profile's cap and N pairs of bursts "
@@ -191,6 +197,7 @@ class Campaign:
         self.batch_sizes = tuple(int(b) for b in args.batch_sizes.split(","))
         self.crowds = tuple(int(k) for k in args.crowds.split(",") if k)
         self.caps = tuple(int(k) for k in args.caps.split(","))      # whatif: each other cap
+        self.sizes = tuple(int(k) for k in args.sizes.split(","))    # sizes: requests at once
         self.cond = self.record.setdefault("conditions", {}).setdefault(args.condition, {})
         self.command = command
         self.moved = False                  # --front-end-on-engine: its twin is written for this profile
@@ -232,7 +239,9 @@ class Campaign:
         after and under another name (a server of the same name would be stopped as an orphan)."""
         shift, suffix = (1, "-beside") if beside else (0, "")
         if self.args.server != "batchlab":
-            cmd, env, url, served = vllm.launch(self.args.server, "tiny", vllm.DEFAULT_PORTS[self.args.server] + shift,
+            # NOTE: transformers serve streams text, so its model is tiny-text: every token brings text of its own
+            model = "tiny-text" if self.args.server == "transformers" else "tiny"
+            cmd, env, url, served = vllm.launch(self.args.server, model, vllm.DEFAULT_PORTS[self.args.server] + shift,
                                                 Path(self.args.venv), 1024, "float32", self.cpus, chosen)
             return process.managed(self.args.server + suffix, cmd, url, served, env, self.cpus, 400.0)
         if unsupported := [k for k in chosen.given() if k not in ContinuousConfig.model_fields]:
@@ -435,6 +444,24 @@ class Campaign:
         print(f"whatif: cap {cap}: measured {[round(r['tok_s']) for r in runs]} tok/s, "
               f"TPOT p50 {[round(1e3 * r['tpot_p50'], 1) for r in runs]} ms", flush=True)
         return {"cap": cap, "measured": runs, "predicted": predicted_burst(self.twin(), n, p, o, max_num_seqs=cap)}
+
+    def burst_sizes(self, backend) -> None:
+        """Bursts of each of --sizes requests at once on the server, and on the twin, each judged
+        over its whole span (a burst that the server runs at once has no steady middle)."""
+        _, p, o = self.whatif_burst
+        rows = []
+        for n in self.sizes:
+            runs = [whole_burst(compare.sent(backend, fixed_burst(n, p, o)), o) for _ in range(self.args.whatif_runs)]
+            rows.append({"requests": n, "measured": runs, "predicted": whole_burst(self.twin().replay(fixed_burst(n, p, o)), o)})
+            print(f"sizes: {n} at once: measured {[round(r['span_tok_s']) for r in runs]} tok/s, median gap "
+                  f"{[round(1e3 * r['gap_p50'], 1) for r in runs]} ms; twin {rows[-1]['predicted']['span_tok_s']:.0f} tok/s, "
+                  f"{1e3 * rows[-1]['predicted']['gap_p50']:.1f} ms", flush=True)
+        self.save("sizes", {"burst": {"prompt": p, "output": o}, "batch_sizes_profiled": list(self.profiled_sizes()),
+                            "sizes": rows})
+
+    def profiled_sizes(self) -> tuple[int, ...]:
+        """The decode bursts' sizes of the profile the twin comes from."""
+        return tuple(json.loads((self.out / "profile.json").read_text())["grid"]["batch_sizes"])
 
     def whatif_paired(self, cap: int) -> tuple[list[dict], dict]:
         """--whatif-pairs pairs of bursts alternating between a server at the profile's cap and one at
@@ -661,6 +688,8 @@ def run(c: Campaign, parts: list[str]) -> None:
             c.request_costs(backend)
         if "rows" in parts:
             c.row_costs(backend)
+        if "sizes" in parts:
+            c.burst_sizes(backend)
     burst = {"burst": dict(zip(("requests", "prompt", "output"), c.whatif_burst))}
     if "whatif" in parts and a.whatif_pairs:
         return whatif_in_pairs(c, burst)
@@ -668,6 +697,14 @@ def run(c: Campaign, parts: list[str]) -> None:
         with c.server(max_num_seqs=cap) as (_, backend):
             whatif.append(c.whatif_here(backend, cap))
         c.save("whatif", burst | {"caps": whatif})
+
+
+def whole_burst(requests: list, output: int) -> dict:
+    """A burst's figures (core/sustain.py burst_figures) less its steady-middle rates, which a burst
+    run at once has none of, and its output tok/s from the first arrival to the last token
+    (`span_tok_s`: every request asks for `output` tokens)."""
+    figures = {k: v for k, v in burst_figures(requests).items() if k not in ("tok_s", "req_s")}
+    return figures | {"span_tok_s": makespan_rate(requests) * output}
 
 
 def whatif_in_pairs(c: Campaign, burst: dict) -> None:
@@ -704,6 +741,8 @@ def main(argv: list[str] | None = None) -> None:
         raise ConfigError(f"--batch-sizes: want sizes of 1 or more, got {args.batch_sizes!r}")
     if not all(k.strip().isdigit() and int(k) > 0 for k in args.caps.split(",")):
         raise ConfigError(f"--caps: want whole numbers above 0 separated by commas, got {args.caps!r}")
+    if not all(k.strip().isdigit() and int(k) > 0 for k in args.sizes.split(",")):
+        raise ConfigError(f"--sizes: want whole numbers above 0 separated by commas, got {args.sizes!r}")
     if not all(k.isdigit() and int(k) > 0 for k in args.crowds.split(",") if k):
         raise ConfigError(f"--crowds: want whole numbers above 0 separated by commas, got {args.crowds!r}")
     if args.whatif_pairs < 0:

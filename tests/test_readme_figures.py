@@ -254,6 +254,22 @@ def test_a_what_if_with_engine_steps_counted_sets_the_servers_beside_the_twins()
     assert "Engine steps per burst" in text and "cap 8 400" not in text and "Median gap" not in text
 
 
+def test_bursts_of_several_sizes_set_the_twin_beside_the_server_size_by_size():
+    mod = figures()
+    s = {"burst": {"prompt": 64, "output": 32}, "batch_sizes_profiled": [1, 8, 32], "command": "twin.py --parts sizes",
+         "load_1min_after": 1.2,
+         "sizes": [{"requests": 32, "measured": [_burst(0, 0.03, span_tok_s=800, gap_p50=0.028),
+                                                 _burst(0, 0.03, span_tok_s=900, gap_p50=0.026)],
+                    "predicted": _burst(0, 0.03, span_tok_s=850, gap_p50=0.027)},
+                   {"requests": 192, "measured": [_burst(0, 0.4, span_tok_s=360, gap_p50=0.361)],
+                    "predicted": _burst(0, 0.2, span_tok_s=1080, gap_p50=0.150)}]}
+    text = "\n".join(mod._twin_sizes(s, "transformers"))
+    assert "on transformers serve and on its twin (`twin.py --parts sizes`; 64 + 32 tokens" in text
+    assert "decode bursts of 1, 8, 32 requests" in text
+    assert "| 32 | 800, 900 | 850 | 1.00× | 28.0, 26.0 ms | 27.0 ms |" in text     # against the runs' median
+    assert "| 192 | 360 | 1,080 | 3.00× | 361.0 ms | 150.0 ms |" in text
+
+
 def test_past_the_knee_the_served_rate_is_set_beside_the_knees():
     mod = figures()
     d = _serving_result([40.0, 45.0])

@@ -76,6 +76,8 @@ def test_the_serving_script_answers_help():
     ("twin.py", ["--whatif-pairs", "-1"], "--whatif-pairs: want 0 or more"),
     ("twin.py", ["--parts", "whatif", "--caps", "8,32"], "--caps 8,32: the profile's cap 32 is every pair's control"),
     ("twin.py", ["--caps", "8,big"], "--caps: want whole numbers above 0"),
+    ("twin.py", ["--sizes", "16,0"], "--sizes: want whole numbers above 0"),
+    ("twin.py", ["--parts", "sizes", "--out", "/nonexistent/twin"], "--parts sizes: no twin at /nonexistent/twin/twin.yaml"),
     ("intervals.py", ["old=/nonexistent/validate"], "/nonexistent/validate: no validation.csv"),
     ("drift_baseline.py", ["old=/nonexistent/twin"], "old: /nonexistent/twin holds no profile.json and twin.yaml"),
     ("intervals.py", ["/nonexistent/validate"], "expected NAME=DIR"),
