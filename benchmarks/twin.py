@@ -47,14 +47,14 @@ parts see it fresh: on vLLM its first half-minute of traffic ran about 1.3x slow
    one by one with 384-token prompts (what a long prompt adds), and 16
    streams one of which finishes every other step (what a finish adds
    to the next step); calibrate/twin_check.py.
+7. rows: the arrival probe among 4, 16 and 26 streams, the arrivals one at a time, in clumps
+   of six, and one at a time with 384-token prompts, --request-rounds rounds on the server (each in another order) and once on the twin:
+   whether one arrival costs a server more, beyond the twin's steps, the more rows it lands among.
 8. sizes: bursts of each of --sizes requests at once (the what-if burst's prompt and output
    lengths, --whatif-runs each) on the server as started, and the same bursts on the twin, each
    judged over its whole span (tok/s from the first arrival to the last token, the median gap
    between two tokens): how the step follows the number of rows past the batch sizes the profile
    timed (a server with no sequence cap, such as transformers serve, runs a whole burst at once).
-7. rows: the arrival probe among 4, 16 and 26 streams, the arrivals one at a time, in clumps
-   of six, and one at a time with 384-token prompts, --request-rounds rounds on the server (each in another order) and once on the twin:
-   whether one arrival costs a server more, beyond the twin's steps, the more rows it lands among.
 --condition busy runs 2 and 3 with a background load on both cores (baselines/background.py).
 --predict-only recomputes the twin's side of 2 and 4 (after a new profile) beside the server's
 figures already measured, and starts no server.

@@ -402,6 +402,23 @@ def test_a_repeated_what_if_prediction_is_the_same_figures_to_the_last_bits_only
     assert not twin.same_figures(a, a | {"failed": 1}) and not twin.same_figures(a, {"tok_s": 1941.8204305800464})
 
 
+def test_a_burst_run_at_once_is_judged_over_its_whole_span():
+    import importlib.util
+
+    from batchlab.core.request import Request, Status
+    spec = importlib.util.spec_from_file_location("twin_script", ROOT / "benchmarks" / "twin.py")
+    twin = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(twin)
+    reqs = []
+    for i in range(32):                       # one batch of 32, 4 tokens each, a step of 0.1 s: all end at 0.5 s
+        r = Request(f"b{i}", 8, 4, 0.0)
+        r.token_times, r.status = [0.2 + 0.1 * k for k in range(4)], Status.FINISHED
+        reqs.append(r)
+    got = twin.whole_burst(reqs, 4)
+    assert got["span_tok_s"] == pytest.approx(32 * 4 / 0.5) and got["gap_p50"] == pytest.approx(0.1)
+    assert "tok_s" not in got and "req_s" not in got          # no steady middle: no steady-middle rates
+
+
 def _reach_profile(tmp_path: Path, beyond: float) -> Path:
     """A profile directory whose decode steps follow the toy preset, those of more than 32 rows
     `beyond` times as long, with prompt passes beside one stream; its twin config beside it."""
