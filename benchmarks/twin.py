@@ -448,11 +448,10 @@ class Campaign:
     def burst_sizes(self, backend) -> None:
         """Bursts of each of --sizes requests at once on the server, and on the twin, each judged
         over its whole span (a burst that the server runs at once has no steady middle)."""
-        _, p, o = self.whatif_burst
-        rows = []
+        (_, p, o), twin, rows = self.whatif_burst, self.twin(), []
         for n in self.sizes:
             runs = [whole_burst(compare.sent(backend, fixed_burst(n, p, o)), o) for _ in range(self.args.whatif_runs)]
-            rows.append({"requests": n, "measured": runs, "predicted": whole_burst(self.twin().replay(fixed_burst(n, p, o)), o)})
+            rows.append({"requests": n, "measured": runs, "predicted": whole_burst(twin.replay(fixed_burst(n, p, o)), o)})
             print(f"sizes: {n} at once: measured {[round(r['span_tok_s']) for r in runs]} tok/s, median gap "
                   f"{[round(1e3 * r['gap_p50'], 1) for r in runs]} ms; twin {rows[-1]['predicted']['span_tok_s']:.0f} tok/s, "
                   f"{1e3 * rows[-1]['predicted']['gap_p50']:.1f} ms", flush=True)

@@ -26,6 +26,7 @@ import json
 import math
 import os
 import secrets
+import statistics
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -605,8 +606,8 @@ def pooled_drift(drifts: dict[str, dict[str, Drift]]) -> dict[str, float]:
     by_level: dict[str, list[float]] = {}
     for per in drifts.values():
         for level, d in per.items():
-            by_level.setdefault(level, []).append(math.log(d.factor))
-    return {level: math.exp(sum(logs) / len(logs)) for level, logs in by_level.items()}
+            by_level.setdefault(level, []).append(d.factor)
+    return {level: statistics.geometric_mean(factors) for level, factors in by_level.items()}
 
 
 def live_record(profiles: dict[str, Profile], ratios: dict[str, dict[str, list[float]]],
