@@ -80,6 +80,7 @@ from pathlib import Path
 import yaml
 
 from batchlab.backends import process
+from batchlab.backends.cost import OPT_IN_TERMS
 from batchlab.backends.openai_client import OpenAIBackend
 from batchlab.backends.server_limits import from_section
 from batchlab.baselines import compare, vllm
@@ -160,6 +161,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="profile: the decode bursts' sizes (up to the server's cap: a profile of a server started "
                          "at a larger cap can measure the steps a what-if at that cap runs)")
     ap.add_argument("--hand-over-fit", action="store_true", help="profile: as batchlab profile --hand-over-fit")
+    ap.add_argument("--with", dest="with_terms", default="", metavar="TERMS",
+                    help="profile: as batchlab profile --with (dense_s_per_pair for transformers serve; none by default)")
     ap.add_argument("--crowds", default="", help="profile: as batchlab profile --crowds (e.g. 4,8,16; none by default)")
     ap.add_argument("--speed-probe", action="store_true",
                     help="knee: a saturated burst before each search, and the twin scaled to match it")
@@ -178,7 +181,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--venv", default=str(ROOT / ".venv-vllm"))
     ap.add_argument("--out", default=str(ROOT / "results" / "twin-vllm"))
     ap.add_argument("--json", default=str(ROOT / "docs" / "results" / "twin_vllm.json"))
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    if bad := [t for t in args.with_terms.split(",") if t and t not in OPT_IN_TERMS]:
+        ap.error(f"--with {','.join(bad)}: not an opt-in step-time term; those are {', '.join(OPT_IN_TERMS)}")
+    return args
 
 
 class Campaign:
@@ -286,7 +292,8 @@ class Campaign:
     # --- the parts --------------------------------------------------------------------------
     def profile(self, cfg) -> None:
         print("profile: the server from the client (black box)", flush=True)
-        grid = replace(GRID, batch_sizes=self.batch_sizes, crowds=self.crowds)
+        grid = replace(GRID, batch_sizes=self.batch_sizes, crowds=self.crowds,
+                       terms=tuple(t for t in self.args.with_terms.split(",") if t))
         twin = profile_server(cfg, grid, self.out / "profile.json", self.out / "twin.yaml", progress=print,
                               hand_over=HandOverProbe(fit=self.args.hand_over_fit))
         self.moved = False                  # a new profile: the moved twin is written again from it

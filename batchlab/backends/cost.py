@@ -19,6 +19,12 @@
              + beyond * max(0, decode_rows - rows_profiled)   (past the largest batch a black-box profile
                                             measured: its top batches' growth beyond the lines, carried on,
                                             where the shape holds flat)
+             + dense * (prefill_tokens + decode_rows) * context_tokens   (opt-in: attention that computes every
+                                            query of a step against every key the step reads, masked, rather
+                                            than each row against its own keys: a server batching all its rows
+                                            into one attention call, as transformers serve's SDPA path does,
+                                            pays for rows x context, so its step grows with the square of the
+                                            batch; fitted only where asked for, OPT_IN_TERMS)
 
 One model for every strategy: continuous steps are charged by their contents, request-level
 batches step by step like Hugging Face `generate()` (every row padded, all decoding to the
@@ -41,10 +47,14 @@ from batchlab.errors import ConfigError
 # The fitted coefficients, in the order of `features()`. NOTE: overhead and weight read cannot be
 # told apart from step times, so a fit reports their sum as overhead_s (weight_s = 0).
 COEFFS = ("overhead_s", "kv_s_per_token", "prefill_s_per_token", "decode_s_per_row", "prefill_step_s",
-          "attn_s_per_pair", "admit_s", "warmup_s", "mix_s_per_token_row")
+          "attn_s_per_pair", "admit_s", "warmup_s", "mix_s_per_token_row", "dense_s_per_pair")
 # The terms added after the first five (each measured with and without on held-out traffic):
 # zero in presets and in profiles fitted before them, so those simulate exactly as they did.
-LATER_TERMS = ("attn_s_per_pair", "admit_s", "warmup_s", "mix_s_per_token_row")
+LATER_TERMS = ("attn_s_per_pair", "admit_s", "warmup_s", "mix_s_per_token_row", "dense_s_per_pair")
+# Terms a fit holds at zero unless asked for (fit_step_times `with_terms`): each describes one kind
+# of server, and on the others it only lends the fit freedom to bend lines that held-out traffic
+# showed to be right (the vLLM twin's defaults each passed a held-out test without it)
+OPT_IN_TERMS = ("dense_s_per_pair",)
 WARM_STEPS = 32            # request-level decode steps over which a call's warm-up fades out
 # Every timing a step-time model holds, in seconds (besides the shape correction's knots): what a
 # machine running faster or slower scales
@@ -60,7 +70,16 @@ def features(context_tokens: float, prefill_tokens: float, decode_rows: float, a
              admitted: float = 0.0, warm: float = 0.0) -> tuple[float, ...]:
     """The step-time model's regressors for one step: t_step = sum(coefficient x feature)."""
     return (1.0, float(context_tokens), float(prefill_tokens), float(decode_rows), float(prefill_tokens > 0),
-            float(attn_pairs), float(admitted), float(warm), float(prefill_tokens) * float(decode_rows))
+            float(attn_pairs), float(admitted), float(warm), float(prefill_tokens) * float(decode_rows),
+            dense_pairs(context_tokens, prefill_tokens, decode_rows))
+
+
+def dense_pairs(context_tokens, prefill_tokens, decode_rows):
+    """(query, key) pairs of a step whose attention takes every query it computes (prompt tokens
+    and decode rows) against every key it reads (the context, summed over rows), masked: the
+    `dense_s_per_pair` feature (numpy arrays too)."""
+    v = (np.asarray(prefill_tokens, dtype=float) + decode_rows) * context_tokens
+    return v if np.ndim(v) else float(v)
 
 
 def attention_pairs(chunk: int, computed: int) -> float:
@@ -92,6 +111,7 @@ class StepCost:
     admit_s: float = 0.0          # per request whose prompt starts in the step
     warmup_s: float = 0.0         # request-level decode: extra time of a call's first step, fading (warm_weight)
     mix_s_per_token_row: float = 0.0   # per prompt token x decode row computed in one step, beyond both alone
+    dense_s_per_pair: float = 0.0  # per (query computed, key read) in one step: attention over the whole batch (dense_pairs)
     frontend_s: float = 0.0       # per request, before any step: a server's front end (HTTP, tokenizing), not a step
     # NOTE: where the front end runs on the processor the steps run on (a server computing on the
     # CPU), its work takes the engine's time: requests pass the front end one after another, and
@@ -165,6 +185,8 @@ class StepCost:
             t = t + self.warmup_s * warm
         if self.mix_s_per_token_row:
             t = t + self.mix_s_per_token_row * prefill_tokens * decode_rows
+        if self.dense_s_per_pair:
+            t = t + self.dense_s_per_pair * dense_pairs(context_tokens, prefill_tokens, decode_rows)
         if self.admit_s_per_row:
             t = t + self.admit_s_per_row * (admitted if arrived is None else arrived) * decode_rows
         if self.shape_s:
@@ -186,7 +208,7 @@ class StepCost:
             raise ValueError(f"a decode step has at least one row (got {rows})")
         fixed = self.overhead_s + self.weight_s
         kv, per_rows = self.kv_s_per_token, self.decode_s_per_row * rows
-        if self.shape_s or self.beyond_s_per_row:   # corrections by the rows: step_time itself, step by step
+        if self.shape_s or self.beyond_s_per_row or self.dense_s_per_pair:   # step_time itself, step by step
             return self._decode_ends_shaped(start, context_tokens, rows, steps, until)
         no_prefill, no_pass = self.prefill_s_per_token * 0, self.prefill_step_s * False
         ends, t = [], start

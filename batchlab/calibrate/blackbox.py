@@ -63,6 +63,7 @@ class ProbeGrid:
     streams: tuple[int, ...] = (1, 4, 16)        # prefill: decoding streams a prompt is sent beside
     crowds: tuple[int, ...] = ()                 # crowd: prompts sent at once beside one stream
     crowd_tokens: int = 1024                     # crowd: prompt tokens one crowd sends at most (under a step's budget)
+    terms: tuple[str, ...] = ()                  # fit: opt-in step-time terms it may use (cost.OPT_IN_TERMS)
 
     def crowd_sizes(self, p: int) -> list[int]:
         """The crowds sent with p-token prompts: those whose prompts fit `crowd_tokens`."""
@@ -221,7 +222,7 @@ def fit_profile(pr: Prober) -> BlackBoxProfile:
     if len(samples) < len(COEFFS):         # prefill probes the stream could not tell apart give no sample
         raise ConfigError(f"the probes gave {len(samples)} step samples and the step-time model has {len(COEFFS)} terms: "
                           "add batch sizes, contexts or prompts, or raise --new-tokens; nothing was written")
-    fit = fit_step_times(samples)
+    fit = fit_step_times(samples, with_terms=pr.grid.terms)
     cost = fit.to_cost(StepCost(0, 0, 0, 0, 0, kv_bytes_per_token=1, kv_budget_bytes=1))
     front = [t - cost.step_time(p, p, 0, attention_pairs(p, 0), 1) for p, ts in pr.idle.items() for t in ts]
     med = statistics.median(front)

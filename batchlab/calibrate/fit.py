@@ -6,8 +6,9 @@ model is linear in its coefficients: t = fixed + kv*context + prefill*prefill_to
 We solve non-negative least squares on *relative* residuals (each row divided by its time), so a
 2 ms decode step counts as much as a 300 ms prefill. The constant term is one number to the data:
 overhead and weight read cannot be told apart from step times, so it is reported as `overhead_s`.
-NOTE: with eight coefficients, exact NNLS is "best feasible unconstrained fit over every subset of
-columns" (255 small solves, well under a second for a profile's ~1,000 steps) - no scipy needed.
+NOTE: with the nine coefficients a fit uses by default, exact NNLS is "best feasible unconstrained
+fit over every subset of columns" (511 small solves, well under a second for a profile's ~1,000
+steps; columns held at zero are left out of the search) - no scipy needed.
 The straight lines miss one thing a CPU (and a GPU at small batches) shows: a pass's cost bends
 with the tokens it computes (2 rows cost far more than twice 1 row's share; 16 rows less than
 twice 8 rows'). What they leave is kept as a shape correction: per token count with enough steps,
@@ -21,7 +22,7 @@ from itertools import combinations
 
 import numpy as np
 
-from batchlab.backends.cost import COEFFS, StepCost, features
+from batchlab.backends.cost import COEFFS, OPT_IN_TERMS, StepCost, features
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +47,11 @@ def samples_from(rows: Iterable[dict]) -> list[StepSample]:
     own prediction beside it) left out."""
     names = StepSample.__dataclass_fields__
     return [StepSample(**{k: v for k, v in r.items() if k in names}) for r in rows]
+
+
+def fit_terms(record: dict) -> tuple[str, ...]:
+    """The opt-in step-time terms a saved profile (its JSON record) was fitted with: its grid's."""
+    return tuple(record.get("grid", {}).get("terms", ()))
 
 
 @dataclass(frozen=True)
@@ -77,13 +83,16 @@ def design_matrix(samples: list[StepSample]) -> np.ndarray:
 
 
 def nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """min ||a x - b|| subject to x >= 0, exactly, for a handful of columns.
+    """min ||a x - b|| subject to x >= 0, exactly, for a handful of columns; a column of zeros
+    gets 0 without entering the search (each column doubles it).
     NOTE: columns are scaled to unit norm first: the features span ten orders of magnitude (a
     constant beside attention pairs of long prompts), and unscaled, rank tests and least squares
     on some subsets go wrong, losing the best feasible one."""
     norms = np.linalg.norm(a, axis=0)
-    scale = np.where(norms > 0, norms, 1.0)
-    return _nnls_unit(a / scale, b) / scale
+    live = norms > 0
+    x = np.zeros(a.shape[1])
+    x[live] = _nnls_unit(a[:, live] / norms[live], b) / norms[live]
+    return x
 
 
 def _nnls_unit(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -108,13 +117,17 @@ SHAPE = "shape_s"                   # the correction, held off like a term with 
 SHAPE_MIN_STEPS = 5                 # a token count needs this many steps to get a knot
 
 
-def fit_step_times(samples: list[StepSample], without: Iterable[str] = ()) -> Fit:
+def fit_step_times(samples: list[StepSample], without: Iterable[str] = (), with_terms: Iterable[str] = ()) -> Fit:
     """Non-negative, relative-error least squares of the step-time model to `samples`, then the
     shape correction from what it leaves (twice: the lines refitted without the shape); the terms
-    named in `without` (and SHAPE) are held at zero, to measure what each one earns."""
+    named in `without` (and SHAPE) are held at zero, to measure what each one earns, and so are the
+    opt-in terms (cost.OPT_IN_TERMS) not named in `with_terms`."""
     unknown = set(without) - set(COEFFS[1:]) - {SHAPE}
     if unknown:
         raise ValueError(f"unknown step-time term(s) {', '.join(sorted(unknown))}; terms: {', '.join((*COEFFS[1:], SHAPE))}")
+    if extra := set(with_terms) - set(OPT_IN_TERMS):
+        raise ValueError(f"{', '.join(sorted(extra))}: not an opt-in step-time term; those are {', '.join(OPT_IN_TERMS)}")
+    without = {*without, *(set(OPT_IN_TERMS) - set(with_terms))}
     if len(samples) < len(COEFFS):
         raise ValueError(f"need at least {len(COEFFS)} step samples to fit, got {len(samples)}")
     y = np.array([s.seconds for s in samples], dtype=np.float64)

@@ -22,10 +22,10 @@ import numpy as np
 
 from batchlab.backends import TARGET, make_backend
 from batchlab.backends.base import Engine
-from batchlab.backends.cost import COEFFS, StepCost, attention_pairs, warm_weight
+from batchlab.backends.cost import COEFFS, OPT_IN_TERMS, StepCost, attention_pairs, warm_weight
 from batchlab.backends.presets import load_cost
 from batchlab.calibrate.blackbox import WINDOW, ProbeGrid, most_samples
-from batchlab.calibrate.fit import SHAPE, Fit, StepSample, fit_step_times, samples_from
+from batchlab.calibrate.fit import SHAPE, Fit, StepSample, fit_step_times, fit_terms, samples_from
 from batchlab.core.clock import Clock, RealClock, VirtualClock
 from batchlab.core.request import Request
 from batchlab.errors import ConfigError, user_errors
@@ -43,6 +43,7 @@ class Grid:
     repeats: int = 3                                 # medians over this many passes over the grid
     warmup: int = 1                                  # unmeasured passes over the grid first
     gap_s: float = 0.0                               # idle time before each burst (live traffic arrives after idle)
+    terms: tuple[str, ...] = ()                      # fit: opt-in step-time terms it may use (cost.OPT_IN_TERMS)
 
     def shapes(self) -> list[tuple[int, int, int]]:
         """(rows, prompt tokens, new tokens) of every burst, decode grid first."""
@@ -121,7 +122,7 @@ def profile_backend(backend: Engine, strategy: str, grid: Grid = Grid(), progres
     level = scheduler_class(strategy).level
     clock: Clock = VirtualClock() if backend.virtual_time else RealClock()
     samples = clock.run(measure(backend, level, grid, clock, progress))
-    fit = fit_step_times(samples)
+    fit = fit_step_times(samples, with_terms=grid.terms)
     mem = backend.facts().memory
     base = StepCost(0, 0, 0, 0, 0, kv_bytes_per_token=mem.kv_bytes_per_token if mem else 1,
                     kv_budget_bytes=mem.budget_bytes if mem else 1 << 50)
@@ -145,13 +146,16 @@ def save(profile: Profile, path: Path, setup: dict[str, Any], grid: Grid, vocab_
                          setup=setup, samples=rows, **vocab)
 
 
-def refit(src: Path, dst: Path, without: tuple[str, ...] = ()) -> Fit:
+def refit(src: Path, dst: Path, without: tuple[str, ...] = (), with_terms: tuple[str, ...] | None = None) -> Fit:
     """Fit a saved profile's own samples again, with the terms in `without` held at zero, and save
-    the result beside it: what each term earns is the held-out error with and without it."""
+    the result beside it: what each term earns is the held-out error with and without it.
+    `with_terms`: the opt-in terms the fit may use (None: those the profile was fitted with)."""
     data = json.loads(src.read_text())
+    if with_terms is not None:
+        data = data | {"grid": data.get("grid", {}) | {"terms": list(with_terms)}}
     try:
         samples = samples_from(older_samples(data["samples"], data.get("level", "iteration")))
-        fit = fit_step_times(samples, without)
+        fit = fit_step_times(samples, without, fit_terms(data))
     except (KeyError, TypeError) as e:
         raise ConfigError(f"--refit {src}: not a measured profile (no step samples): {e}") from None
     except ValueError as e:
@@ -229,16 +233,21 @@ def _ints(text: str, flag: str) -> tuple[int, ...]:
 @click.option("--refit", "refit_src", default=None, type=click.Path(dir_okay=False),
               help="Fit this profile's saved samples again (no measuring), e.g. with --without.")
 @click.option("--without", default="", help=f"With --refit: step-time terms held at zero, comma-separated ({', '.join((*COEFFS[1:], SHAPE))}).")
+@click.option("--with", "with_terms", default=None, metavar="TERMS",
+              help=f"Opt-in step-time terms the fit may use, comma-separated ({', '.join(OPT_IN_TERMS)}: a server whose "
+                   "attention takes every query of a step against every key the step reads, as transformers serve's "
+                   "does); with --refit, in place of the profile's own.")
 @click.option("--out", "out", required=True, type=click.Path(dir_okay=False), help="Profile JSON to write.")
 @click.option("--twin", "twin", default=None, type=click.Path(dir_okay=False),
               help="A server (backend.kind openai): where its twin's run config goes (default: beside --out, NAME.twin.yaml).")
 def profile_cmd(config, overrides, preset, strategy, batch_sizes, contexts, prompts, streams, crowds, arrival_rounds,
-                hand_over_rounds, hand_over_fit, new_tokens, repeats, warmup, gap_ms, refit_src, without, out, twin):
+                hand_over_rounds, hand_over_fit, new_tokens, repeats, warmup, gap_ms, refit_src, without, with_terms, out,
+                twin):
     """Measure a backend's step times, fit the simulator's model, save it as a profile JSON. A
     server (backend.kind openai) is profiled from the client, and its twin's config written too."""
     user_errors(_profile_main)(config, overrides, preset, strategy, batch_sizes, contexts, prompts,
                                new_tokens, repeats, warmup, gap_ms, refit_src, without, out, twin, streams, arrival_rounds,
-                               crowds, hand_over_rounds, hand_over_fit)
+                               crowds, hand_over_rounds, hand_over_fit, with_terms)
 
 
 def _profile_server(cfg, grid: Grid, path: Path, twin: str | None, streams: str, arrival_rounds: int, crowds: str,
@@ -248,7 +257,7 @@ def _profile_server(cfg, grid: Grid, path: Path, twin: str | None, streams: str,
     from batchlab.calibrate.handover import HandOverProbe
     from batchlab.calibrate.server import profile_server
     probes = ProbeGrid(*astuple(grid)[:6], gap_s=grid.gap_s or ProbeGrid.gap_s, streams=_ints(streams, "--streams"),
-                       crowds=_ints(crowds, "--crowds") if crowds else ())
+                       crowds=_ints(crowds, "--crowds") if crowds else (), terms=grid.terms)
     if most_samples(probes) < len(COEFFS):
         raise ConfigError(f"the grid gives at most {most_samples(probes)} step samples from a server's streams; the "
                           f"step-time model has {len(COEFFS)} terms to fit: add batch sizes, contexts or prompts, "
@@ -265,12 +274,13 @@ def _profile_server(cfg, grid: Grid, path: Path, twin: str | None, streams: str,
 
 def _profile_main(config, overrides, preset, strategy, batch_sizes, contexts, prompts, new_tokens, repeats, warmup,
                   gap_ms, refit_src, without, out, twin=None, streams="1,4,16", arrival_rounds=3, crowds="",
-                  hand_over_rounds=3, hand_over_fit=False):
+                  hand_over_rounds=3, hand_over_fit=False, with_terms=None):
     path = Path(out)
     if without and refit_src is None:
         raise ConfigError("--without goes with --refit (a measured profile fits every term)")
+    terms = None if with_terms is None else _opt_in(with_terms)
     if refit_src is not None:
-        return _refit_main(refit_src, without, path, bool(config or overrides or preset))
+        return _refit_main(refit_src, without, path, bool(config or overrides or preset), terms)
     if preset is not None:
         if config or overrides:
             raise ConfigError("--preset writes a preset as it is; do not give a config or --set with it")
@@ -280,7 +290,7 @@ def _profile_main(config, overrides, preset, strategy, batch_sizes, contexts, pr
     if new_tokens < 2 or repeats < 1 or warmup < 0 or gap_ms < 0:
         raise ConfigError("--new-tokens must be >= 2, --repeats >= 1, --warmup >= 0, --gap-ms >= 0")
     grid = Grid(_ints(batch_sizes, "--batch-sizes"), _ints(contexts, "--contexts"), _ints(prompts, "--prompts"),
-                new_tokens, repeats, warmup, gap_ms / 1e3)
+                new_tokens, repeats, warmup, gap_ms / 1e3, terms or ())
     steps = sum(n for _, _, n in grid.shapes())
     if steps < len(COEFFS):          # NOTE: checked before measuring, not after minutes of it
         raise ConfigError(f"the grid gives {steps} steps; the step-time model has {len(COEFFS)} terms to fit: "
@@ -307,13 +317,22 @@ def _profile_main(config, overrides, preset, strategy, batch_sizes, contexts, pr
                f"kv {1e6 * c.kv_s_per_token:.3f} us/context token, prefill {1e6 * c.prefill_s_per_token:.2f} us/token, "
                f"decode {1e3 * c.decode_s_per_row:.3f} ms/row, prefill pass {1e3 * c.prefill_step_s:.3f} ms, "
                f"attention {1e9 * c.attn_s_per_pair:.3f} ns/pair, admission {1e3 * c.admit_s:.3f} ms/request, "
-               f"warm-up {1e3 * c.warmup_s:.3f} ms, prompt beside rows {1e9 * c.mix_s_per_token_row:.3f} ns/token-row; "
+               f"warm-up {1e3 * c.warmup_s:.3f} ms, prompt beside rows {1e9 * c.mix_s_per_token_row:.3f} ns/token-row, "
+               f"dense attention {1e12 * c.dense_s_per_pair:.3f} ps/pair; "
                f"error rms {100 * f.rms_rel_error:.1f}%, "
                f"max {100 * f.max_rel_error:.1f}%")
     click.echo(f"wrote {path}")
 
 
-def _refit_main(refit_src: str, without: str, path: Path, with_config: bool) -> None:
+def _opt_in(text: str) -> tuple[str, ...]:
+    """--with's terms, each an opt-in step-time term."""
+    terms = tuple(t.strip() for t in text.split(",") if t.strip())
+    if bad := [t for t in terms if t not in OPT_IN_TERMS]:
+        raise ConfigError(f"--with {', '.join(bad)}: not an opt-in step-time term; those are {', '.join(OPT_IN_TERMS)}")
+    return terms
+
+
+def _refit_main(refit_src: str, without: str, path: Path, with_config: bool, with_terms: tuple[str, ...] | None = None) -> None:
     """profile --refit: fit a saved profile's samples again, some terms held at zero."""
     if with_config:
         raise ConfigError("--refit fits a saved profile's samples; do not give a config, --set or --preset with it")
@@ -324,7 +343,8 @@ def _refit_main(refit_src: str, without: str, path: Path, with_config: bool) -> 
     bad = [t for t in terms if t not in (*COEFFS[1:], SHAPE)]
     if bad:
         raise ConfigError(f"--without {', '.join(bad)}: unknown term; terms: {', '.join((*COEFFS[1:], SHAPE))}")
-    f = refit(src, path, terms)
-    click.echo(f"refitted {src} ({f.num_samples} steps{', without ' + ', '.join(terms) if terms else ''}): "
+    f = refit(src, path, terms, with_terms)
+    extra = f", with {', '.join(with_terms)}" if with_terms else ""
+    click.echo(f"refitted {src} ({f.num_samples} steps{', without ' + ', '.join(terms) if terms else ''}{extra}): "
                f"error rms {100 * f.rms_rel_error:.1f}%, max {100 * f.max_rel_error:.1f}%")
     click.echo(f"wrote {path}")

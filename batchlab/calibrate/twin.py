@@ -23,7 +23,7 @@ import yaml
 from batchlab.backends.cost import StepCost
 from batchlab.calibrate import handover
 from batchlab.calibrate.blackbox import BlackBoxProfile, ProbeGrid
-from batchlab.calibrate.fit import Fit, StepSample, fit_step_times, samples_from
+from batchlab.calibrate.fit import Fit, StepSample, fit_step_times, fit_terms, samples_from
 from batchlab.calibrate.front_end import ArrivalProbe, bare, front_end, nested, with_front_end
 from batchlab.calibrate.handover import HandOverProbe
 from batchlab.calibrate.twin_check import Twin
@@ -135,7 +135,7 @@ def refitted(record: dict, samples: list[StepSample], without: tuple[str, ...] =
     fitted prompt pass, over probes the profile does not keep): a refit that moves a one-prompt
     pass by x moves what a new profile would read by -x (on vLLM, dropping admit_s: 0.1-0.7 ms of 4.9).
     `fit`: that fit, where the caller already made it."""
-    fit = fit or fit_step_times(samples, without)
+    fit = fit or fit_step_times(samples, without, fit_terms(record))
     if twin is None:
         section = {k: v["value"] for k, v in record.get("limits", {}).items() if k in ContinuousConfig.model_fields}
         twin = validate({"strategies": [ContinuousScheduler.name], ContinuousScheduler.name: section}, "refit: ")

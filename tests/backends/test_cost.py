@@ -36,7 +36,22 @@ def test_added_time_is_step_time_less_the_fixed_part(step):
     assert COST.fixed_s + COST.added_s(*step) == pytest.approx(COST.step_time(*step), rel=1e-12)
 
 
-@pytest.mark.parametrize("cost", [COST, StepCost(2e-4, 0.0, 0.0, 4e-5, 5e-4, kv_bytes_per_token=1, kv_budget_bytes=1)])
+DENSE = StepCost(1.1e-3, 8.4e-3, 3.3e-7, 1.7e-5, 4.3e-5, kv_bytes_per_token=2, kv_budget_bytes=10**9,
+                 prefill_step_s=2.5e-3, dense_s_per_pair=3e-11)
+
+
+def test_dense_attention_prices_every_query_of_a_step_against_every_key_it_reads():
+    # 10 decode rows over 1,000 context tokens in all: 10 x 1,000 pairs; a 64-token prompt beside
+    # them over 1,064: (64 + 10) x 1,064, the prompt's own keys counted for every query too
+    assert DENSE.step_time(1000, 0, 10) - COST.step_time(1000, 0, 10) == pytest.approx(3e-11 * 10 * 1000, rel=1e-9)
+    assert DENSE.step_time(1064, 64, 10) - COST.step_time(1064, 64, 10) == pytest.approx(3e-11 * 74 * 1064, rel=1e-9)
+    coef = [DENSE.overhead_s + DENSE.weight_s] + [getattr(DENSE, k) for k in COEFFS[1:]]
+    assert DENSE.step_time(1064, 64, 10) == pytest.approx(float(np.dot(coef, features(1064, 64, 10))), rel=1e-12)
+    ctx, pre, rows = np.array([0, 17, 4096]), np.array([0, 17, 0]), np.array([0, 1, 64])
+    assert DENSE.step_time(ctx, pre, rows).tolist() == [DENSE.step_time(int(c), int(p), int(r)) for c, p, r in zip(ctx, pre, rows)]
+
+
+@pytest.mark.parametrize("cost", [COST, StepCost(2e-4, 0.0, 0.0, 4e-5, 5e-4, kv_bytes_per_token=1, kv_budget_bytes=1), DENSE])
 def test_decode_ends_are_the_running_sums_of_step_time_bit_for_bit(cost):
     """The simulator's decode windows stamp these; stepping one at a time must give the same floats."""
     for start, context, rows, steps in [(0.0, 0, 1, 1), (12.345678, 4097, 7, 40), (3600.1, 123457, 64, 300)]:

@@ -184,7 +184,7 @@ def test_the_mixed_step_beside_several_streams_is_read_from_the_first_of_them():
 
 def test_probes_that_give_too_few_samples_are_one_line_not_a_fit_error():
     from types import SimpleNamespace
-    probes = SimpleNamespace(decode={(1, 16, 2): [0.01], (2, 16, 2): [0.012]}, mixed={(1, 1, 16, 16): [(16, 0.02)]}, crowd={}, beside=[],
+    probes = SimpleNamespace(grid=ProbeGrid(), decode={(1, 16, 2): [0.01], (2, 16, 2): [0.012]}, mixed={(1, 1, 16, 16): [(16, 0.02)]}, crowd={}, beside=[],
                              idle={16: [0.03]}, reference=[0.01])
     with pytest.raises(ConfigError, match="the probes gave 3 step samples") as e:
         fit_profile(probes)
@@ -198,7 +198,7 @@ def test_a_prompt_beside_a_stream_gives_one_sample_per_prompt_the_median_over_pa
     mixed = {(1, 1, 64, 16): [(30, 0.020), (33, 0.021), (31, 0.090)], (1, 1, 256, 16): [(30, 0.040), (32, 0.041), (34, 0.039)],
              (1, 2, 64, 16): [(30, 0.030), (31, 0.031), (36, 0.029)], (4, 1, 64, 16): [(120, 0.030), (124, 0.032), (128, 0.031)],
              (4, 1, 64, 256): [(1080, 0.040), (1084, 0.042), (1088, 0.041)]}
-    prof = fit_profile(SimpleNamespace(decode=decode, mixed=mixed, crowd={}, idle={64: [0.03]}, reference=[0.01],
+    prof = fit_profile(SimpleNamespace(grid=ProbeGrid(), decode=decode, mixed=mixed, crowd={}, idle={64: [0.03]}, reference=[0.01],
                                        beside=[0.004, 0.006]))
     prefill = [s for s in prof.samples if s.kind == "prefill"]
     assert [(s.decode_rows, s.admitted, s.prefill_tokens, s.context_tokens, s.seconds) for s in prefill] == [
