@@ -733,9 +733,18 @@ def _twin_profile(d: dict) -> list[str]:
     return [f"Profile (`{d['conditions']['quiet']['profiled']['command']}`, 1-minute load "
             f"{p['load_1min'][0]:.1f}–{p['load_1min'][1]:.1f}): batch sizes {g['batch_sizes']}, contexts "
             f"{g['contexts']}, prompts {g['prompts']}" + (f", crowds {g['crowds']}" if g.get("crowds") else "")
-            + f", {g['repeats']} repeats; {p['fit_samples']} steps fitted with "
+            + f", {g['repeats']} repeats; {p['fit_samples']} steps fitted" + _terms(g, p) + " with "
             f"{_pct(p['fit_rms_rel_error'])} rms relative error; decode step {1e3 * p['decode_step_s_at_1']:.2f} ms at "
             f"one row; " + _front(p) + f". Limits read: {said}."]
+
+
+def _terms(g: dict, p: dict) -> str:
+    """The opt-in step-time terms the fit was asked to use, and the one it found where recorded."""
+    if not g.get("terms"):
+        return ""
+    found = (f" ({1e9 * p['dense_s_per_pair']:.3f} ns per query × key read)"
+             if p.get("dense_s_per_pair") is not None else "")
+    return f" (opt-in term: {', '.join(g['terms'])}{found})"
 
 
 def _front(p: dict) -> str:
@@ -1103,7 +1112,8 @@ def refits(d: dict) -> str:
                          f"{1e6 * f['prefill_s_per_token']:.1f} µs a prompt token, {1e3 * f['prefill_step_s']:.2f} ms a "
                          f"prompt pass, {1e3 * f['admit_s']:.2f} ms an admitted request, "
                          f"{1e6 * f['admit_s_per_row']:.0f} µs an arrival's running row, "
-                         f"{1e3 * f['frontend_s']:.1f} ms front end a request"
+                         + (f"{1e9 * f['dense_s_per_pair']:.3f} ns a query × key read, " if f.get("dense_s_per_pair") else "")
+                         + f"{1e3 * f['frontend_s']:.1f} ms front end a request"
                          for n, f in d["fits"].items()) + ".", "",
              "| decode rows | steps | measured step | " + " | ".join(f"{n} | error" for n in names) + " |",
              "|---|---|---|" + "---|---|" * len(names)]
@@ -1118,7 +1128,25 @@ def refits(d: dict) -> str:
                   for a in d["admissions"]]
     for w in d["whatif"]:
         lines += ["", *_refit_bursts(w, names)]
+    for s in d.get("sizes", []):
+        lines += ["", *_refit_sizes(s, names)]
     return "\n".join(lines)
+
+
+def _refit_sizes(s: dict, names: list[str]) -> list[str]:
+    """Bursts sent at once, each size on the server and on every variant's twin."""
+    b = s["burst"]
+    lines = [f"Bursts sent at once ({b['prompt']} + {b['output']} tokens a request), `{s['record']}`: output tok/s from "
+             "the first arrival to the last token and the median gap between two tokens, on the server (median of "
+             "its runs) and on each twin (tok/s as a multiple of the server's):", "",
+             "| requests at once | server tok/s | " + " | ".join(f"{n} tok/s" for n in names) + " | server median gap | "
+             + " | ".join(f"{n} gap" for n in names) + " |", "|---|---|" + "---|" * len(names) + "---|" + "---|" * len(names)]
+    for row in s["sizes"]:
+        m, v = row["measured"], row["variants"]
+        lines.append(f"| {row['requests']} | {m['span_tok_s']:.0f} | " + " | ".join(
+            f"{v[n]['span_tok_s']:.0f} ({v[n]['span_tok_s'] / m['span_tok_s']:.2f}×)" for n in names)
+            + f" | {1e3 * m['gap_p50']:.1f} ms | " + " | ".join(f"{1e3 * v[n]['gap_p50']:.1f} ms" for n in names) + " |")
+    return lines
 
 
 def intervals(d: dict) -> str:

@@ -1,7 +1,8 @@
 """One server's profile fitted other ways, each judged on what the server did.
 
-    python benchmarks/refits.py DIR [--rows 32] [--admitted 2] [--without admit_s] [--front-end-idle] [--beyond-rows]
+    python benchmarks/refits.py DIR [--rows 32] [--admitted 2] [--without admit_s] [--with none] [--front-end-idle] [--beyond-rows]
                                 [--priced-front-end] [--hand-over-from MS,...] [--whatif RECORD ...] [--base-cap 32]
+                                [--sizes RECORD ...]
                                 [--json docs/results/refits_NAME.json]
 
 DIR holds a black-box profile and its twin (profile.json, twin.yaml: `batchlab profile` or
@@ -17,6 +18,8 @@ kept validation can be judged on it too (benchmarks/corrections.py NAME=DIR@TWIN
      prompts sees (its prefill probes admit one or two); on a profile with crowds (batchlab
      profile --crowds), what the steps admitting many add to the fit;
   --without TERMS: every step, the named terms held at zero (calibrate/fit.py COEFFS);
+  --with TERMS: every step, fitted with these opt-in terms (backends/cost.py OPT_IN_TERMS; `none`:
+     none of them) in place of those the profile was fitted with;
   --front-end-idle: the steps as fitted, the front end as the profile's idle reading, on the
      engine: requests handed over one at a time, each taking the engine's time for it
      (calibrate/twin.py `idle_reading`), where the arrival probe's price may hand them over at once;
@@ -34,6 +37,9 @@ median and each variant's median relative error on them. Per --whatif (a benchma
 cap's burst on the server (median of its runs) and on every variant's twin, and each cap's change
 from --base-cap (default: the record's first cap, the profile's own server) on both sides; the
 server's read pair by pair where a cap ran beside its own control (benchmarks/twin.py --whatif-pairs).
+Per --sizes (a benchmarks/twin.py record of bursts of several sizes sent at once, --parts sizes):
+each size's burst on the server (median of its runs: output tok/s over the whole burst, the median
+gap between two tokens) and on every variant's twin.
 """
 from __future__ import annotations
 
@@ -47,10 +53,10 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from batchlab.backends.cost import COEFFS, StepCost
+from batchlab.backends.cost import COEFFS, OPT_IN_TERMS, StepCost
 from batchlab.calibrate.fit import SHAPE, StepSample, samples_from
 from batchlab.calibrate.twin import as_priced, beyond_the_profile, engine_time_at, handed_over_from, idle_reading, refitted
-from batchlab.calibrate.twin_check import Twin, measured_change, predicted_burst, steps_over
+from batchlab.calibrate.twin_check import Twin, measured_change, predicted_burst, predicted_whole_burst, steps_over
 from batchlab.core.files import write_atomic
 from batchlab.errors import ConfigError, user_errors
 from batchlab.run.config import load_config
@@ -66,7 +72,7 @@ PRICED = "front end as priced"
 
 def variants(d: Path, prof: dict, rows: int | None, without: tuple[str, ...], admitted: int | None = None,
              idle: bool = False, beyond: bool = False, priced: bool = False,
-             starts: tuple[str, ...] = ()) -> dict[str, Path]:
+             starts: tuple[str, ...] = (), with_terms: tuple[str, ...] | None = None) -> dict[str, Path]:
     """Each variant's twin config, written beside the profile's own: name -> twin.yaml path."""
     samples, out = samples_from(prof["samples"]), {AS_FITTED: d / "twin.yaml"}
     twin_cfg = load_config(d / "twin.yaml")
@@ -83,15 +89,19 @@ def variants(d: Path, prof: dict, rows: int | None, without: tuple[str, ...], ad
         if len(mine) == len(samples):
             raise ConfigError(f"the profile has no step of more than {rows} rows: profile a server started at a "
                               "larger cap with batch sizes up to it (benchmarks/twin.py --batch-sizes)")
-        asked.append((f"fit on ≤ {rows} rows", f"rows-le-{rows}", mine, ()))
+        asked.append((f"fit on ≤ {rows} rows", f"rows-le-{rows}", mine, (), prof))
     if admitted is not None:
         mine = [s for s in samples if s.admitted <= admitted]
         if len(mine) == len(samples):
             raise ConfigError(f"the profile has no step admitting more than {admitted} requests: profile the server "
                               "with crowds of prompts (batchlab profile --crowds, benchmarks/twin.py --crowds)")
-        asked.append((f"fit on ≤ {admitted} admissions", f"admitted-le-{admitted}", mine, ()))
+        asked.append((f"fit on ≤ {admitted} admissions", f"admitted-le-{admitted}", mine, (), prof))
     if without:
-        asked.append((f"without {', '.join(without)}", "without-" + "-".join(without), samples, without))
+        asked.append((f"without {', '.join(without)}", "without-" + "-".join(without), samples, without, prof))
+    if with_terms is not None:
+        said = ", ".join(with_terms) or "no opt-in term"
+        asked.append((f"with {said}", "with-" + ("-".join(with_terms) or "none"), samples, (),
+                      prof | {"grid": prof["grid"] | {"terms": list(with_terms)}}))
     if idle:
         out[IDLE] = beside(d, "front-end-idle", idle_reading(prof), IDLE)
     if carried:
@@ -103,8 +113,8 @@ def variants(d: Path, prof: dict, rows: int | None, without: tuple[str, ...], ad
         out[f"front end {said}"] = beside(d, f"front-end-at-{start}", at, f"the front end taking {said} of the engine")
         out[f"hand-over from {said}"] = beside(d, f"hand-over-from-{start}", fitted,
                                                f"the hand-over fitted from {said} of the engine")
-    for name, tag, mine, terms in asked:
-        out[name] = beside(d, tag, refitted(prof, mine, terms, twin_cfg), f"the profile fitted again: {name}")
+    for name, tag, mine, terms, record in asked:
+        out[name] = beside(d, tag, refitted(record, mine, terms, twin_cfg), f"the profile fitted again: {name}")
     return out
 
 
@@ -170,6 +180,22 @@ def whatif(path: Path, twins: dict[str, Twin], base: int | None) -> dict:
     return {"record": os.path.relpath(path.resolve(), ROOT), "burst": w["burst"], "base_cap": base, "caps": caps}
 
 
+SPAN = ("span_tok_s", GAP)      # what a burst run at once is judged by (calibrate/twin_check.py whole_burst)
+
+
+def sizes(path: Path, twins: dict[str, Twin]) -> dict:
+    """Every size of a sizes record: the server's median figures over its runs and each twin's."""
+    s = sizes_record(path)
+    p, o = s["burst"]["prompt"], s["burst"]["output"]
+    rows = []
+    for row in s["sizes"]:
+        real = {k: statistics.median(r[k] for r in row["measured"]) for k in SPAN}
+        bursts = {name: predicted_whole_burst(t, row["requests"], p, o) for name, t in twins.items()}
+        rows.append({"requests": row["requests"], "measured": real,
+                     "variants": {name: {k: b[k] for k in SPAN} for name, b in bursts.items()}})
+    return {"record": os.path.relpath(path.resolve(), ROOT), "burst": s["burst"], "sizes": rows}
+
+
 def counted(runs: list[dict], cap: int) -> dict:
     """The median engine steps of a cap's bursts on the server, and of its prompt steps, where its
     /metrics counted every burst's."""
@@ -186,6 +212,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--admitted", type=int,
                     help="a variant fitted on the steps admitting at most this many requests (a profile without crowds)")
     ap.add_argument("--without", default="", help="a variant fitted with these terms held at zero (comma-separated)")
+    ap.add_argument("--with", dest="with_terms", default=None, metavar="TERMS",
+                    help="a variant fitted with these opt-in terms in place of the profile's own (comma-separated; none: no such term)")
     ap.add_argument("--front-end-idle", action="store_true",
                     help="a variant with the front end as the profile's idle reading, handing requests over one at a time")
     ap.add_argument("--beyond-rows", action="store_true",
@@ -196,20 +224,30 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                     help="variants from these front-end engine times (ms, or idle), and the hand-over fitted from each")
     ap.add_argument("--whatif", type=Path, action="append", default=[],
                     help="a benchmarks/twin.py record of bursts at several caps (repeatable)")
+    ap.add_argument("--sizes", type=Path, action="append", default=[],
+                    help="a benchmarks/twin.py record with bursts of several sizes (--parts sizes) to judge each twin on")
     ap.add_argument("--base-cap", type=int, help="the cap each what-if's changes are taken from (default: its first)")
     ap.add_argument("--json", type=Path, default=ROOT / "docs" / "results" / "refits.json")
-    a = ap.parse_args(argv)
+    return checked(ap.parse_args(argv))
+
+
+def checked(a: argparse.Namespace) -> argparse.Namespace:
+    """The arguments, each checked before any variant is written, --without, --with and
+    --hand-over-from as tuples."""
     a.without = tuple(t for t in a.without.split(",") if t)
     if bad := [t for t in a.without if t not in (*COEFFS[1:], SHAPE)]:
         raise ConfigError(f"--without: unknown term {', '.join(bad)} (terms: {', '.join((*COEFFS[1:], SHAPE))})")
+    a.with_terms = opt_in(a.with_terms)
     if not (a.dir / "profile.json").is_file() or not (a.dir / "twin.yaml").is_file():
         raise ConfigError(f"{a.dir}: want a profile's directory with profile.json and twin.yaml")
     if missing := [str(p) for p in a.whatif if not p.is_file()]:
         raise ConfigError(f"--whatif {', '.join(missing)}: no such file")
+    for path in a.sizes:
+        sizes_record(path)
     a.hand_over_from = starts(a.hand_over_from)
     if not (a.rows or a.without or a.admitted is not None or a.front_end_idle or a.beyond_rows or a.priced_front_end
-            or a.hand_over_from):
-        raise ConfigError("name a variant: --rows N, --admitted N, --without TERMS, --front-end-idle, --beyond-rows, "
+            or a.hand_over_from or a.with_terms is not None):
+        raise ConfigError("name a variant: --rows N, --admitted N, --without TERMS, --with TERMS, --front-end-idle, --beyond-rows, "
                           "--priced-front-end, --hand-over-from MS, or several")
     read_idle = "frontend_idle_s" in json.loads((a.dir / "profile.json").read_text())
     for flag, asked in (("--front-end-idle", a.front_end_idle), ("--hand-over-from", a.hand_over_from)):
@@ -226,6 +264,25 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         if a.base_cap is not None and a.base_cap not in caps:
             raise ConfigError(f"--base-cap {a.base_cap}: {path} has caps {', '.join(map(str, caps))}")
     return a
+
+
+def opt_in(text: str | None) -> tuple[str, ...] | None:
+    """--with's terms: None where not given, () for `none`."""
+    if text is None:
+        return None
+    terms = tuple(t for t in text.split(",") if t and t != "none")
+    if bad := [t for t in terms if t not in OPT_IN_TERMS]:
+        raise ConfigError(f"--with: {', '.join(bad)} is not an opt-in term (those are {', '.join(OPT_IN_TERMS)}; none: no such term)")
+    return terms
+
+
+def sizes_record(path: Path) -> dict:
+    """A benchmarks/twin.py record's bursts of several sizes, or one line saying it has none."""
+    try:
+        return json.loads(path.read_text())["conditions"]["quiet"]["sizes"]
+    except (OSError, json.JSONDecodeError, KeyError, TypeError):
+        raise ConfigError(f"--sizes {path}: not a benchmarks/twin.py record with bursts of several sizes "
+                          "(--parts sizes)") from None
 
 
 def starts(text: str) -> tuple[str, ...]:
@@ -248,7 +305,7 @@ def main(argv: list[str] | None = None) -> None:
     twins = {name: Twin(load_config(path)) for name, path in variants(a.dir, prof, a.rows, a.without, a.admitted,
                                                                               a.front_end_idle, a.beyond_rows,
                                                                               a.priced_front_end,
-                                                                              a.hand_over_from).items()}
+                                                                              a.hand_over_from, a.with_terms).items()}
     costs = {name: t.cfg.backend.cost() for name, t in twins.items()}
     out = {"command": " ".join(["python benchmarks/refits.py", *(argv if argv is not None else sys.argv[1:])]),
            "profile": os.path.relpath((a.dir / "profile.json").resolve(), ROOT), "grid": prof["grid"],
@@ -258,7 +315,8 @@ def main(argv: list[str] | None = None) -> None:
                     for name, t in twins.items()},
            "batches": by_batch(samples, costs),
            "admissions": by_admitted(samples, costs),
-           "whatif": [whatif(p, twins, a.base_cap) for p in a.whatif]}
+           "whatif": [whatif(p, twins, a.base_cap) for p in a.whatif],
+           "sizes": [sizes(p, twins) for p in a.sizes]}
     write_atomic(a.json, json.dumps(out, indent=2) + "\n")
     print(f"wrote {a.json}")
 

@@ -108,12 +108,14 @@ from batchlab.calibrate.twin_check import (
     point_figures,
     predicted_burst,
     predicted_knee,
+    predicted_whole_burst,
     scaled_to_burst,
+    whole_burst,
 )
 from batchlab.calibrate.validate import report_lines, validate
 from batchlab.core.files import write_atomic
 from batchlab.core.search import significant
-from batchlab.core.sustain import burst_figures, makespan_rate, saturated_rate
+from batchlab.core.sustain import saturated_rate
 from batchlab.core.traffic import build_trace, burst_trace, fixed_burst
 from batchlab.errors import ConfigError, user_errors
 from batchlab.run.config import load_config
@@ -135,8 +137,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("config", nargs="?", default=str(ROOT / "configs" / "twin-vllm.yaml"))
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
     ap.add_argument("--server", choices=["vllm", "transformers", "batchlab"], default="vllm")
-    ap.add_argument("--serve-config", default=str(ROOT / "configs" / "vs-vllm.yaml"),
-                    help="--server batchlab: the config batchlab serve runs (its model and backend)")
+    ap.add_argument("--serve-config", default=str(ROOT / "configs" / "vs-vllm.yaml"), help="--server batchlab: the config it serves")
     ap.add_argument("--condition", choices=["quiet", "busy"], default="quiet")
     ap.add_argument("--parts", default=",".join(PARTS), help=f"any of {', '.join(PARTS)} (comma-separated)")
     ap.add_argument("--busy-duty", type=float, default=0.4, help="busy: share of each core the background load burns")
@@ -161,8 +162,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="profile: the decode bursts' sizes (up to the server's cap: a profile of a server started "
                          "at a larger cap can measure the steps a what-if at that cap runs)")
     ap.add_argument("--hand-over-fit", action="store_true", help="profile: as batchlab profile --hand-over-fit")
-    ap.add_argument("--with", dest="with_terms", default="", metavar="TERMS",
-                    help="profile: as batchlab profile --with (dense_s_per_pair for transformers serve; none by default)")
+    ap.add_argument("--with", dest="with_terms", default="", metavar="TERMS", help="profile: as batchlab profile --with")
     ap.add_argument("--crowds", default="", help="profile: as batchlab profile --crowds (e.g. 4,8,16; none by default)")
     ap.add_argument("--speed-probe", action="store_true",
                     help="knee: a saturated burst before each search, and the twin scaled to match it")
@@ -181,10 +181,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--venv", default=str(ROOT / ".venv-vllm"))
     ap.add_argument("--out", default=str(ROOT / "results" / "twin-vllm"))
     ap.add_argument("--json", default=str(ROOT / "docs" / "results" / "twin_vllm.json"))
-    args = ap.parse_args(argv)
-    if bad := [t for t in args.with_terms.split(",") if t and t not in OPT_IN_TERMS]:
-        ap.error(f"--with {','.join(bad)}: not an opt-in step-time term; those are {', '.join(OPT_IN_TERMS)}")
-    return args
+    return ap.parse_args(argv)
 
 
 class Campaign:
@@ -309,6 +306,8 @@ class Campaign:
                                   "frontend_beside_s": prof.get("frontend_beside_s"),
                                   "limits": prof["limits"], "load_1min": prof["setup"]["load_avg_1min"],
                                   "decode_step_s_at_1": twin.backend.cost().step_time(0, 0, 1)}
+        if prof["grid"].get("terms"):
+            self.record["profile"]["dense_s_per_pair"] = prof.get("dense_s_per_pair", 0.0)
         if prof.get("front_end_priced"):
             self.write_idle_twin(prof)
         self.save("profiled", {})
@@ -458,7 +457,7 @@ class Campaign:
         (_, p, o), twin, rows = self.whatif_burst, self.twin(), []
         for n in self.sizes:
             runs = [whole_burst(compare.sent(backend, fixed_burst(n, p, o)), o) for _ in range(self.args.whatif_runs)]
-            rows.append({"requests": n, "measured": runs, "predicted": whole_burst(twin.replay(fixed_burst(n, p, o)), o)})
+            rows.append({"requests": n, "measured": runs, "predicted": predicted_whole_burst(twin, n, p, o)})
             print(f"sizes: {n} at once: measured {[round(r['span_tok_s']) for r in runs]} tok/s, median gap "
                   f"{[round(1e3 * r['gap_p50'], 1) for r in runs]} ms; twin {rows[-1]['predicted']['span_tok_s']:.0f} tok/s, "
                   f"{1e3 * rows[-1]['predicted']['gap_p50']:.1f} ms", flush=True)
@@ -705,14 +704,6 @@ def run(c: Campaign, parts: list[str]) -> None:
         c.save("whatif", burst | {"caps": whatif})
 
 
-def whole_burst(requests: list, output: int) -> dict:
-    """A burst's figures (core/sustain.py burst_figures) less its steady-middle rates, which a burst
-    run at once has none of, and its output tok/s from the first arrival to the last token
-    (`span_tok_s`: every request asks for `output` tokens)."""
-    figures = {k: v for k, v in burst_figures(requests).items() if k not in ("tok_s", "req_s")}
-    return figures | {"span_tok_s": makespan_rate(requests) * output}
-
-
 def whatif_in_pairs(c: Campaign, burst: dict) -> None:
     """The what-if cap by cap beside a server at the profile's cap (Campaign.whatif_paired); the
     first entry pools every control burst, each other its own pairs. Saved after each cap."""
@@ -733,6 +724,8 @@ def main(argv: list[str] | None = None) -> None:
     parts = args.parts.split(",")
     if unknown := [p for p in parts if p not in PARTS]:
         raise ConfigError(f"--parts: unknown {', '.join(unknown)} (choose from {', '.join(PARTS)})")
+    if bad := [t for t in args.with_terms.split(",") if t and t not in OPT_IN_TERMS]:
+        raise ConfigError(f"--with {','.join(bad)}: not an opt-in step-time term; those are {', '.join(OPT_IN_TERMS)}")
     try:
         lo, hi = (float(x) for x in args.bracket.split(","))
     except ValueError:

@@ -318,7 +318,7 @@ def _profile_main(config, overrides, preset, strategy, batch_sizes, contexts, pr
                f"decode {1e3 * c.decode_s_per_row:.3f} ms/row, prefill pass {1e3 * c.prefill_step_s:.3f} ms, "
                f"attention {1e9 * c.attn_s_per_pair:.3f} ns/pair, admission {1e3 * c.admit_s:.3f} ms/request, "
                f"warm-up {1e3 * c.warmup_s:.3f} ms, prompt beside rows {1e9 * c.mix_s_per_token_row:.3f} ns/token-row, "
-               f"dense attention {1e12 * c.dense_s_per_pair:.3f} ps/pair; "
+               f"dense attention {1e9 * c.dense_s_per_pair:.4f} ns/pair; "
                f"error rms {100 * f.rms_rel_error:.1f}%, "
                f"max {100 * f.max_rel_error:.1f}%")
     click.echo(f"wrote {path}")

@@ -84,7 +84,7 @@ def _say(progress: Callable[[str], None], prof: BlackBoxProfile, c: StepCost, re
     f = prof.fit
     progress(f"fit ({f.num_samples} steps, rms error {100 * f.rms_rel_error:.1f}%): decode step "
              f"{1e3 * c.step_time(0, 0, 1):.2f} ms at batch 1, "
-             + (f"{1e12 * c.dense_s_per_pair:.2f} ps per query x key read, " if c.dense_s_per_pair else "") + "front end "
+             + (f"{1e9 * c.dense_s_per_pair:.3f} ns per query x key read, " if c.dense_s_per_pair else "") + "front end "
              f"{1e3 * prof.frontend_s:.1f} ms per request idle" + ("" if prof.frontend_beside_s is None else
              f", {1e3 * prof.frontend_beside_s:.1f} ms before the scheduler beside a stream"))
     if fe := record.get("front_end_priced"):

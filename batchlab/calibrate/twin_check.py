@@ -35,7 +35,7 @@ from batchlab.core.config import RunConfig, SLOConfig, TrafficConfig
 from batchlab.core.metrics import summarize
 from batchlab.core.request import Request
 from batchlab.core.search import knee, significant
-from batchlab.core.sustain import burst_figures, judge
+from batchlab.core.sustain import burst_figures, judge, makespan_rate
 from batchlab.core.trace_item import TraceItem
 from batchlab.core.traffic import build_trace, fixed_burst
 from batchlab.core.work import Step
@@ -113,6 +113,19 @@ def predicted_burst(twin: Twin, n: int, prompt_len: int, output_len: int, **limi
     backend = CountingSimulator(twin.simulator().cost)
     return burst_figures(twin.replay(fixed_burst(n, prompt_len, output_len), backend=backend)) | {
         "steps": backend.steps, "step_sizes": {str(k): v for k, v in sorted(backend.sizes.items())}}
+
+
+def whole_burst(requests: list[Request], output: int) -> dict[str, float]:
+    """A burst's figures (core/sustain.py burst_figures) less its steady-middle rates, which a burst
+    run at once has none of, and its output tok/s from the first arrival to the last token
+    (`span_tok_s`: every request asks for `output` tokens)."""
+    figures = {k: v for k, v in burst_figures(requests).items() if k not in ("tok_s", "req_s")}
+    return figures | {"span_tok_s": makespan_rate(requests) * output}
+
+
+def predicted_whole_burst(twin: Twin, n: int, prompt_len: int, output_len: int) -> dict[str, float]:
+    """`n` requests sent at once on the twin, judged over the whole burst (whole_burst)."""
+    return whole_burst(twin.replay(fixed_burst(n, prompt_len, output_len)), output_len)
 
 
 def steps_over(sizes: dict[str, float], cap: int) -> float:

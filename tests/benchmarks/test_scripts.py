@@ -402,23 +402,6 @@ def test_a_repeated_what_if_prediction_is_the_same_figures_to_the_last_bits_only
     assert not twin.same_figures(a, a | {"failed": 1}) and not twin.same_figures(a, {"tok_s": 1941.8204305800464})
 
 
-def test_a_burst_run_at_once_is_judged_over_its_whole_span():
-    import importlib.util
-
-    from batchlab.core.request import Request, Status
-    spec = importlib.util.spec_from_file_location("twin_script", ROOT / "benchmarks" / "twin.py")
-    twin = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(twin)
-    reqs = []
-    for i in range(32):                       # one batch of 32, 4 tokens each, a step of 0.1 s: all end at 0.5 s
-        r = Request(f"b{i}", 8, 4, 0.0)
-        r.token_times, r.status = [0.2 + 0.1 * k for k in range(4)], Status.FINISHED
-        reqs.append(r)
-    got = twin.whole_burst(reqs, 4)
-    assert got["span_tok_s"] == pytest.approx(32 * 4 / 0.5) and got["gap_p50"] == pytest.approx(0.1)
-    assert "tok_s" not in got and "req_s" not in got          # no steady middle: no steady-middle rates
-
-
 def _reach_profile(tmp_path: Path, beyond: float) -> Path:
     """A profile directory whose decode steps follow the toy preset, those of more than 32 rows
     `beyond` times as long, with prompt passes beside one stream; its twin config beside it."""
@@ -479,6 +462,51 @@ def test_refits_shows_what_a_fit_on_small_batches_misses_beyond_them(tmp_path):
     res = subprocess.run([*script, str(straight), "--rows", "128", "--json", str(tmp_path / "x.json")],
                          cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert res.returncode == 2 and "no step of more than 128 rows" in res.stderr and not (tmp_path / "x.json").exists()
+
+
+def test_refits_fits_an_opt_in_term_and_judges_each_twin_on_bursts_of_several_sizes(tmp_path):
+    """Steps priced for attention over the whole batch, profiled to 32 rows: the straight lines
+    carried past 32 run a burst of 128 at once faster than the steps did; the variant fitted with
+    the term runs it as they did. The bursts' record is the true steps' own twin."""
+    from dataclasses import replace
+
+    from batchlab.backends.cost import attention_pairs
+    from batchlab.backends.presets import load_cost
+    from batchlab.calibrate.twin_check import Twin, predicted_whole_burst
+    from batchlab.run.config import load_config
+    truth = replace(load_cost("toy"), dense_s_per_pair=2e-9)
+    rows = [{"context_tokens": b * (c + k), "prefill_tokens": 0, "decode_rows": b, "kind": "decode",
+             "seconds": truth.step_time(b * (c + k), 0, b)} for b in (1, 2, 4, 8, 16, 32) for c in (16, 128) for k in (2, 6, 10)]
+    rows += [{"context_tokens": 48 + p, "prefill_tokens": p, "decode_rows": 1, "kind": "prefill", "admitted": 1,
+              "attn_pairs": attention_pairs(p, 0), "seconds": truth.step_time(48 + p, p, 1, attention_pairs(p, 0), 1)}
+             for p in (16, 64, 256, 512)]
+    d, real = tmp_path / "dense", tmp_path / "real"
+    for path, cost in ((d, load_cost("toy")), (real, truth)):
+        path.mkdir()
+        cost.to_json(path / "profile.json", level="iteration", samples=rows, grid={"batch_sizes": [1, 2, 4, 8, 16, 32]})
+        (path / "twin.yaml").write_text(f"backend:\n  kind: sim\n  profile: {path / 'profile.json'}\nstrategies: [continuous]\n"
+                                        "continuous: {max_num_seqs: 256}\n")
+    server = Twin(load_config(real / "twin.yaml"))
+    record = tmp_path / "sizes.json"
+    record.write_text(json.dumps({"conditions": {"quiet": {"sizes": {"burst": {"prompt": 128, "output": 8}, "sizes": [
+        {"requests": n, "measured": [predicted_whole_burst(server, n, 128, 8)] * 2} for n in (16, 128)]}}}}))
+    script = [sys.executable, str(ROOT / "benchmarks" / "refits.py"), str(d)]
+    res = subprocess.run([*script, "--with", "dense_s_per_pair", "--sizes", str(record), "--json", str(d / "refits.json")],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    rec = json.loads((d / "refits.json").read_text())
+    dense = "with dense_s_per_pair"
+    assert rec["fits"][dense]["dense_s_per_pair"] == pytest.approx(2e-9, rel=1e-3)
+    assert json.loads((d / "profile-with-dense_s_per_pair.json").read_text())["grid"]["terms"] == ["dense_s_per_pair"]
+    (s,) = rec["sizes"]
+    at = {row["requests"]: row for row in s["sizes"]}
+    assert at[128]["variants"][dense]["span_tok_s"] == pytest.approx(at[128]["measured"]["span_tok_s"], rel=0.01)
+    assert at[128]["variants"]["as profiled"]["span_tok_s"] > 1.2 * at[128]["measured"]["span_tok_s"]
+    for bad, says in ((["--with", "admit_s"], "not an opt-in term"), (["--sizes", str(d / "twin.yaml")], "not a benchmarks/twin.py record")):
+        res = subprocess.run([*script, "--rows", "16", *bad, "--json", str(tmp_path / "x.json")], cwd=ROOT,
+                             capture_output=True, text=True, timeout=300)
+        assert res.returncode == 2 and says in res.stderr and res.stderr.count("\n") == 1, res.stderr
+        assert not (tmp_path / "x.json").exists()
 
 
 def test_refits_reads_a_cap_measured_beside_its_control_pair_by_pair(tmp_path):

@@ -184,7 +184,8 @@ def test_the_mixed_step_beside_several_streams_is_read_from_the_first_of_them():
 
 def test_probes_that_give_too_few_samples_are_one_line_not_a_fit_error():
     from types import SimpleNamespace
-    probes = SimpleNamespace(grid=ProbeGrid(), decode={(1, 16, 2): [0.01], (2, 16, 2): [0.012]}, mixed={(1, 1, 16, 16): [(16, 0.02)]}, crowd={}, beside=[],
+    probes = SimpleNamespace(grid=ProbeGrid(), decode={(1, 16, 2): [0.01], (2, 16, 2): [0.012]},
+                             mixed={(1, 1, 16, 16): [(16, 0.02)]}, crowd={}, beside=[],
                              idle={16: [0.03]}, reference=[0.01])
     with pytest.raises(ConfigError, match="the probes gave 3 step samples") as e:
         fit_profile(probes)

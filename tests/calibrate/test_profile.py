@@ -79,6 +79,40 @@ def test_refit_holds_named_terms_at_zero_and_keeps_the_rest(tmp_path):
         assert res.exit_code == 2 and needle in res.output and len(res.output.strip().splitlines()) == 1
 
 
+def test_an_opt_in_term_is_fitted_where_asked_for_and_a_refit_keeps_it(tmp_path):
+    # a simulator whose steps price attention over the whole batch: a default profile reads its
+    # largest decode steps short; `--with dense_s_per_pair` finds the term again, the profile says
+    # it was asked for, and a refit keeps it unless told otherwise
+    from dataclasses import replace
+    truth = replace(load_cost("toy"), dense_s_per_pair=2e-10)
+    args = ["--set", "backend.preset=toy", "--batch-sizes", "1,4,16,32",
+            "--contexts", "16,128,512", "--prompts", "32,128", "--new-tokens", "20", "--repeats", "1", "--warmup", "0"]
+    grid = Grid(batch_sizes=(1, 4, 16, 32), contexts=(16, 128, 512), prompts=(32, 128), new_tokens=20, repeats=1, warmup=0)
+    plain = profile_backend(SimulatedBackend(truth), "continuous", grid)
+    dense = profile_backend(SimulatedBackend(truth), "continuous", replace(grid, terms=("dense_s_per_pair",)))
+    assert plain.cost.dense_s_per_pair == 0.0 and plain.fit.rms_rel_error > 1e-3
+    assert dense.cost.dense_s_per_pair == pytest.approx(2e-10, rel=1e-5) and dense.fit.rms_rel_error < 1e-6
+    src = tmp_path / "plain.json"
+    res = CliRunner().invoke(profile_cmd, [*args, "--out", str(src)])
+    assert res.exit_code == 0, res.output
+    data = json.loads(src.read_text())
+    for row in data["samples"]:              # the toy preset's own steps, with the whole-batch attention added
+        row["seconds"] += 2e-10 * (row["prefill_tokens"] + row["decode_rows"]) * row["context_tokens"]
+    src.write_text(json.dumps(data))
+    res = CliRunner().invoke(profile_cmd, ["--refit", str(src), "--with", "dense_s_per_pair", "--out", str(tmp_path / "d.json")])
+    assert res.exit_code == 0 and "with dense_s_per_pair" in res.output, res.output
+    refit = json.loads((tmp_path / "d.json").read_text())
+    assert refit["dense_s_per_pair"] == pytest.approx(2e-10, rel=1e-5) and refit["grid"]["terms"] == ["dense_s_per_pair"]
+    CliRunner().invoke(profile_cmd, ["--refit", str(tmp_path / "d.json"), "--out", str(tmp_path / "again.json")])
+    assert json.loads((tmp_path / "again.json").read_text())["dense_s_per_pair"] == pytest.approx(2e-10, rel=1e-5)
+    CliRunner().invoke(profile_cmd, ["--refit", str(tmp_path / "d.json"), "--with", "", "--out", str(tmp_path / "off.json")])
+    assert json.loads((tmp_path / "off.json").read_text())["dense_s_per_pair"] == 0.0
+    for extra in (["--refit", str(src)], []):
+        res = CliRunner().invoke(profile_cmd, [*extra, *([] if extra else args), "--with", "admit_s", "--out", str(tmp_path / "x.json")])
+        assert res.exit_code == 2 and "not an opt-in step-time term" in res.output and len(res.output.strip().splitlines()) == 1
+        assert not (tmp_path / "x.json").exists()
+
+
 def test_preset_is_written_as_a_profile(tmp_path):
     out = tmp_path / "toy.json"
     res = CliRunner().invoke(profile_cmd, ["--preset", "toy", "--out", str(out)])

@@ -198,3 +198,16 @@ def test_a_cap_measured_beside_its_control_changes_by_the_median_of_its_pairs():
     assert measured_change(alone, first, "tok_s") == (pytest.approx(0.3), [])
     with pytest.raises(ValueError):                       # a pair without its other half is no pair
         measured_change(paired | {"control": first["measured"][:2]}, first, "tok_s")
+
+
+def test_a_burst_run_at_once_is_judged_over_its_whole_span():
+    from batchlab.calibrate.twin_check import whole_burst
+    from batchlab.core.request import Request, Status
+    reqs = []
+    for i in range(32):                       # one batch of 32, 4 tokens each, a step of 0.1 s: all end at 0.5 s
+        r = Request(f"b{i}", 8, 4, 0.0)
+        r.token_times, r.status = [0.2 + 0.1 * k for k in range(4)], Status.FINISHED
+        reqs.append(r)
+    got = whole_burst(reqs, 4)
+    assert got["span_tok_s"] == pytest.approx(32 * 4 / 0.5) and got["gap_p50"] == pytest.approx(0.1)
+    assert "tok_s" not in got and "req_s" not in got          # no steady middle: no steady-middle rates
