@@ -53,8 +53,8 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from batchlab.backends.cost import COEFFS, OPT_IN_TERMS, StepCost
-from batchlab.calibrate.fit import SHAPE, StepSample, samples_from
+from batchlab.backends.cost import COEFFS, StepCost
+from batchlab.calibrate.fit import SHAPE, StepSample, opt_in_terms, samples_from, with_fit_terms
 from batchlab.calibrate.twin import as_priced, beyond_the_profile, engine_time_at, handed_over_from, idle_reading, refitted
 from batchlab.calibrate.twin_check import Twin, measured_change, predicted_burst, predicted_whole_burst, steps_over
 from batchlab.core.files import write_atomic
@@ -101,7 +101,7 @@ def variants(d: Path, prof: dict, rows: int | None, without: tuple[str, ...], ad
     if with_terms is not None:
         said = ", ".join(with_terms) or "no opt-in term"
         asked.append((f"with {said}", "with-" + ("-".join(with_terms) or "none"), samples, (),
-                      prof | {"grid": prof["grid"] | {"terms": list(with_terms)}}))
+                      with_fit_terms(prof, with_terms)))
     if idle:
         out[IDLE] = beside(d, "front-end-idle", idle_reading(prof), IDLE)
     if carried:
@@ -237,7 +237,7 @@ def checked(a: argparse.Namespace) -> argparse.Namespace:
     a.without = tuple(t for t in a.without.split(",") if t)
     if bad := [t for t in a.without if t not in (*COEFFS[1:], SHAPE)]:
         raise ConfigError(f"--without: unknown term {', '.join(bad)} (terms: {', '.join((*COEFFS[1:], SHAPE))})")
-    a.with_terms = opt_in(a.with_terms)
+    a.with_terms = None if a.with_terms is None else opt_in_terms(a.with_terms)
     if not (a.dir / "profile.json").is_file() or not (a.dir / "twin.yaml").is_file():
         raise ConfigError(f"{a.dir}: want a profile's directory with profile.json and twin.yaml")
     if missing := [str(p) for p in a.whatif if not p.is_file()]:
@@ -264,16 +264,6 @@ def checked(a: argparse.Namespace) -> argparse.Namespace:
         if a.base_cap is not None and a.base_cap not in caps:
             raise ConfigError(f"--base-cap {a.base_cap}: {path} has caps {', '.join(map(str, caps))}")
     return a
-
-
-def opt_in(text: str | None) -> tuple[str, ...] | None:
-    """--with's terms: None where not given, () for `none`."""
-    if text is None:
-        return None
-    terms = tuple(t for t in text.split(",") if t and t != "none")
-    if bad := [t for t in terms if t not in OPT_IN_TERMS]:
-        raise ConfigError(f"--with: {', '.join(bad)} is not an opt-in term (those are {', '.join(OPT_IN_TERMS)}; none: no such term)")
-    return terms
 
 
 def sizes_record(path: Path) -> dict:

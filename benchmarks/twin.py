@@ -80,7 +80,6 @@ from pathlib import Path
 import yaml
 
 from batchlab.backends import process
-from batchlab.backends.cost import OPT_IN_TERMS
 from batchlab.backends.openai_client import OpenAIBackend
 from batchlab.backends.server_limits import from_section
 from batchlab.baselines import compare, vllm
@@ -89,6 +88,7 @@ from batchlab.baselines.contention import contention, host_speed, stolen_s, usag
 from batchlab.baselines.loadtest import open_loop
 from batchlab.calibrate.accuracy import sides
 from batchlab.calibrate.blackbox import ProbeGrid
+from batchlab.calibrate.fit import opt_in_terms
 from batchlab.calibrate.front_end import bare
 from batchlab.calibrate.handover import HandOverProbe
 from batchlab.calibrate.server import profile_server
@@ -201,6 +201,7 @@ class Campaign:
         self.crowds = tuple(int(k) for k in args.crowds.split(",") if k)
         self.caps = tuple(int(k) for k in args.caps.split(","))      # whatif: each other cap
         self.sizes = tuple(int(k) for k in args.sizes.split(","))    # sizes: requests at once
+        self.terms = opt_in_terms(args.with_terms)                    # profile: opt-in step-time terms
         self.cond = self.record.setdefault("conditions", {}).setdefault(args.condition, {})
         self.command = command
         self.moved = False                  # --front-end-on-engine: its twin is written for this profile
@@ -289,8 +290,7 @@ class Campaign:
     # --- the parts --------------------------------------------------------------------------
     def profile(self, cfg) -> None:
         print("profile: the server from the client (black box)", flush=True)
-        grid = replace(GRID, batch_sizes=self.batch_sizes, crowds=self.crowds,
-                       terms=tuple(t for t in self.args.with_terms.split(",") if t))
+        grid = replace(GRID, batch_sizes=self.batch_sizes, crowds=self.crowds, terms=self.terms)
         twin = profile_server(cfg, grid, self.out / "profile.json", self.out / "twin.yaml", progress=print,
                               hand_over=HandOverProbe(fit=self.args.hand_over_fit))
         self.moved = False                  # a new profile: the moved twin is written again from it
@@ -724,8 +724,6 @@ def main(argv: list[str] | None = None) -> None:
     parts = args.parts.split(",")
     if unknown := [p for p in parts if p not in PARTS]:
         raise ConfigError(f"--parts: unknown {', '.join(unknown)} (choose from {', '.join(PARTS)})")
-    if bad := [t for t in args.with_terms.split(",") if t and t not in OPT_IN_TERMS]:
-        raise ConfigError(f"--with {','.join(bad)}: not an opt-in step-time term; those are {', '.join(OPT_IN_TERMS)}")
     try:
         lo, hi = (float(x) for x in args.bracket.split(","))
     except ValueError:

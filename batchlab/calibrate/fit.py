@@ -23,6 +23,7 @@ from itertools import combinations
 import numpy as np
 
 from batchlab.backends.cost import COEFFS, OPT_IN_TERMS, StepCost, features
+from batchlab.errors import ConfigError
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +53,21 @@ def samples_from(rows: Iterable[dict]) -> list[StepSample]:
 def fit_terms(record: dict) -> tuple[str, ...]:
     """The opt-in step-time terms a saved profile (its JSON record) was fitted with: its grid's."""
     return tuple(record.get("grid", {}).get("terms", ()))
+
+
+def with_fit_terms(record: dict, terms: tuple[str, ...]) -> dict:
+    """A saved profile's record that a refit takes as fitted with `terms` (fit_terms)."""
+    return record | {"grid": record.get("grid", {}) | {"terms": list(terms)}}
+
+
+def opt_in_terms(text: str) -> tuple[str, ...]:
+    """A command's --with: opt-in step-time terms, comma-separated (`none` or nothing: none of
+    them), or one line naming those there are."""
+    terms = tuple(t.strip() for t in text.split(",") if t.strip() and t.strip() != "none")
+    if bad := [t for t in terms if t not in OPT_IN_TERMS]:
+        raise ConfigError(f"--with {', '.join(bad)}: not an opt-in step-time term; those are {', '.join(OPT_IN_TERMS)} "
+                          "(none: no such term)")
+    return terms
 
 
 @dataclass(frozen=True)

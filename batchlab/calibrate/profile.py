@@ -25,7 +25,16 @@ from batchlab.backends.base import Engine
 from batchlab.backends.cost import COEFFS, OPT_IN_TERMS, StepCost, attention_pairs, warm_weight
 from batchlab.backends.presets import load_cost
 from batchlab.calibrate.blackbox import WINDOW, ProbeGrid, most_samples
-from batchlab.calibrate.fit import SHAPE, Fit, StepSample, fit_step_times, fit_terms, samples_from
+from batchlab.calibrate.fit import (
+    SHAPE,
+    Fit,
+    StepSample,
+    fit_step_times,
+    fit_terms,
+    opt_in_terms,
+    samples_from,
+    with_fit_terms,
+)
 from batchlab.core.clock import Clock, RealClock, VirtualClock
 from batchlab.core.request import Request
 from batchlab.errors import ConfigError, user_errors
@@ -152,7 +161,7 @@ def refit(src: Path, dst: Path, without: tuple[str, ...] = (), with_terms: tuple
     `with_terms`: the opt-in terms the fit may use (None: those the profile was fitted with)."""
     data = json.loads(src.read_text())
     if with_terms is not None:
-        data = data | {"grid": data.get("grid", {}) | {"terms": list(with_terms)}}
+        data = with_fit_terms(data, with_terms)
     try:
         samples = samples_from(older_samples(data["samples"], data.get("level", "iteration")))
         fit = fit_step_times(samples, without, fit_terms(data))
@@ -236,7 +245,7 @@ def _ints(text: str, flag: str) -> tuple[int, ...]:
 @click.option("--with", "with_terms", default=None, metavar="TERMS",
               help=f"Opt-in step-time terms the fit may use, comma-separated ({', '.join(OPT_IN_TERMS)}: a server whose "
                    "attention takes every query of a step against every key the step reads, as transformers serve's "
-                   "does); with --refit, in place of the profile's own.")
+                   "does); with --refit, in place of the profile's own (none: no such term).")
 @click.option("--out", "out", required=True, type=click.Path(dir_okay=False), help="Profile JSON to write.")
 @click.option("--twin", "twin", default=None, type=click.Path(dir_okay=False),
               help="A server (backend.kind openai): where its twin's run config goes (default: beside --out, NAME.twin.yaml).")
@@ -278,7 +287,7 @@ def _profile_main(config, overrides, preset, strategy, batch_sizes, contexts, pr
     path = Path(out)
     if without and refit_src is None:
         raise ConfigError("--without goes with --refit (a measured profile fits every term)")
-    terms = None if with_terms is None else _opt_in(with_terms)
+    terms = None if with_terms is None else opt_in_terms(with_terms)
     if refit_src is not None:
         return _refit_main(refit_src, without, path, bool(config or overrides or preset), terms)
     if preset is not None:
@@ -322,14 +331,6 @@ def _profile_main(config, overrides, preset, strategy, batch_sizes, contexts, pr
                f"error rms {100 * f.rms_rel_error:.1f}%, "
                f"max {100 * f.max_rel_error:.1f}%")
     click.echo(f"wrote {path}")
-
-
-def _opt_in(text: str) -> tuple[str, ...]:
-    """--with's terms, each an opt-in step-time term."""
-    terms = tuple(t.strip() for t in text.split(",") if t.strip())
-    if bad := [t for t in terms if t not in OPT_IN_TERMS]:
-        raise ConfigError(f"--with {', '.join(bad)}: not an opt-in step-time term; those are {', '.join(OPT_IN_TERMS)}")
-    return terms
 
 
 def _refit_main(refit_src: str, without: str, path: Path, with_config: bool, with_terms: tuple[str, ...] | None = None) -> None:

@@ -502,7 +502,8 @@ def test_refits_fits_an_opt_in_term_and_judges_each_twin_on_bursts_of_several_si
     at = {row["requests"]: row for row in s["sizes"]}
     assert at[128]["variants"][dense]["span_tok_s"] == pytest.approx(at[128]["measured"]["span_tok_s"], rel=0.01)
     assert at[128]["variants"]["as profiled"]["span_tok_s"] > 1.2 * at[128]["measured"]["span_tok_s"]
-    for bad, says in ((["--with", "admit_s"], "not an opt-in term"), (["--sizes", str(d / "twin.yaml")], "not a benchmarks/twin.py record")):
+    for bad, says in ((["--with", "admit_s"], "not an opt-in step-time term"),
+                      (["--sizes", str(d / "twin.yaml")], "not a benchmarks/twin.py record")):
         res = subprocess.run([*script, "--rows", "16", *bad, "--json", str(tmp_path / "x.json")], cwd=ROOT,
                              capture_output=True, text=True, timeout=300)
         assert res.returncode == 2 and says in res.stderr and res.stderr.count("\n") == 1, res.stderr
