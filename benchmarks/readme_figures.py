@@ -1052,6 +1052,25 @@ def _twin_sizes(s: dict, server: str) -> list[str]:
         gaps = ", ".join(f"{1e3 * r['gap_p50']:.1f}" for r in got)
         lines.append(f"| {row['requests']} | {toks} | {pred['span_tok_s']:,.0f} | {pred['span_tok_s'] / tok:.2f}× | "
                      f"{gaps} ms | {1e3 * pred['gap_p50']:.1f} ms |")
+    if all("rows_mean" in r for row in s["sizes"] for r in [*row["measured"], row["predicted"]]):
+        lines += ["", *_sizes_anatomy(s["sizes"], name)]
+    return lines
+
+
+def _sizes_anatomy(sizes: list[dict], name: str) -> list[str]:
+    """Where each burst's time went: how many decoded at once on average, when the last request got
+    its first token, and the server's CPU time over the burst's wall time."""
+    lines = [f"Where the time went (rows at once: each request's time from its first token to its last, summed, over "
+             f"the burst's span; a burst's rate is about that over the mean gap; {name}'s CPU: its processes' CPU "
+             "seconds over the burst's wall seconds, on its one core):", "",
+             "| requests at once | rows at once, measured | twin | last first token, measured | twin | server CPU / wall |",
+             "|---|---|---|---|---|---|"]
+    for row in sizes:
+        got, pred = row["measured"], row["predicted"]
+        cpu = ", ".join(f"{r['server_cpu_share']:.2f}" for r in got if "server_cpu_share" in r) or "–"
+        rows = ", ".join(f"{r['rows_mean']:.0f}" for r in got)
+        firsts = ", ".join(f"{r['ttft_max']:.2f}" for r in got)
+        lines.append(f"| {row['requests']} | {rows} | {pred['rows_mean']:.0f} | {firsts} s | {pred['ttft_max']:.2f} s | {cpu} |")
     return lines
 
 

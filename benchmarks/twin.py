@@ -456,13 +456,28 @@ class Campaign:
         over its whole span (a burst that the server runs at once has no steady middle)."""
         (_, p, o), twin, rows = self.whatif_burst, self.twin(), []
         for n in self.sizes:
-            runs = [whole_burst(compare.sent(backend, fixed_burst(n, p, o)), o) for _ in range(self.args.whatif_runs)]
+            runs = [self.sized_burst(backend, n, p, o) for _ in range(self.args.whatif_runs)]
             rows.append({"requests": n, "measured": runs, "predicted": predicted_whole_burst(twin, n, p, o)})
+            t = rows[-1]["predicted"]
             print(f"sizes: {n} at once: measured {[round(r['span_tok_s']) for r in runs]} tok/s, median gap "
-                  f"{[round(1e3 * r['gap_p50'], 1) for r in runs]} ms; twin {rows[-1]['predicted']['span_tok_s']:.0f} tok/s, "
-                  f"{1e3 * rows[-1]['predicted']['gap_p50']:.1f} ms", flush=True)
+                  f"{[round(1e3 * r['gap_p50'], 1) for r in runs]} ms, {[round(r['rows_mean']) for r in runs]} rows at once, "
+                  f"last first token {[round(r['ttft_max'], 2) for r in runs]} s, server CPU "
+                  f"{[round(r.get('server_cpu_share', math.nan), 2) for r in runs]} of the span; twin {t['span_tok_s']:.0f} "
+                  f"tok/s, {1e3 * t['gap_p50']:.1f} ms, {t['rows_mean']:.0f} rows, {t['ttft_max']:.2f} s", flush=True)
         self.save("sizes", {"burst": {"prompt": p, "output": o}, "batch_sizes_profiled": list(self.profiled_sizes()),
                             "sizes": rows})
+
+    def sized_burst(self, backend, n: int, p: int, o: int) -> dict:
+        """One burst of n at once on the server (whole_burst), with the CPU time the server's processes
+        spent meanwhile: its share of the wall time says whether the server computed all along
+        (near 1 on its one core) or waited."""
+        before, t0 = usage(self.running.pid), time.monotonic()
+        got = whole_burst(compare.sent(backend, fixed_burst(n, p, o)), o)
+        after, wall = usage(self.running.pid), time.monotonic() - t0
+        if not (before and after):
+            return got
+        cpu = after.since(before)
+        return got | {"server_cpu_s": cpu.user_s + cpu.system_s, "server_cpu_share": (cpu.user_s + cpu.system_s) / wall}
 
     def profiled_sizes(self) -> tuple[int, ...]:
         """The decode bursts' sizes of the profile the twin comes from."""

@@ -81,6 +81,8 @@ class BlackBoxProfile:
     frontend_beside_s: float | None = None   # median time before the scheduler of prompts sent beside a stream
     arrivals: dict[tuple[int, int], list[float]] | None = None   # (streams, prompt) -> an arrival's cost, per round
     hand_over: list[dict[str, float]] | None = None   # each round's engine steps by bucket (calibrate/handover.py)
+    read_whole: list[tuple[int, int, int]] | None = None   # (rows, prompt, passes) of decode bursts read whole
+    unread: list[tuple[int, int, int]] | None = None       # (rows, prompt, passes) of decode bursts that gave no step
 
 
 class Prober:
@@ -101,15 +103,18 @@ class Prober:
         self.phase = random.Random(self.nonce)     # moves each prefill probe's send by up to one step
         self.reference: list[float] = []
         self.ref_ttft = self.ref_gap = 0.0
+        self.behind: dict[tuple[int, int], int] = defaultdict(int)   # (rows, prompt) -> passes read whole (whole_streams)
+        self.unread: dict[tuple[int, int], int] = defaultdict(int)   # (rows, prompt) -> passes that gave no decode step
 
-    async def send(self, items: list[tuple[float, int, int]]) -> list[tuple[Request, list[float]]]:
+    async def send(self, items: list[tuple[float, int, int]], behind: bool = False) -> list[tuple[Request, list[float]]]:
         """One probe: (arrival s, prompt, new tokens) each, with prompts no earlier probe used (a
-        prefix cache must not shorten them); its requests and their chunk stamps, checked."""
+        prefix cache must not shorten them); its requests and their chunk stamps, checked.
+        `behind`: streams that lack chunks are kept as they came (a decode burst reads them whole)."""
         self.tag += 1
         await self.clock.sleep(self.grid.gap_s)
         trace = [TraceItem(at, p, n, content=((("probe", self.nonce, self.tag, i), p),)) for i, (at, p, n) in enumerate(items)]
         reqs, _ = await self.target.run_trace(trace, self.clock)
-        return [(r, stream_checked(r, self.target.chunk_stamps(r))) for r in reqs]
+        return [(r, stream_checked(r, self.target.chunk_stamps(r), behind)) for r in reqs]
 
     async def check_reference(self, measured: bool) -> None:
         """The reference burst, REFERENCE_REPEATS times: its median decode gap and first-token time.
@@ -134,8 +139,14 @@ class Prober:
         g = self.grid
         for b in g.batch_sizes:
             for p in g.contexts:
-                got = await self.send([(0.0, p, g.new_tokens)] * b)
-                gaps = decode_gaps([s for _, s in got], p)
+                got = await self.send([(0.0, p, g.new_tokens)] * b, behind=True)
+                streams = [s for _, s in got]
+                if all(len(s) == g.new_tokens for s in streams):
+                    gaps = decode_gaps(streams, p)
+                else:                # the front end fell behind the engine: chunk gaps are not steps here
+                    gaps = whole_streams(streams, g.new_tokens)
+                    self.behind[(b, p)] += keep
+                self.unread[(b, p)] += keep and not gaps
                 self.start[(b, p)] = max(s[0] - r.arrival_time for r, s in got)
                 if gaps:
                     self.pace[(b, p)] = statistics.median(gap for _, gap in gaps)
@@ -228,23 +239,33 @@ def fit_profile(pr: Prober) -> BlackBoxProfile:
     med = statistics.median(front)
     spread = float(np.std(front) / abs(med)) if len(front) > 1 and med else 0.0
     return BlackBoxProfile(samples, fit, max(0.0, med), spread, pr.reference,
-                           frontend_beside_s=statistics.median(pr.beside) if pr.beside else None)
+                           frontend_beside_s=statistics.median(pr.beside) if pr.beside else None,
+                           read_whole=counted(pr.behind), unread=counted(pr.unread))
+
+
+def counted(passes: dict[tuple[int, int], int]) -> list[tuple[int, int, int]] | None:
+    """(rows, prompt, passes) of the decode shapes counted at least once; None for none."""
+    return [(b, p, n) for (b, p), n in sorted(passes.items()) if n] or None
 
 
 MERGED_AT_MOST = 0.02      # chunks a probe may lack (at least one): a server that fell behind once, not one that merges
 
 
-def stream_checked(r: Request, stamps: list[float]) -> list[float]:
+def stream_checked(r: Request, stamps: list[float], behind: bool = False) -> list[float]:
     """The chunk stamps of a probe request, or one line saying why they cannot give step times.
     NOTE: a server streaming one token per chunk still sends two in one now and then when its
     front end falls behind the engine (vLLM on a busy core did, once in 60); up to MERGED_AT_MOST
     of the chunks may be missing, the last stamp repeated for them. That shifts the token index of
     the stamps after the merge by one, so one decode window reads one step long; the fit's median
-    over the windows does not move for it. More missing is a server that merges: refused."""
+    over the windows does not move for it. More missing is a server that merges: refused, unless
+    `behind` (a decode burst, read from whole streams: whole_streams), where the stamps are kept
+    as they came; the reference burst that opens every pass still refuses a server that merges."""
     if r.error:
         raise ConfigError(refusal(r.error))
     if 0 < r.output_len - len(stamps) <= max(1, int(MERGED_AT_MOST * r.output_len)) and stamps:
         return stamps + stamps[-1:] * (r.output_len - len(stamps))
+    if behind and 1 < len(stamps) < r.output_len:
+        return stamps
     if len(stamps) < r.output_len:
         raise ConfigError(f"the server merges tokens into chunks ({r.output_len} tokens came in {len(stamps)} "
                           "chunks): chunk gaps are not step times; run it with one token per chunk (vLLM: "
@@ -276,6 +297,23 @@ def decode_gaps(streams: list[list[float]], prompt: int, window: int = WINDOW) -
     together, first_done = max(s[0] for s in streams), min(s[-1] for s in streams)
     return [(k + window // 2, (s[k + window] - s[k]) / window) for s in streams for k in range(0, len(s) - window, window)
             if s[k] >= together and s[k + window] <= first_done]
+
+
+def whole_streams(streams: list[list[float]], new_tokens: int) -> list[tuple[int, float]]:
+    """(middle token index, mean step) of every stream of a decode burst whose front end fell behind
+    (chunks carrying several tokens, so chunk gaps are not steps): a stream's first chunk ends the
+    step that computed its prompt and its last chunk carries its last token, so the time between
+    them is `new_tokens` - 1 decode steps whatever merged in between. Only where the streams
+    decoded together the whole way: every first chunk, and every last chunk, within half a step of
+    the others (else some of those steps held fewer rows: no sample).
+    NOTE: the front end that fell behind may still be behind at the last chunk, so a step reads up
+    to that lag / (new_tokens - 1) long; at one token a chunk the windows of decode_gaps stay."""
+    steps = [(s[-1] - s[0]) / (new_tokens - 1) for s in streams]
+    half = 0.5 * statistics.median(steps)
+    firsts, lasts = [s[0] for s in streams], [s[-1] for s in streams]
+    if max(firsts) - min(firsts) > half or max(lasts) - min(lasts) > half:
+        return []
+    return [(new_tokens // 2, step) for step in steps]
 
 
 def before_scheduler(stream: list[float], j: int, sent: float) -> float:

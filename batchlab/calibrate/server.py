@@ -87,6 +87,14 @@ def _say(progress: Callable[[str], None], prof: BlackBoxProfile, c: StepCost, re
              + (f"{1e9 * c.dense_s_per_pair:.3f} ns per query x key read, " if c.dense_s_per_pair else "") + "front end "
              f"{1e3 * prof.frontend_s:.1f} ms per request idle" + ("" if prof.frontend_beside_s is None else
              f", {1e3 * prof.frontend_beside_s:.1f} ms before the scheduler beside a stream"))
+    passes = record["grid"]["repeats"]
+    if whole := record.get("decode_read_whole"):
+        progress("decode bursts read from whole streams (the front end fell behind, chunks carried several tokens): "
+                 + ", ".join(f"{b} rows from {p} tokens ({n} of {passes} passes)" for b, p, n in whole))
+    if unread := record.get("decode_unread"):
+        progress("decode bursts that gave no step (their streams never all decoded together: the server admitted "
+                 "them over several steps): " + ", ".join(f"{b} rows from {p} tokens ({n} of {passes} passes)"
+                                                        for b, p, n in unread))
     if fe := record.get("front_end_priced"):
         progress(f"front end priced by the arrivals: {1e3 * fe['engine_s']:.2f} ms + {1e6 * c.frontend_s_per_token:.1f} "
                  f"us a prompt token + {1e6 * c.admit_s_per_row:.0f} us a running row of the engine's time, then "

@@ -119,6 +119,8 @@ def write_twin(cfg: RunConfig, prof: BlackBoxProfile, grid: ProbeGrid, setup: di
                  frontend_beside_s=prof.frontend_beside_s, **priced,
                  reference_gaps_s=prof.reference_s,
                  reference_burst_s=prof.reference_burst_s,
+                 **({"decode_read_whole": prof.read_whole} if prof.read_whole else {}),
+                 **({"decode_unread": prof.unread} if prof.unread else {}),
                  limits={k: asdict(v) for k, v in found.items()})
     write_atomic(twin_path, _header(cfg, found) + yaml.safe_dump(tree, sort_keys=False))
     return twin

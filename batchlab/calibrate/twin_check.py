@@ -18,6 +18,7 @@ Both run in milliseconds, so a campaign asks them before it spends minutes measu
 """
 from __future__ import annotations
 
+import math
 import secrets
 import statistics
 from collections import Counter
@@ -33,7 +34,7 @@ from batchlab.calibrate.validate import sim_cost
 from batchlab.core.clock import Clock
 from batchlab.core.config import RunConfig, SLOConfig, TrafficConfig
 from batchlab.core.metrics import summarize
-from batchlab.core.request import Request
+from batchlab.core.request import Request, Status
 from batchlab.core.search import knee, significant
 from batchlab.core.sustain import burst_figures, judge, makespan_rate
 from batchlab.core.trace_item import TraceItem
@@ -118,9 +119,18 @@ def predicted_burst(twin: Twin, n: int, prompt_len: int, output_len: int, **limi
 def whole_burst(requests: list[Request], output: int) -> dict[str, float]:
     """A burst's figures (core/sustain.py burst_figures) less its steady-middle rates, which a burst
     run at once has none of, and its output tok/s from the first arrival to the last token
-    (`span_tok_s`: every request asks for `output` tokens)."""
+    (`span_tok_s`: every request asks for `output` tokens); with where its time went:
+    `ttft_max`, when the last of them got its first token (every request taken in by then), and
+    `rows_mean`, how many decoded at once on average over the span (each request's time from its
+    first token to its last, summed, over the span). A burst's output rate is about `rows_mean`
+    over the mean gap between two tokens, so two runs of a burst that differ in rate differ in
+    how many ran at once, in what a step of them took, or both."""
     figures = {k: v for k, v in burst_figures(requests).items() if k not in ("tok_s", "req_s")}
-    return figures | {"span_tok_s": makespan_rate(requests) * output}
+    done = [r for r in requests if r.status is Status.FINISHED and r.token_times]
+    span = max((r.token_times[-1] for r in done), default=math.nan) - min(r.arrival_time for r in requests)
+    return figures | {"span_tok_s": makespan_rate(requests) * output,
+                      "ttft_max": max((r.token_times[0] - r.arrival_time for r in done), default=math.nan),
+                      "rows_mean": sum(r.token_times[-1] - r.token_times[0] for r in done) / span if span > 0 else math.nan}
 
 
 def predicted_whole_burst(twin: Twin, n: int, prompt_len: int, output_len: int) -> dict[str, float]:

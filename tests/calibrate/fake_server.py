@@ -6,7 +6,10 @@ its end (a new one's first token at the end of the step holding its prompt). A r
 engine frontend_s after it arrives; engine_per_token_s per prompt token of each new request is
 work done on the engine's processor outside the step holding its prompt (the step after it is
 that much longer): what a step model fitted from those steps cannot see. Switches make it
-misbehave the ways real servers do. With `step_histogram`, /metrics publishes each step's tokens
+misbehave the ways real servers do: `behind_from_rows`, a front end that falls behind the engine
+(two tokens a chunk) while that many rows run; `admit_per_step`, a scheduler that takes at most
+that many waiting requests into a step; `gather_s`, how long an idle engine waits, once woken, for
+the rest of a burst. With `step_histogram`, /metrics publishes each step's tokens
 (prompt tokens computed plus one per request that got a token) as vLLM's iteration_tokens_total.
 """
 from __future__ import annotations
@@ -22,13 +25,15 @@ STEP_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384) 
 class FakeServer:
     def __init__(self, step_s=0.003, per_row_s=0.0002, per_prompt_s=2e-5, frontend_s=0.002, *, engine_per_token_s=0.0,
                  usage=True, merge=1, refuse_eos=False, rate_limit=False, restart=False, vllm_config=None,
-                 step_histogram=False):
+                 step_histogram=False, behind_from_rows=None, admit_per_step=None,
+                 gather_s=0.0):
         self.step_s, self.per_row_s, self.per_prompt_s, self.frontend_s = step_s, per_row_s, per_prompt_s, frontend_s
         self.engine_per_token_s = engine_per_token_s
         self.usage, self.merge, self.refuse_eos, self.rate_limit, self.restart = usage, merge, refuse_eos, rate_limit, restart
         self.vllm_config = vllm_config          # what /server_info states (None: no such page, as without dev mode)
         self.started = 1_700_000_000.0
         self.step_histogram = step_histogram
+        self.behind_from_rows, self.admit_per_step, self.gather_s = behind_from_rows, admit_per_step, gather_s
         self.step_sizes: list[int] = []         # every step's tokens, as vLLM counts them
         self.pending: list[dict] = []
         self.running: list[dict] = []
@@ -84,7 +89,8 @@ class FakeServer:
             await job["queue"].get()
             n += 1
             held += 1
-            if held == self.merge or n == int(body["max_tokens"]):
+            behind = self.behind_from_rows is not None and len(self.running) >= self.behind_from_rows and n > 1
+            if held == (2 if behind else self.merge) or n == int(body["max_tokens"]):
                 yield self._chunk({"choices": [{"text": "x" * held, "index": 0}]})
                 held = 0
         usage = {"prompt_tokens": job["prompt"], "completion_tokens": n}
@@ -107,8 +113,11 @@ class FakeServer:
             if not self.pending and not self.running:
                 self.wake.clear()
                 await self.wake.wait()
-            self.running += self.pending
-            self.pending = []
+            if self.gather_s and not self.running:
+                await asyncio.sleep(self.gather_s)
+            take = len(self.pending) if self.admit_per_step is None else self.admit_per_step
+            self.running += self.pending[:take]
+            self.pending = self.pending[take:]
             prompts = sum(j["prompt"] for j in self.running if not j["computed"])
             after = sum(j["prompt"] for j in self.running if j["computed"] == 1)       # computed in the last step
             front = self.engine_per_token_s * after

@@ -17,6 +17,7 @@ from batchlab.calibrate.blackbox import (  # noqa: E402
     most_samples,
     refusal,
     stream_checked,
+    whole_streams,
 )
 from batchlab.calibrate.server import profile_server  # noqa: E402
 from batchlab.core.request import Request  # noqa: E402
@@ -83,6 +84,26 @@ def test_a_chunk_merged_once_is_tolerated_and_a_server_that_merges_is_refused():
         stream_checked(r, stamps[::2])                            # two tokens a chunk throughout
     with pytest.raises(ConfigError, match="merges tokens into chunks"):
         stream_checked(r, stamps[:58])                            # three missing of 61: more than 2 %
+
+
+def test_a_stream_that_fell_behind_is_read_whole_where_every_stream_decoded_together():
+    """Merged chunks shift the token index, but a stream's first chunk ends its prompt's step and
+    its last carries its last token: new_tokens - 1 steps between them, whatever merged."""
+    steps = [0.5 + 0.010 * k for k in range(24)]                   # 24 tokens, 10 ms steps
+    merged = steps[:5] + steps[6:12] + steps[13:]                # two chunks carried two tokens each
+    got = whole_streams([merged, steps, steps[:3] + steps[4:]], 24)
+    assert len(got) == 3 and all(k == 12 and abs(step - 0.010) < 1e-9 for k, step in got)
+    late = [0.5 + 0.3 + 0.010 * k for k in range(24)]               # admitted 30 steps after the others
+    assert whole_streams([merged, late], 24) == []
+
+
+def test_a_decode_burst_keeps_a_stream_that_fell_behind_and_every_other_probe_refuses_it():
+    r = Request("r", 4, 24, 0.0)
+    r.token_times = [0.01 * k for k in range(24)]
+    stamps = [0.01 * k for k in range(24)][::2]                  # two tokens a chunk throughout
+    assert stream_checked(r, stamps, behind=True) == stamps
+    with pytest.raises(ConfigError, match="merges tokens into chunks"):
+        stream_checked(r, stamps)
 
 
 def profile(fake: FakeServer, tmp_path, arrivals=None, grid=SMALL):
@@ -186,7 +207,7 @@ def test_probes_that_give_too_few_samples_are_one_line_not_a_fit_error():
     from types import SimpleNamespace
     probes = SimpleNamespace(grid=ProbeGrid(), decode={(1, 16, 2): [0.01], (2, 16, 2): [0.012]},
                              mixed={(1, 1, 16, 16): [(16, 0.02)]}, crowd={}, beside=[],
-                             idle={16: [0.03]}, reference=[0.01])
+                             idle={16: [0.03]}, reference=[0.01], behind={}, unread={})
     with pytest.raises(ConfigError, match="the probes gave 3 step samples") as e:
         fit_profile(probes)
     assert "\n" not in str(e.value)
@@ -200,7 +221,7 @@ def test_a_prompt_beside_a_stream_gives_one_sample_per_prompt_the_median_over_pa
              (1, 2, 64, 16): [(30, 0.030), (31, 0.031), (36, 0.029)], (4, 1, 64, 16): [(120, 0.030), (124, 0.032), (128, 0.031)],
              (4, 1, 64, 256): [(1080, 0.040), (1084, 0.042), (1088, 0.041)]}
     prof = fit_profile(SimpleNamespace(grid=ProbeGrid(), decode=decode, mixed=mixed, crowd={}, idle={64: [0.03]}, reference=[0.01],
-                                       beside=[0.004, 0.006]))
+                                       beside=[0.004, 0.006], behind={}, unread={}))
     prefill = [s for s in prof.samples if s.kind == "prefill"]
     assert [(s.decode_rows, s.admitted, s.prefill_tokens, s.context_tokens, s.seconds) for s in prefill] == [
         (1, 1, 64, 31 + 64, 0.021), (1, 1, 256, 32 + 256, 0.040), (1, 2, 128, 31 + 128, 0.030), (4, 1, 64, 124 + 64, 0.031),
@@ -346,3 +367,43 @@ def test_the_profile_says_how_far_its_timing_of_the_drift_probe_stood_from_its_o
     ratio = timed / burst_seconds(SimulatedBackend(twin.cost), SERVER, prof=twin)
     assert f"took {1e3 * timed:.0f} ms, {ratio:.2f}x the fit's replay" in line
     assert ("more than twice the fit's error apart" in line) == (abs(math.log(ratio)) > 2 * sigma)
+
+
+BIG = ProbeGrid(batch_sizes=(1, 3, 8), contexts=(16,), prompts=(16, 64), new_tokens=16, repeats=1, warmup=0, gap_s=0.01,
+                streams=(1, 3))
+
+
+def test_decode_bursts_whose_front_end_fell_behind_are_read_whole_and_said(tmp_path):
+    """A front end that merges chunks only while many rows run: the profile is written, the burst
+    of 8 read from its whole streams at the step the server took, and the record says so."""
+    import json
+    fake = FakeServer(behind_from_rows=6, gather_s=0.02)   # the reference burst (4 rows) streams a token a chunk
+    lines: list[str] = []
+    cfg = load_config(None, ["backend.kind=openai", "backend.base_url=http://fake/v1", "backend.model=fake",
+                             "strategies=[server]", "traffic.duration_s=2", "traffic.warmup_s=0", "traffic.rates=[5]"])
+    target = OpenAIBackend("http://fake/v1", "fake", transport=fake.async_transport())
+    profile_server(cfg, BIG, tmp_path / "p.json", tmp_path / "p.twin.yaml", target=target,
+                   transport=fake.sync_transport(), arrivals=None, progress=lines.append)
+    record = json.loads((tmp_path / "p.json").read_text())
+    assert record["decode_read_whole"] == [[8, 16, 1]] and "decode_unread" not in record
+    eight = [s for s in record["samples"] if s["kind"] == "decode" and s["decode_rows"] == 8]
+    assert len(eight) == 1 and eight[0]["seconds"] == pytest.approx(fake.step_s + 8 * fake.per_row_s, rel=0.5)
+    assert any(line.startswith("decode bursts read from whole streams") and "8 rows from 16 tokens (1 of 1 passes)" in line
+               for line in lines)
+
+
+def test_a_burst_the_server_admits_over_many_steps_gives_no_decode_step_and_is_said(tmp_path):
+    """Eight requests taken two a step while their chunks merge: the streams never decode together
+    the whole way, so the burst gives no step (a wrong one would be worse); the rest of the profile stands."""
+    import json
+    fake = FakeServer(behind_from_rows=6, admit_per_step=2, gather_s=0.02)
+    lines: list[str] = []
+    cfg = load_config(None, ["backend.kind=openai", "backend.base_url=http://fake/v1", "backend.model=fake",
+                             "strategies=[server]", "traffic.duration_s=2", "traffic.warmup_s=0", "traffic.rates=[5]"])
+    target = OpenAIBackend("http://fake/v1", "fake", transport=fake.async_transport())
+    profile_server(cfg, BIG, tmp_path / "p.json", tmp_path / "p.twin.yaml", target=target,
+                   transport=fake.sync_transport(), arrivals=None, progress=lines.append)
+    record = json.loads((tmp_path / "p.json").read_text())
+    assert record["decode_unread"] == [[8, 16, 1]]
+    assert not [s for s in record["samples"] if s["kind"] == "decode" and s["decode_rows"] == 8]
+    assert any(line.startswith("decode bursts that gave no step") for line in lines)

@@ -211,3 +211,20 @@ def test_a_burst_run_at_once_is_judged_over_its_whole_span():
     got = whole_burst(reqs, 4)
     assert got["span_tok_s"] == pytest.approx(32 * 4 / 0.5) and got["gap_p50"] == pytest.approx(0.1)
     assert "tok_s" not in got and "req_s" not in got          # no steady middle: no steady-middle rates
+    assert got["ttft_max"] == pytest.approx(0.2) and got["rows_mean"] == pytest.approx(32 * 0.3 / 0.5)
+
+
+def test_a_burst_taken_in_over_time_shows_fewer_rows_at_once_and_its_last_first_token():
+    """Two waves of 16: the second taken in when the first has finished. The same steps as one
+    batch of 32 would take give half the rows at once and half the rate: the burst says which."""
+    from batchlab.calibrate.twin_check import whole_burst
+    from batchlab.core.request import Request, Status
+    reqs = []
+    for i in range(32):
+        r = Request(f"b{i}", 8, 4, 0.0)
+        start = 0.2 if i < 16 else 0.7
+        r.token_times, r.status = [start + 0.1 * k for k in range(4)], Status.FINISHED
+        reqs.append(r)
+    got = whole_burst(reqs, 4)
+    assert got["ttft_max"] == pytest.approx(0.7) and got["span_tok_s"] == pytest.approx(32 * 4 / 1.0)
+    assert got["rows_mean"] == pytest.approx(32 * 0.3 / 1.0) and got["gap_p50"] == pytest.approx(0.1)
