@@ -1020,7 +1020,11 @@ def twin(d: dict) -> str:
     """A twin of a server (vLLM, transformers serve, batchlab serve) against the server: the profile,
     held-out accuracy per machine condition, the knee and the what-if; the published twins beside."""
     conds = d["conditions"]
-    lines = _twin_profile(d) + [""]
+    if "profile" in d:
+        lines = _twin_profile(d) + [""]
+    else:
+        first = next(part for c in conds.values() for part in c.values() if isinstance(part, dict) and "twin" in part)
+        lines = [f"No profile in this record: its twin `{first['twin']}` (profile {first['profile']}) was profiled before it.", ""]
     for cond in ("quiet", "busy"):
         if "validate" in conds.get(cond, {}):
             lines += _twin_validate(cond, conds[cond]["validate"]) + _twin_earlier(conds[cond]) + [""]
@@ -1054,6 +1058,26 @@ def _twin_sizes(s: dict, server: str) -> list[str]:
                      f"{gaps} ms | {1e3 * pred['gap_p50']:.1f} ms |")
     if all("rows_mean" in r for row in s["sizes"] for r in [*row["measured"], row["predicted"]]):
         lines += ["", *_sizes_anatomy(s["sizes"], name)]
+    if all("intake_gap" in r for row in s["sizes"] for r in [*row["measured"], row["predicted"]]):
+        lines += ["", *_sizes_phases(s["sizes"])]
+    return lines
+
+
+def _sizes_phases(sizes: list[dict]) -> list[str]:
+    """Each burst's intake (its first first token to its last) against what follows (decoding
+    only): rows decoding at once, and the mean gap between two tokens per row of them."""
+    def cell(r: dict, part: str) -> str:
+        rows, gap = r[f"{part}_rows"], r[f"{part}_gap"]
+        return "–" if not rows == rows or not rows > 0 else f"{rows:.0f} · {1e3 * gap:.0f} · {1e3 * gap / rows:.2f}"
+    lines = ["The intake (from the burst's first first token to its last: steps there may compute prompts beside "
+             "the running rows) against what follows it (decoding only), each as rows decoding at once · their mean "
+             "gap between two tokens, ms · that gap per row, ms:", "",
+             "| requests at once | intake, measured | intake, twin | after it, measured | after it, twin |",
+             "|---|---|---|---|---|"]
+    for row in sizes:
+        got, pred = row["measured"], row["predicted"]
+        lines.append(f"| {row['requests']} | {'; '.join(cell(r, 'intake') for r in got)} | {cell(pred, 'intake')} | "
+                     f"{'; '.join(cell(r, 'after') for r in got)} | {cell(pred, 'after')} |")
     return lines
 
 
@@ -1061,17 +1085,33 @@ def _sizes_anatomy(sizes: list[dict], name: str) -> list[str]:
     """Where each burst's time went: how many decoded at once on average, when the last request got
     its first token, and the server's CPU time over the burst's wall time."""
     lines = [f"Where the time went (rows at once: each request's time from its first token to its last, summed, over "
-             f"the burst's span; a burst's rate is about that over the mean gap; {name}'s CPU: its processes' CPU "
-             "seconds over the burst's wall seconds, on its one core):", "",
-             "| requests at once | rows at once, measured | twin | last first token, measured | twin | server CPU / wall |",
-             "|---|---|---|---|---|---|"]
+             f"the burst's span; a burst's rate is about that over its gap between two tokens, the median gap standing in "
+             f"for the mean, so the twin's rate over the server's is about its rows at once over the server's times "
+             f"the server's gap over its own, and the log of each ratio "
+             f"over the log of the rates' ratio is that part's share of the miss, where the rates are more than "
+             f"1.25× apart; {name}'s CPU: its processes' CPU seconds over the burst's wall seconds, on its one core):", "",
+             "| requests at once | rows at once, measured | twin | last first token, measured | twin | server CPU / wall "
+             "| share of the miss: rows at once / step |",
+             "|---|---|---|---|---|---|---|"]
     for row in sizes:
         got, pred = row["measured"], row["predicted"]
         cpu = ", ".join(f"{r['server_cpu_share']:.2f}" for r in got if "server_cpu_share" in r) or "–"
         rows = ", ".join(f"{r['rows_mean']:.0f}" for r in got)
         firsts = ", ".join(f"{r['ttft_max']:.2f}" for r in got)
-        lines.append(f"| {row['requests']} | {rows} | {pred['rows_mean']:.0f} | {firsts} s | {pred['ttft_max']:.2f} s | {cpu} |")
+        lines.append(f"| {row['requests']} | {rows} | {pred['rows_mean']:.0f} | {firsts} s | {pred['ttft_max']:.2f} s | {cpu} | "
+                     f"{_miss_shares(got, pred)} |")
     return lines
+
+
+def _miss_shares(got: list[dict], pred: dict) -> str:
+    """How much of log(twin rate / server rate) the rows at once and the step each carry (the
+    medians of the server's runs); a dash where the rates are within 1.25× (a share of nothing)."""
+    miss = math.log(pred["span_tok_s"] / statistics.median(r["span_tok_s"] for r in got))
+    if abs(miss) < math.log(1.25):
+        return "–"
+    rows = math.log(pred["rows_mean"] / statistics.median(r["rows_mean"] for r in got)) / miss
+    step = math.log(statistics.median(r["gap_p50"] for r in got) / pred["gap_p50"]) / miss
+    return f"{rows:.0%} / {step:.0%}"
 
 
 def twin_contention(d: dict) -> str:

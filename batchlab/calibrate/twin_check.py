@@ -128,9 +128,27 @@ def whole_burst(requests: list[Request], output: int) -> dict[str, float]:
     figures = {k: v for k, v in burst_figures(requests).items() if k not in ("tok_s", "req_s")}
     done = [r for r in requests if r.status is Status.FINISHED and r.token_times]
     span = max((r.token_times[-1] for r in done), default=math.nan) - min(r.arrival_time for r in requests)
+    firsts = [r.token_times[0] for r in done]
+    intake = phase(done, min(firsts, default=math.nan), max(firsts, default=math.nan))
+    after = phase(done, max(firsts, default=math.nan), max((r.token_times[-1] for r in done), default=math.nan))
     return figures | {"span_tok_s": makespan_rate(requests) * output,
                       "ttft_max": max((r.token_times[0] - r.arrival_time for r in done), default=math.nan),
-                      "rows_mean": sum(r.token_times[-1] - r.token_times[0] for r in done) / span if span > 0 else math.nan}
+                      "rows_mean": sum(r.token_times[-1] - r.token_times[0] for r in done) / span if span > 0 else math.nan,
+                      "intake_rows": intake[0], "intake_gap": intake[1], "after_rows": after[0], "after_gap": after[1]}
+
+
+def phase(done: list[Request], lo: float, hi: float) -> tuple[float, float]:
+    """Between `lo` and `hi`: how many requests decoded at once on average, and their mean gap
+    between two tokens (the time they spent decoding there over the tokens they got there after
+    their first); NaN where nothing decoded. A burst's intake runs from its first first token to
+    its last (steps there may compute prompts beside the running rows), what follows only decodes.
+    NOTE: means, not medians: where chunks carry several tokens the stamps inside a chunk are spread
+    evenly (openai_client.token_stamps), which moves single gaps but not their sum."""
+    row_s = sum(max(0.0, min(r.token_times[-1], hi) - max(r.token_times[0], lo)) for r in done)
+    tokens = sum(1 for r in done for t in r.token_times[1:] if lo < t <= hi)
+    if not hi > lo or not tokens:
+        return math.nan, math.nan
+    return row_s / (hi - lo), row_s / tokens
 
 
 def predicted_whole_burst(twin: Twin, n: int, prompt_len: int, output_len: int) -> dict[str, float]:

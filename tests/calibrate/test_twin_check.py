@@ -228,3 +228,22 @@ def test_a_burst_taken_in_over_time_shows_fewer_rows_at_once_and_its_last_first_
     got = whole_burst(reqs, 4)
     assert got["ttft_max"] == pytest.approx(0.7) and got["span_tok_s"] == pytest.approx(32 * 4 / 1.0)
     assert got["rows_mean"] == pytest.approx(32 * 0.3 / 1.0) and got["gap_p50"] == pytest.approx(0.1)
+    # intake (first first token to last): the first wave alone, its 0.1 s steps; after it, the second
+    assert (got["intake_rows"], got["intake_gap"]) == (pytest.approx(16 * 0.3 / 0.5), pytest.approx(0.1))
+    assert (got["after_rows"], got["after_gap"]) == (pytest.approx(16.0), pytest.approx(0.1))
+
+
+def test_steps_that_take_requests_in_are_told_from_the_steps_after():
+    """A first wave decodes 0.2 s steps while a second is taken in, then both decode 0.1 s steps:
+    the intake's mean gap and the one after it, each with the rows decoding then."""
+    from batchlab.calibrate.twin_check import whole_burst
+    from batchlab.core.request import Request, Status
+    reqs = []
+    for i in range(32):
+        r = Request(f"b{i}", 8, 5 if i < 16 else 4, 0.0)
+        r.token_times = [0.2, 0.4, 0.6, 0.7, 0.8] if i < 16 else [0.6, 0.7, 0.8, 0.9]
+        r.status = Status.FINISHED
+        reqs.append(r)
+    got = whole_burst(reqs, 4)
+    assert (got["intake_rows"], got["intake_gap"]) == (pytest.approx(16.0), pytest.approx(0.2))
+    assert (got["after_rows"], got["after_gap"]) == (pytest.approx(8 / 0.3), pytest.approx(0.1))
