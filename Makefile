@@ -7,7 +7,10 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip --quiet --disable-pip-version-check
 ARGS   ?=
-# the tests run on up to four processes (pytest-xdist), one per core; TEST_WORKERS=0 runs them in this one
+# the tests run on up to four processes (pytest-xdist), one per core; TEST_WORKERS=0 runs them in this one.
+# --dist loadfile keeps a module's tests in one process, so a module fixture is built once (loadgroup
+# does nothing under pytest 9.2: xdist 3.8 marks a group by rewriting the node id, which pytest no
+# longer reads, so every test went anywhere and each worker built the module fixtures it met)
 TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); [ $$n -gt 4 ] && n=4; echo $$n)
 
 .PHONY: run test bench clean
@@ -30,7 +33,7 @@ test: $(VENV)/.all
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports --no-cache
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict   # not --quiet: it hides the warnings --strict counts
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup $(ARGS)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(ARGS)
 
 bench: $(VENV)/.all
 	$(PY) benchmarks/sim_speed.py

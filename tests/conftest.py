@@ -16,14 +16,6 @@ import pytest
 SERVER = "server:127.0.0.1:8000"      # the custom resource the test Ray declares for one server
 
 
-def pytest_collection_modifyitems(config, items):
-    """Under pytest-xdist (`make test` spreads the tests over the cores): a module's tests stay in one
-    process, so a module fixture is built once; every test on Ray shares one process, so one local
-    Ray runs at a time (two would share two cores between four Ray workers)."""
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group("ray" if "ray_local" in item.fixturenames else item.nodeid.split("::")[0]))
-
-
 @pytest.fixture(scope="session")
 def tiny_model_dir() -> Path:
     pytest.importorskip("torch")
