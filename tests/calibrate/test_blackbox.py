@@ -373,18 +373,23 @@ BIG = ProbeGrid(batch_sizes=(1, 3, 8), contexts=(16,), prompts=(16, 64), new_tok
                 streams=(1, 3))
 
 
-def test_decode_bursts_whose_front_end_fell_behind_are_read_whole_and_said(tmp_path):
-    """A front end that merges chunks only while many rows run: the profile is written, the burst
-    of 8 read from its whole streams at the step the server took, and the record says so."""
+def profiled_big(fake: FakeServer, tmp_path) -> tuple[dict, list[str]]:
+    """The BIG grid profiled on `fake`: its profile record and the lines the profile printed."""
     import json
-    fake = FakeServer(behind_from_rows=6, gather_s=0.02)   # the reference burst (4 rows) streams a token a chunk
     lines: list[str] = []
     cfg = load_config(None, ["backend.kind=openai", "backend.base_url=http://fake/v1", "backend.model=fake",
                              "strategies=[server]", "traffic.duration_s=2", "traffic.warmup_s=0", "traffic.rates=[5]"])
     target = OpenAIBackend("http://fake/v1", "fake", transport=fake.async_transport())
     profile_server(cfg, BIG, tmp_path / "p.json", tmp_path / "p.twin.yaml", target=target,
                    transport=fake.sync_transport(), arrivals=None, progress=lines.append)
-    record = json.loads((tmp_path / "p.json").read_text())
+    return json.loads((tmp_path / "p.json").read_text()), lines
+
+
+def test_decode_bursts_whose_front_end_fell_behind_are_read_whole_and_said(tmp_path):
+    """A front end that merges chunks only while many rows run: the profile is written, the burst
+    of 8 read from its whole streams at the step the server took, and the record says so."""
+    fake = FakeServer(behind_from_rows=6, gather_s=0.02)   # the reference burst (4 rows) streams a token a chunk
+    record, lines = profiled_big(fake, tmp_path)
     assert record["decode_read_whole"] == [[8, 16, 1]] and "decode_unread" not in record
     eight = [s for s in record["samples"] if s["kind"] == "decode" and s["decode_rows"] == 8]
     assert len(eight) == 1 and eight[0]["seconds"] == pytest.approx(fake.step_s + 8 * fake.per_row_s, rel=0.5)
@@ -395,15 +400,7 @@ def test_decode_bursts_whose_front_end_fell_behind_are_read_whole_and_said(tmp_p
 def test_a_burst_the_server_admits_over_many_steps_gives_no_decode_step_and_is_said(tmp_path):
     """Eight requests taken two a step while their chunks merge: the streams never decode together
     the whole way, so the burst gives no step (a wrong one would be worse); the rest of the profile stands."""
-    import json
-    fake = FakeServer(behind_from_rows=6, admit_per_step=2, gather_s=0.02)
-    lines: list[str] = []
-    cfg = load_config(None, ["backend.kind=openai", "backend.base_url=http://fake/v1", "backend.model=fake",
-                             "strategies=[server]", "traffic.duration_s=2", "traffic.warmup_s=0", "traffic.rates=[5]"])
-    target = OpenAIBackend("http://fake/v1", "fake", transport=fake.async_transport())
-    profile_server(cfg, BIG, tmp_path / "p.json", tmp_path / "p.twin.yaml", target=target,
-                   transport=fake.sync_transport(), arrivals=None, progress=lines.append)
-    record = json.loads((tmp_path / "p.json").read_text())
+    record, lines = profiled_big(FakeServer(behind_from_rows=6, admit_per_step=2, gather_s=0.02), tmp_path)
     assert record["decode_unread"] == [[8, 16, 1]]
     assert not [s for s in record["samples"] if s["kind"] == "decode" and s["decode_rows"] == 8]
     assert any(line.startswith("decode bursts that gave no step") for line in lines)
