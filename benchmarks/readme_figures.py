@@ -1172,6 +1172,8 @@ def refits(d: dict) -> str:
                          f"prompt pass, {1e3 * f['admit_s']:.2f} ms an admitted request, "
                          f"{1e6 * f['admit_s_per_row']:.0f} µs an arrival's running row, "
                          + (f"{1e9 * f['dense_s_per_pair']:.3f} ns a query × key read, " if f.get("dense_s_per_pair") else "")
+                         + (f"{1e3 * f['beyond_s_per_row']:.2f} ms a decode row past {f['rows_profiled']}, "
+                            if f.get("beyond_s_per_row") else "")
                          + f"{1e3 * f['frontend_s']:.1f} ms front end a request"
                          for n, f in d["fits"].items()) + ".", "",
              "| decode rows | steps | measured step | " + " | ".join(f"{n} | error" for n in names) + " |",

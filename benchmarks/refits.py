@@ -55,7 +55,15 @@ import yaml
 
 from batchlab.backends.cost import COEFFS, StepCost
 from batchlab.calibrate.fit import SHAPE, StepSample, opt_in_terms, samples_from, with_fit_terms
-from batchlab.calibrate.twin import as_priced, beyond_the_profile, engine_time_at, handed_over_from, idle_reading, refitted
+from batchlab.calibrate.twin import (
+    as_priced,
+    beyond_the_profile,
+    engine_time_at,
+    handed_over_from,
+    idle_reading,
+    refitted,
+    rows_past,
+)
 from batchlab.calibrate.twin_check import Twin, measured_change, predicted_burst, predicted_whole_burst, steps_over
 from batchlab.core.files import write_atomic
 from batchlab.errors import ConfigError, user_errors
@@ -72,8 +80,10 @@ PRICED = "front end as priced"
 
 def variants(d: Path, prof: dict, rows: int | None, without: tuple[str, ...], admitted: int | None = None,
              idle: bool = False, beyond: bool = False, priced: bool = False,
-             starts: tuple[str, ...] = (), with_terms: tuple[str, ...] | None = None) -> dict[str, Path]:
-    """Each variant's twin config, written beside the profile's own: name -> twin.yaml path."""
+             starts: tuple[str, ...] = (), with_terms: tuple[str, ...] | None = None,
+             past: bool = False) -> dict[str, Path]:
+    """Each variant's twin config, written beside the profile's own: name -> twin.yaml path
+    (`past`, with `rows`: past_variant as well)."""
     samples, out = samples_from(prof["samples"]), {AS_FITTED: d / "twin.yaml"}
     twin_cfg = load_config(d / "twin.yaml")
     asked = []
@@ -115,7 +125,16 @@ def variants(d: Path, prof: dict, rows: int | None, without: tuple[str, ...], ad
                                                f"the hand-over fitted from {said} of the engine")
     for name, tag, mine, terms, record in asked:
         out[name] = beside(d, tag, refitted(record, mine, terms, twin_cfg), f"the profile fitted again: {name}")
+    if rows and past:
+        out[f"fit on ≤ {rows} rows, rows past priced"] = past_variant(d, prof, samples, rows, twin_cfg)
     return out
+
+
+def past_variant(d: Path, prof: dict, samples: list, rows: int, twin_cfg) -> Path:
+    """The profile fitted on at most `rows` rows, the rows past them priced from its bigger steps."""
+    small = refitted(prof, [s for s in samples if s.decode_rows <= rows], (), twin_cfg)
+    return beside(d, f"rows-le-{rows}-past", rows_past(small, samples, rows),
+                  f"the profile fitted again on at most {rows} rows, the rows past them priced from its bigger steps")
 
 
 def beside(d: Path, tag: str, profile: dict, what: str) -> Path:
@@ -218,6 +237,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                     help="a variant with the front end as the profile's idle reading, handing requests over one at a time")
     ap.add_argument("--beyond-rows", action="store_true",
                     help="a variant pricing decode rows past the profile's largest batch at its top batches' growth")
+    ap.add_argument("--past-rows", action="store_true",
+                    help="with --rows N: a variant fitted on at most N rows, its rows past N priced from the bigger steps")
     ap.add_argument("--priced-front-end", action="store_true",
                     help="a variant with the front end's engine time as priced before the hand-over probe moved it")
     ap.add_argument("--hand-over-from", default="",
@@ -238,6 +259,8 @@ def checked(a: argparse.Namespace) -> argparse.Namespace:
     if bad := [t for t in a.without if t not in (*COEFFS[1:], SHAPE)]:
         raise ConfigError(f"--without: unknown term {', '.join(bad)} (terms: {', '.join((*COEFFS[1:], SHAPE))})")
     a.with_terms = None if a.with_terms is None else opt_in_terms(a.with_terms)
+    if a.past_rows and not a.rows:
+        raise ConfigError("--past-rows goes with --rows N: the rows past N are priced from the profile's bigger steps")
     if not (a.dir / "profile.json").is_file() or not (a.dir / "twin.yaml").is_file():
         raise ConfigError(f"{a.dir}: want a profile's directory with profile.json and twin.yaml")
     if missing := [str(p) for p in a.whatif if not p.is_file()]:
@@ -295,7 +318,8 @@ def main(argv: list[str] | None = None) -> None:
     twins = {name: Twin(load_config(path)) for name, path in variants(a.dir, prof, a.rows, a.without, a.admitted,
                                                                               a.front_end_idle, a.beyond_rows,
                                                                               a.priced_front_end,
-                                                                              a.hand_over_from, a.with_terms).items()}
+                                                                              a.hand_over_from, a.with_terms,
+                                                                              a.past_rows).items()}
     costs = {name: t.cfg.backend.cost() for name, t in twins.items()}
     out = {"command": " ".join(["python benchmarks/refits.py", *(argv if argv is not None else sys.argv[1:])]),
            "profile": os.path.relpath((a.dir / "profile.json").resolve(), ROOT), "grid": prof["grid"],

@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import yaml
 
 from batchlab.backends.cost import StepCost
@@ -197,6 +198,23 @@ def beyond_the_profile(profile: dict) -> dict:
     over = {b: statistics.median(s.seconds - lines.step_time(s.context_tokens, 0, b) for s in decode if s.decode_rows == b)
             for b in (below, top)}
     return profile | {"rows_profiled": int(top), "beyond_s_per_row": (over[top] - over[below]) / (top - below)}
+
+
+def rows_past(fitted: dict, samples: list[StepSample], rows: int) -> dict:
+    """A profile (its JSON) fitted on the steps of at most `rows` decode rows, its decode rows past
+    them priced from the profile's decode steps of more (StepCost `beyond_s_per_row` from `rows`):
+    the least-squares slope through zero of those steps' time over the fit's against their rows
+    past `rows`. So the prompt terms stay as the small steps set them, and the big steps add only
+    to what a row costs past `rows`.
+    NOTE: one slope for every row past: where the step bends more as rows grow, it splits the
+    difference between the sizes (a refit's table shows each)."""
+    fit = replace(StepCost.from_record(fitted), beyond_s_per_row=0.0)
+    past = [s for s in samples if s.kind == "decode" and s.decode_rows > rows]
+    if not past:
+        raise ConfigError(f"the profile has no decode step of more than {rows} rows to price the rows past them")
+    x = np.array([s.decode_rows - rows for s in past], dtype=float)
+    y = np.array([s.seconds - fit.step_time(s.context_tokens, 0, s.decode_rows) for s in past])
+    return fitted | {"rows_profiled": rows, "beyond_s_per_row": float(x @ y / (x @ x))}
 
 
 def idle_reading(profile: dict) -> dict:

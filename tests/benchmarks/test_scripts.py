@@ -70,6 +70,7 @@ def test_the_serving_script_answers_help():
     ("beside_rows.py", ["/nonexistent/profile.json"], "not a measured profile"),
     ("refits.py", ["/nonexistent", "--rows", "32"], "want a profile's directory"),
     ("refits.py", [str(ROOT), "--without", "magic"], "--without: unknown term magic"),
+    ("refits.py", ["/nonexistent", "--past-rows"], "--past-rows goes with --rows N"),
     ("twin.py", ["--batch-sizes", "1,two"], "--batch-sizes: want whole numbers"),
     ("twin.py", ["--whatif-burst", "384,64"], "--whatif-burst: want N,PROMPT,OUTPUT"),
     ("twin.py", ["--whatif-runs", "0"], "--whatif-runs: want at least 1"),
@@ -423,6 +424,24 @@ def _reach_profile(tmp_path: Path, beyond: float) -> Path:
     (d / "twin.yaml").write_text(f"backend:\n  kind: sim\n  profile: {d / 'profile.json'}\nstrategies: [continuous]\n"
                                  "continuous: {max_num_seqs: 128}\n")
     return d
+
+
+def test_refits_prices_the_rows_past_a_small_fit_from_the_bigger_steps(tmp_path):
+    """Steps 1.5x as long past 32 rows: the fit on at most 32 rows with the rows past priced from
+    the bigger steps reads them nearer than the fit on at most 32 rows alone, its steps up to 32 as that fit's."""
+    d = _reach_profile(tmp_path, 1.5)
+    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "refits.py"), str(d), "--rows", "32", "--past-rows",
+                          "--json", str(d / "refits.json")], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    rec = json.loads((d / "refits.json").read_text())
+    past, small = "fit on ≤ 32 rows, rows past priced", "fit on ≤ 32 rows"
+    assert rec["fits"][past]["rows_profiled"] == 32 and rec["fits"][past]["beyond_s_per_row"] > 0
+    for b in rec["batches"]:
+        v = b["variants"]
+        if b["rows"] > 32:
+            assert abs(v[past]["error"]) < abs(v[small]["error"]), b
+        else:
+            assert v[past]["predicted_s"] == pytest.approx(v[small]["predicted_s"]), b
 
 
 def test_refits_shows_what_a_fit_on_small_batches_misses_beyond_them(tmp_path):

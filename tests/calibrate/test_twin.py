@@ -87,6 +87,26 @@ def test_rows_past_a_profile_grow_as_its_top_two_batches_grew_beyond_the_lines(p
     assert cost.step_time(128 * 20, 0, 128) - lines.step_time(128 * 20, 0, 128) == pytest.approx(96 * per_row_s, abs=1e-12)
 
 
+def test_rows_past_a_small_fit_are_priced_from_the_bigger_steps_and_leave_the_small_ones_as_fitted():
+    """The toy's record as the fit on at most 16 rows, the steps of 32, 64 and 128 rows each 2 ms
+    a row past 16 dearer: the slope comes back, the steps up to 16 rows are priced as before."""
+    from batchlab.backends.cost import StepCost
+    from batchlab.calibrate.fit import samples_from
+    from batchlab.calibrate.twin import rows_past
+    small = _bent_profile(0.0)
+    toy = StepCost.from_record(small)
+    big = [{"context_tokens": b * 40, "prefill_tokens": 0, "decode_rows": b, "kind": "decode",
+            "seconds": toy.step_time(b * 40, 0, b) + 0.002 * (b - 16)} for b in (32, 64, 128)]
+    mine = [s for s in small["samples"] if s["decode_rows"] <= 16]
+    record = rows_past(small, samples_from(mine + big), 16)
+    assert record["rows_profiled"] == 16 and record["beyond_s_per_row"] == pytest.approx(0.002)
+    priced = StepCost.from_record(record)
+    assert priced.step_time(16 * 20, 0, 16) == toy.step_time(16 * 20, 0, 16)
+    assert priced.step_time(128 * 40, 0, 128) == pytest.approx(toy.step_time(128 * 40, 0, 128) + 0.002 * 112)
+    with pytest.raises(ConfigError, match="no decode step of more than 128 rows"):
+        rows_past(small, samples_from(mine + big), 128)
+
+
 def test_a_profile_of_one_batch_size_has_nothing_to_carry_past_it():
     from batchlab.calibrate.twin import beyond_the_profile
     record = _bent_profile(0.0)
