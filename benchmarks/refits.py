@@ -83,10 +83,10 @@ def variants(d: Path, prof: dict, rows: int | None, without: tuple[str, ...], ad
              starts: tuple[str, ...] = (), with_terms: tuple[str, ...] | None = None,
              past: bool = False) -> dict[str, Path]:
     """Each variant's twin config, written beside the profile's own: name -> twin.yaml path
-    (`past`, with `rows`: past_variant as well)."""
+    (`past`, with `rows`: the fit on at most `rows` rows with the rows past them priced as well)."""
     samples, out = samples_from(prof["samples"]), {AS_FITTED: d / "twin.yaml"}
     twin_cfg = load_config(d / "twin.yaml")
-    asked = []
+    asked = refits_asked(prof, samples, rows, admitted, without, with_terms)
     carried = beyond_the_profile(prof) if beyond else None      # NOTE: every refusal before anything is written
     before = as_priced(prof) if priced else None
     handed = {}
@@ -94,6 +94,34 @@ def variants(d: Path, prof: dict, rows: int | None, without: tuple[str, ...], ad
         engine_s = prof["frontend_idle_s"] if start == "idle" else float(start) / 1e3
         said = f"{1e3 * engine_s:.2f} ms" + (" (idle)" if start == "idle" else "")
         handed[start] = (said, engine_time_at(prof, engine_s), handed_over_from(prof, engine_s, twin_cfg))
+    fitted = {name: refitted(record, mine, terms, twin_cfg) for name, _, mine, terms, record in asked}
+    # the fit on at most `rows` rows, its rows past them priced from the bigger steps
+    small_past = rows_past(fitted[f"fit on ≤ {rows} rows"], samples, rows) if rows and past else None
+    if idle:
+        out[IDLE] = beside(d, "front-end-idle", idle_reading(prof), IDLE)
+    if carried:
+        out[BEYOND] = beside(d, "beyond-rows", carried, "decode rows past the profile's largest batch priced at its "
+                             "top two batches' growth beyond the lines")
+    if before:
+        out[PRICED] = beside(d, "front-end-priced", before, "the front end's engine time as priced before the hand-over")
+    for start, (said, at, handed_fit) in handed.items():
+        out[f"front end {said}"] = beside(d, f"front-end-at-{start}", at, f"the front end taking {said} of the engine")
+        out[f"hand-over from {said}"] = beside(d, f"hand-over-from-{start}", handed_fit,
+                                               f"the hand-over fitted from {said} of the engine")
+    for name, tag, *_ in asked:
+        out[name] = beside(d, tag, fitted[name], f"the profile fitted again: {name}")
+    if small_past:
+        out[f"fit on ≤ {rows} rows, rows past priced"] = beside(
+            d, f"rows-le-{rows}-past", small_past,
+            f"the profile fitted again on at most {rows} rows, the rows past them priced from its bigger steps")
+    return out
+
+
+def refits_asked(prof: dict, samples: list[StepSample], rows: int | None, admitted: int | None,
+                 without: tuple[str, ...], with_terms: tuple[str, ...] | None) -> list[tuple]:
+    """(name, file tag, samples, terms held at zero, record) of each refit asked for, or one line
+    where the profile has nothing for it to leave out."""
+    asked = []
     if rows:
         mine = [s for s in samples if s.decode_rows <= rows]
         if len(mine) == len(samples):
@@ -112,29 +140,7 @@ def variants(d: Path, prof: dict, rows: int | None, without: tuple[str, ...], ad
         said = ", ".join(with_terms) or "no opt-in term"
         asked.append((f"with {said}", "with-" + ("-".join(with_terms) or "none"), samples, (),
                       with_fit_terms(prof, with_terms)))
-    if idle:
-        out[IDLE] = beside(d, "front-end-idle", idle_reading(prof), IDLE)
-    if carried:
-        out[BEYOND] = beside(d, "beyond-rows", carried, "decode rows past the profile's largest batch priced at its "
-                             "top two batches' growth beyond the lines")
-    if before:
-        out[PRICED] = beside(d, "front-end-priced", before, "the front end's engine time as priced before the hand-over")
-    for start, (said, at, fitted) in handed.items():
-        out[f"front end {said}"] = beside(d, f"front-end-at-{start}", at, f"the front end taking {said} of the engine")
-        out[f"hand-over from {said}"] = beside(d, f"hand-over-from-{start}", fitted,
-                                               f"the hand-over fitted from {said} of the engine")
-    for name, tag, mine, terms, record in asked:
-        out[name] = beside(d, tag, refitted(record, mine, terms, twin_cfg), f"the profile fitted again: {name}")
-    if rows and past:
-        out[f"fit on ≤ {rows} rows, rows past priced"] = past_variant(d, prof, samples, rows, twin_cfg)
-    return out
-
-
-def past_variant(d: Path, prof: dict, samples: list, rows: int, twin_cfg) -> Path:
-    """The profile fitted on at most `rows` rows, the rows past them priced from its bigger steps."""
-    small = refitted(prof, [s for s in samples if s.decode_rows <= rows], (), twin_cfg)
-    return beside(d, f"rows-le-{rows}-past", rows_past(small, samples, rows),
-                  f"the profile fitted again on at most {rows} rows, the rows past them priced from its bigger steps")
+    return asked
 
 
 def beside(d: Path, tag: str, profile: dict, what: str) -> Path:

@@ -127,10 +127,10 @@ def whole_burst(requests: list[Request], output: int) -> dict[str, float]:
     how many ran at once, in what a step of them took, or both."""
     figures = {k: v for k, v in burst_figures(requests).items() if k not in ("tok_s", "req_s")}
     done = [r for r in requests if r.status is Status.FINISHED and r.token_times]
-    span = max((r.token_times[-1] for r in done), default=math.nan) - min(r.arrival_time for r in requests)
     firsts = [r.token_times[0] for r in done]
-    intake = phase(done, min(firsts, default=math.nan), max(firsts, default=math.nan))
-    after = phase(done, max(firsts, default=math.nan), max((r.token_times[-1] for r in done), default=math.nan))
+    taken_in, end = max(firsts, default=math.nan), max((r.token_times[-1] for r in done), default=math.nan)
+    span = end - min(r.arrival_time for r in requests)
+    intake, after = phase(done, min(firsts, default=math.nan), taken_in), phase(done, taken_in, end)
     return figures | {"span_tok_s": makespan_rate(requests) * output,
                       "ttft_max": max((r.token_times[0] - r.arrival_time for r in done), default=math.nan),
                       "rows_mean": sum(r.token_times[-1] - r.token_times[0] for r in done) / span if span > 0 else math.nan,
